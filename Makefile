@@ -1,0 +1,36 @@
+# Two commands do everything on a fresh machine: `make demo` and `make test`.
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+DEVSTAMP := $(VENV)/.installed-dev
+
+.PHONY: demo test lint bench clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(DEVSTAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q --no-deps nvidia-cutlass==4.2.0.0
+	touch $@ $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/shardlayout demo
+
+test: $(DEVSTAMP)
+	$(BIN)/python -m pytest src tests
+
+lint: $(DEVSTAMP)
+	$(BIN)/ruff check src tests benchmarks
+
+bench: $(DEVSTAMP)
+	$(BIN)/python benchmarks/bench_layout.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .hypothesis

@@ -1,0 +1,38 @@
+"""The one error hierarchy of shardlayout.
+
+Every error says what was given, what was expected, and what to do. Catch
+:class:`ShardingError` to catch them all.
+
+    >>> issubclass(LayoutError, ShardingError)
+    True
+"""
+
+from __future__ import annotations
+
+
+class ShardingError(ValueError):
+    """Base of every shardlayout error (a ``ValueError``, so bad input reads as bad input)."""
+
+
+class LayoutError(ShardingError):
+    """An inadmissible input to the CuTe layout algebra (``shardlayout.layout``)."""
+
+
+class MeshError(ShardingError):
+    """A malformed mesh, or a mesh axis that does not exist."""
+
+
+class ShardingSpecError(ShardingError):
+    """A malformed or inconsistent sharding (factors, partial axes, text form, placements)."""
+
+
+class NotRepresentable(ShardingError):
+    """A sharding that a target notation (DTensor placements, a JAX PartitionSpec) cannot express."""
+
+
+class ShardMismatch(ShardingError):
+    """Local pieces that do not fit a sharding (wrong shapes, replicas that disagree)."""
+
+
+class UnsupportedOp(ShardingError):
+    """An op with no sharding rule."""

@@ -1,0 +1,587 @@
+"""The CuTe layout algebra, with C++ CuTe semantics and admissibility checks.
+
+Every operation refuses an input whose answer would be wrong (composition's
+stride- and shape-divisibility conditions, complements and inverses of
+non-injective layouts) with a :class:`~shardlayout.errors.LayoutError` that names
+the operation, the operands and the violated condition. Results are memoised:
+layouts are immutable, so a repeated call is a dictionary look-up.
+
+    >>> str(logical_divide(Layout(16, 1), 4))
+    '(4,4):(1,4)'
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from ..errors import LayoutError
+from .core import Layout, _fmt, as_layout, make_layout
+from .inttuple import ceil_div
+
+__all__ = [
+    "coalesce",
+    "filter",
+    "composition",
+    "complement",
+    "right_inverse",
+    "left_inverse",
+    "logical_divide",
+    "zipped_divide",
+    "tiled_divide",
+    "flat_divide",
+    "logical_product",
+    "zipped_product",
+    "tiled_product",
+    "blocked_product",
+    "raked_product",
+]
+
+_CACHE = 1 << 16
+
+
+def _tiler(t, where: str):
+    """Normalise a tiler: Layout, int, None, text, or a (nested) sequence of those."""
+    if t is None or type(t) is int or isinstance(t, Layout):
+        if type(t) is int and t <= 0:
+            raise LayoutError(f"{where}: tiler {t} is not positive; an int tiler n means n:1")
+        return t
+    if isinstance(t, (tuple, list)):
+        return tuple(_tiler(x, where) for x in t)
+    if isinstance(t, str):
+        return Layout.parse(t)
+    raise LayoutError(
+        f"{where}: tiler {t!r} is not a Layout, an int, None or a tuple of tilers"
+    )
+
+
+def _layout(x, where: str) -> Layout:
+    if isinstance(x, Layout):
+        return x
+    return as_layout(x, where)
+
+
+def _pack(shapes: list, strides: list) -> Layout:
+    if len(shapes) == 1:
+        return Layout._make(shapes[0], strides[0])
+    return Layout._make(tuple(shapes), tuple(strides))
+
+
+def _by_mode(where: str, A: Layout, tiler: tuple, f, keep_rest: bool) -> Layout:
+    if len(tiler) > A.rank:
+        raise LayoutError(
+            f"{where}: tiler has {len(tiler)} modes but layout {A} has rank {A.rank}; "
+            "a by-mode tiler may not have more modes than the layout"
+        )
+    modes = [f(A[i], tiler[i]) for i in range(len(tiler))]
+    if keep_rest:
+        modes.extend(A[i] for i in range(len(tiler), A.rank))
+    return make_layout(modes)
+
+
+# --------------------------------------------------------------------------------------
+# coalesce / filter
+# --------------------------------------------------------------------------------------
+
+
+def _coalesce_flat(fs, fd) -> Layout:
+    shapes: list = []
+    strides: list = []
+    for s, d in zip(fs, fd):
+        if s == 1:
+            continue
+        if shapes and shapes[-1] * strides[-1] == d:
+            shapes[-1] *= s
+        else:
+            shapes.append(s)
+            strides.append(d)
+    if not shapes:
+        return Layout._make(1, 0)
+    return _pack(shapes, strides)
+
+
+def coalesce(layout, profile=None) -> Layout:
+    """Fewest modes with the same function on the domain (by mode with a tuple ``profile``).
+
+    ``coalesce(Layout((2, (1, 6)), (1, (6, 2)))) -> 12:1``
+    """
+    return _coalesce(_layout(layout, "coalesce"), _tiler(profile, "coalesce"))
+
+
+@lru_cache(maxsize=_CACHE)
+def _coalesce(L: Layout, profile) -> Layout:
+    if type(profile) is tuple:
+        return _by_mode("coalesce", L, profile, _coalesce, True)
+    return _coalesce_flat(L.flat_shape, L.flat_stride)
+
+
+def filter(layout, profile=None) -> Layout:  # noqa: A001 - CuTe's name
+    """Coalesce after dropping stride-0 modes. ``filter(Layout((4, 2), (0, 1))) -> 2:1``."""
+    return _filter(_layout(layout, "filter"), _tiler(profile, "filter"))
+
+
+@lru_cache(maxsize=_CACHE)
+def _filter(L: Layout, profile) -> Layout:
+    if type(profile) is tuple:
+        return _by_mode("filter", L, profile, _filter, True)
+    fs = L.flat_shape
+    fd = L.flat_stride
+    return _coalesce_flat([1 if d == 0 else s for s, d in zip(fs, fd)], fd)
+
+
+# --------------------------------------------------------------------------------------
+# composition
+# --------------------------------------------------------------------------------------
+
+
+def _unit_tail_extends_differently(fs, fd) -> bool:
+    """True when A ends in a size-1 mode that coalescing drops and that would have
+    extended A past its domain differently (C++ CuTe overflows into it, pycute into the
+    previous mode)."""
+    if fs[-1] != 1:
+        return False
+    d = fd[-1]
+    prev = [(s, x) for s, x in zip(fs[:-1], fd[:-1]) if s != 1]
+    if not prev:
+        return d != 0
+    s, x = prev[-1]
+    return s * x != d
+
+
+def _leaves_domain(B: Layout, size: int) -> bool:
+    hi = lo = 0
+    for s, d in zip(B.flat_shape, B.flat_stride):
+        if d > 0:
+            hi += (s - 1) * d
+        else:
+            lo += (s - 1) * d
+    return lo < 0 or hi >= size
+
+
+def _compose_int(As, Ad, s: int, d: int, A: Layout, B) -> tuple:
+    """A o (s:d) for an integral mode of B; returns (shape, stride)."""
+    if d == 0:
+        return s, 0
+    R = len(As)
+    if R == 1:
+        return s, d * Ad[0]
+    rshape: list = []
+    rstride: list = []
+    rest_shape = s
+    rest_stride = d
+    for i in range(R - 1):
+        cs = As[i]
+        ars = rest_stride if rest_stride > 0 else -rest_stride
+        if ars % cs == 0:
+            next_shape = 1
+            next_stride = rest_stride // cs
+        elif cs % ars == 0:
+            next_shape = cs // ars
+            next_stride = 1 if rest_stride > 0 else -1
+        else:
+            raise LayoutError(
+                f"composition({A}, {B}): stride divisibility condition violated: B's stride "
+                f"{ars} reaches A's mode of size {cs} and neither divides the other, so A o B "
+                "is not a layout; use a tiler whose strides follow A's mode boundaries"
+            )
+        if next_shape == 1 or rest_shape == 1:
+            rest_stride = next_stride
+            continue
+        new_shape = next_shape if next_shape < rest_shape else rest_shape
+        if rest_shape % new_shape:
+            raise LayoutError(
+                f"composition({A}, {B}): shape divisibility condition violated: B's mode of "
+                f"size {rest_shape} must be split by A's mode of size {new_shape}, which does "
+                "not divide it, so A o B is not a layout; use a tiler whose sizes divide "
+                "A's modes"
+            )
+        rshape.append(new_shape)
+        rstride.append(rest_stride * Ad[i])
+        rest_shape //= new_shape
+        rest_stride = next_stride
+    if not rshape:
+        return rest_shape, rest_stride * Ad[R - 1]
+    if rest_shape != 1:
+        rshape.append(rest_shape)
+        rstride.append(rest_stride * Ad[R - 1])
+    if len(rshape) == 1:
+        return rshape[0], rstride[0]
+    return tuple(rshape), tuple(rstride)
+
+
+def _compose_rec(As, Ad, shape, stride, A, B):
+    if type(shape) is tuple:
+        parts = [_compose_rec(As, Ad, s, d, A, B) for s, d in zip(shape, stride)]
+        return tuple(p[0] for p in parts), tuple(p[1] for p in parts)
+    return _compose_int(As, Ad, shape, stride, A, B)
+
+
+def composition(a, b) -> Layout:
+    """``A o B``: the layout ``i -> A(B(i))`` with B's shape.
+
+    ``composition(Layout(20, 2), Layout((5, 4), (4, 1))) -> (5,4):(8,2)``. A tuple tiler
+    composes by mode and, as in C++ CuTe, drops the modes of A it does not touch.
+    """
+    return _composition(_layout(a, "composition"), _tiler(b, "composition"))
+
+
+@lru_cache(maxsize=_CACHE)
+def _composition(A: Layout, b) -> Layout:
+    if b is None:
+        return A
+    if type(b) is tuple:
+        return _by_mode("composition", A, b, _composition, False)
+    if type(b) is int:
+        B = Layout._make(b, 1)
+    else:
+        B = b
+    fs = A.flat_shape
+    fd = A.flat_stride
+    if _unit_tail_extends_differently(fs, fd) and _leaves_domain(B, A.size()):
+        raise LayoutError(
+            f"composition({A}, {B}): B reaches past A's domain (size {A.size()}), and A ends "
+            "in a size-1 mode, so how A extends beyond its domain is ambiguous (C++ CuTe "
+            "follows the size-1 mode's stride, pycute the previous mode's); drop the "
+            "trailing size-1 mode of A or keep B inside A's domain"
+        )
+    C = _coalesce_flat(fs, fd)
+    shape, stride = _compose_rec(C.flat_shape, C.flat_stride, B.shape, B.stride, A, B)
+    return Layout._make(shape, stride)
+
+
+# --------------------------------------------------------------------------------------
+# complement
+# --------------------------------------------------------------------------------------
+
+
+def complement(layout, cotarget=None) -> Layout:
+    """The ordered layout of the offsets ``layout`` does not reach, up to ``cotarget``.
+
+    ``complement(Layout(4, 1), 24) -> 6:4``; ``cotarget`` defaults to ``cosize(filter(layout))``.
+    """
+    L = _layout(layout, "complement")
+    if cotarget is not None:
+        if isinstance(cotarget, (tuple, list)):
+            from .inttuple import product
+
+            cotarget = product(tuple(cotarget))
+        if type(cotarget) is not int or cotarget <= 0:
+            raise LayoutError(
+                f"complement({L}, {cotarget!r}): cotarget must be a positive int (or a shape)"
+            )
+    return _complement(L, cotarget)
+
+
+@lru_cache(maxsize=_CACHE)
+def _complement(L: Layout, cotarget) -> Layout:
+    modes = sorted(
+        (d, s) for s, d in zip(L.flat_shape, L.flat_stride) if s != 1 and d != 0
+    )
+    if cotarget is None:
+        cotarget = 1 + sum((s - 1) * d for d, s in modes)
+    if not modes:
+        return Layout._make(cotarget, 1) if cotarget != 1 else Layout._make(1, 0)
+    what = f"complement({L}, {cotarget})"
+    if modes[0][0] < 0:
+        raise LayoutError(
+            f"{what}: stride {modes[0][0]} is negative; the complement is defined for "
+            "layouts with non-negative strides"
+        )
+    rs: list = []
+    rd: list = []
+    cur = 1
+    divisible = True
+    for d, s in modes:
+        if d < cur:
+            raise LayoutError(
+                f"{what}: layout is not injective (its mode {s}:{d} overlaps the offsets "
+                f"below {cur} reached by the smaller-stride modes); the complement of a "
+                "non-injective layout is undefined"
+            )
+        divisible = divisible and d % cur == 0
+        rs.append(d // cur)
+        rd.append(cur)
+        cur = s * d
+    rs.append(ceil_div(cotarget, cur))
+    rd.append(cur)
+    R = _coalesce_flat(rs, rd)
+    if not divisible:
+        _check_loose_complement(L, R, cotarget, what)
+    return R
+
+
+def _check_loose_complement(L: Layout, R: Layout, cotarget: int, what: str) -> None:
+    """Where strides do not divide, the complement is valid only if it still reaches the
+    cotarget and misses every offset of L: check both (pycute does not)."""
+    if L.cosize() - 1 + R.cosize() < cotarget:
+        raise LayoutError(
+            f"{what}: the strides of the layout do not divide each other, and the largest "
+            f"ordered complement, {R}, does not reach the cotarget {cotarget} "
+            "(divisibility condition); choose a layout whose strides divide each other"
+        )
+    if L.size() * R.size() > 1 << 22:
+        raise LayoutError(
+            f"{what}: the strides of the layout do not divide each other, and the layout is "
+            "too large to check the complement's disjointness; use dividing strides"
+        )
+    lv = set(L.values())
+    if any(v in lv for v in R.values()[1:]):
+        raise LayoutError(
+            f"{what}: the strides of the layout do not divide each other, and {R} would "
+            "reach offsets the layout already reaches (not disjoint)"
+        )
+
+
+# --------------------------------------------------------------------------------------
+# inverses
+# --------------------------------------------------------------------------------------
+
+
+def right_inverse(layout) -> Layout:
+    """Largest compact ``R`` with ``layout(R(i)) == i`` for every ``i < size(R)``.
+
+    ``right_inverse(Layout((4, 2), (2, 1))) -> (2,4):(4,1)``
+    """
+    return _right_inverse(_layout(layout, "right_inverse"))
+
+
+@lru_cache(maxsize=_CACHE)
+def _right_inverse(L: Layout) -> Layout:
+    c = _coalesce_flat(L.flat_shape, L.flat_stride)
+    ls, ld = c.flat_shape, c.flat_stride
+    pre = [1]
+    for s in ls:
+        pre.append(pre[-1] * s)
+    order = sorted(range(len(ls)), key=ld.__getitem__)
+    rs = [1]
+    rd = [0]
+    cur = 1
+    for i in order:
+        if ld[i] == cur:
+            rs.append(ls[i])
+            rd.append(pre[i])
+            cur = ls[i] * ld[i]
+    return _coalesce_flat(rs, rd)
+
+
+def left_inverse(layout) -> Layout:
+    """``R`` with ``R(layout(i)) == i`` for every ``i`` in the domain (injective layouts).
+
+    ``left_inverse(Layout((4, 2), (2, 1))) -> (2,4):(4,1)``
+    """
+    return _left_inverse(_layout(layout, "left_inverse"))
+
+
+@lru_cache(maxsize=_CACHE)
+def _left_inverse(L: Layout) -> Layout:
+    c = _coalesce_flat(L.flat_shape, L.flat_stride)
+    ls, ld = c.flat_shape, c.flat_stride
+    if c.size() == 1:
+        return Layout._make(1, 0)
+    what = f"left_inverse({L})"
+    for s, d in zip(ls, ld):
+        if d < 0:
+            raise LayoutError(
+                f"{what}: stride {d} is negative; the left inverse is defined here for "
+                "layouts with non-negative strides"
+            )
+        if d == 0:
+            raise LayoutError(
+                f"{what}: mode {s}:0 maps {s} indices to one offset, so the layout is not "
+                "injective and has no left inverse"
+            )
+    pre = [1]
+    for s in ls:
+        pre.append(pre[-1] * s)
+    order = sorted(range(len(ls)), key=ld.__getitem__)
+    rs: list = []
+    rd: list = [0]
+    prev_d = 1
+    prev_end = 1
+    for i in order:
+        d = ld[i]
+        if d < prev_end:
+            raise LayoutError(
+                f"{what}: mode {ls[i]}:{d} overlaps the offsets below {prev_end} of the "
+                "smaller-stride modes, so the layout is not injective (no left inverse)"
+            )
+        if d % prev_end:
+            raise LayoutError(
+                f"{what}: stride {d} is not a multiple of {prev_end}, the extent of the "
+                "smaller-stride modes, so the layout and its complement do not tile a "
+                "range and CuTe's left inverse would be wrong (divisibility condition)"
+            )
+        rs.append(d // prev_d)
+        rd.append(pre[i])
+        prev_d = d
+        prev_end = d * ls[i]
+    rs.append(ls[order[-1]])
+    return _coalesce_flat(rs, rd)
+
+
+# --------------------------------------------------------------------------------------
+# divides
+# --------------------------------------------------------------------------------------
+
+
+def _relabel(where: str, f, *args):
+    try:
+        return f(*args)
+    except LayoutError as e:
+        raise LayoutError(f"{where}: {e}") from None
+
+
+def logical_divide(a, b) -> Layout:
+    """``A o (B, B*)``: B's tile as mode 0, the rest as mode 1 (by mode for a tuple tiler).
+
+    ``logical_divide(Layout(16, 1), 4) -> (4,4):(1,4)``
+    """
+    return _logical_divide(_layout(a, "logical_divide"), _tiler(b, "logical_divide"))
+
+
+@lru_cache(maxsize=_CACHE)
+def _logical_divide(A: Layout, b) -> Layout:
+    if b is None:
+        return A
+    if type(b) is tuple:
+        return _by_mode("logical_divide", A, b, _logical_divide, True)
+    B = Layout._make(b, 1) if type(b) is int else b
+    where = f"logical_divide({A}, {B})"
+    comp = _relabel(where, _complement, B, A.size())
+    return _relabel(where, _composition, A, make_layout(B, comp))
+
+
+def _hier_unzip(splitter, A: Layout, b, where: str) -> Layout:
+    if b is None:
+        return make_layout(Layout._make(1, 0), A)
+    if type(b) is tuple:
+        if len(b) > A.rank:
+            raise LayoutError(
+                f"{where}: tiler has {len(b)} modes but layout {A} has rank {A.rank}"
+            )
+        split = [_hier_unzip(splitter, A[i], b[i], where) for i in range(len(b))]
+        first = make_layout([x[0] for x in split])
+        second = make_layout([x[1] for x in split] + [A[i] for i in range(len(b), A.rank)])
+        return make_layout(first, second)
+    return splitter(A, b)
+
+
+def zipped_divide(a, b) -> Layout:
+    """Logical divide with the tiles gathered in mode 0 and the rests in mode 1.
+
+    ``zipped_divide(Layout((4, 6)), (2, 3)) -> ((2,3),(2,2)):((1,4),(2,12))``
+    """
+    return _zipped_divide(_layout(a, "zipped_divide"), _tiler(b, "zipped_divide"))
+
+
+@lru_cache(maxsize=_CACHE)
+def _zipped_divide(A: Layout, b) -> Layout:
+    return _hier_unzip(_logical_divide, A, b, "zipped_divide")
+
+
+def tiled_divide(a, b) -> Layout:
+    """Zipped divide with the rest modes unpacked: ``((tile), rest0, rest1, ...)``.
+
+    ``tiled_divide(Layout((4, 6)), (2, 3)) -> ((2,3),2,2):((1,4),2,12)``
+    """
+    r = zipped_divide(a, b)
+    return make_layout([r[0]] + list(r[1]))
+
+
+def flat_divide(a, b) -> Layout:
+    """Zipped divide with both modes unpacked: ``(tile0, tile1, ..., rest0, rest1, ...)``.
+
+    ``flat_divide(Layout((4, 6)), (2, 3)) -> (2,3,2,2):(1,4,2,12)``
+    """
+    r = zipped_divide(a, b)
+    return make_layout(list(r[0]) + list(r[1]))
+
+
+# --------------------------------------------------------------------------------------
+# products
+# --------------------------------------------------------------------------------------
+
+
+def logical_product(a, b) -> Layout:
+    """``(A, A* o B)``: A repeated as B says (by mode for a tuple tiler; an int n is n:1).
+
+    ``logical_product(Layout((2, 2), (4, 1)), 6) -> ((2,2),(2,3)):((4,1),(2,8))``
+    """
+    return _logical_product(_layout(a, "logical_product"), _tiler(b, "logical_product"))
+
+
+@lru_cache(maxsize=_CACHE)
+def _logical_product(A: Layout, b) -> Layout:
+    if b is None:
+        return A
+    if type(b) is tuple:
+        return _by_mode("logical_product", A, b, _logical_product, True)
+    B = Layout._make(b, 1) if type(b) is int else b
+    where = f"logical_product({A}, {B})"
+    comp = _relabel(where, _complement, A, A.size() * B.cosize())
+    return make_layout(A, _relabel(where, _composition, comp, B))
+
+
+def zipped_product(a, b) -> Layout:
+    """Logical product with the blocks in mode 0 and the repetitions in mode 1.
+
+    ``zipped_product(Layout(2), 3) -> (2,3):(1,2)``
+    """
+    return _zipped_product(_layout(a, "zipped_product"), _tiler(b, "zipped_product"))
+
+
+@lru_cache(maxsize=_CACHE)
+def _zipped_product(A: Layout, b) -> Layout:
+    return _hier_unzip(_logical_product, A, b, "zipped_product")
+
+
+def tiled_product(a, b) -> Layout:
+    """Zipped product with the repetition modes unpacked. ``tiled_product(Layout(2), 3) -> (2,3):(1,2)``."""
+    r = zipped_product(a, b)
+    return make_layout([r[0]] + list(r[1]))
+
+
+def _pad(L: Layout, R: int) -> Layout:
+    if type(L.shape) is not tuple:
+        shapes, strides = [L.shape], [L.stride]
+    else:
+        shapes, strides = list(L.shape), list(L.stride)
+    while len(shapes) < R:
+        shapes.append(1)
+        strides.append(0)
+    return Layout._make(tuple(shapes), tuple(strides))
+
+
+def _zip_product(a, b, where: str, blocked: bool) -> Layout:
+    A = _layout(a, where)
+    B = _layout(b, where)
+    R = max(A.rank, B.rank)
+    r = _relabel(where, _logical_product, _pad(A, R), _pad(B, R))
+    first, second = r[0], r[1]
+    if type(second.shape) is not tuple:
+        second = _pad(second, 1)
+    modes = []
+    for i in range(R):
+        x, y = first[i], second[i]
+        modes.append(make_layout(x, y) if blocked else make_layout(y, x))
+    return make_layout(modes)
+
+
+def blocked_product(a, b) -> Layout:
+    """Mode-wise product with A's block inner: mode i is ``(A_i, B'_i)``.
+
+    ``blocked_product(Layout((2, 2)), Layout((3, 4)))`` tiles a 2x2 block 3x4 times.
+    """
+    return _zip_product(a, b, "blocked_product", True)
+
+
+def raked_product(a, b) -> Layout:
+    """Mode-wise product with A's block outer (interleaved): mode i is ``(B'_i, A_i)``.
+
+    ``raked_product(Layout((2, 2)), Layout((3, 4)))`` rakes a 2x2 block over 3x4.
+    """
+    return _zip_product(a, b, "raked_product", False)
+
+
+def describe(layout: Layout) -> str:
+    """Text form; the inverse of ``Layout.parse``. ``describe(Layout((4, 2))) -> '(4,2):(1,4)'``."""
+    return f"{_fmt(layout.shape)}:{_fmt(layout.stride)}"

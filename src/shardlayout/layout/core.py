@@ -1,0 +1,273 @@
+"""The CuTe ``Layout``: a function from coordinates to offsets, ``shape:stride``.
+
+Immutable and hashable; the stride defaults to column-major, as in CuTe.
+
+    >>> L = Layout((4, 2), (1, 4)); L(5), str(L)
+    (5, '(4,2):(1,4)')
+"""
+
+from __future__ import annotations
+
+import numbers
+
+from ..errors import LayoutError
+from .inttuple import (
+    IntTuple,
+    congruent,
+    crd2idx,
+    depth,
+    flatten,
+    prefix_product,
+    product,
+)
+
+
+def _norm(x, what: str, positive: bool, where: str):
+    """Turn lists into tuples and numpy ints into ints; refuse anything else."""
+    if isinstance(x, (tuple, list)):
+        return tuple(_norm(y, what, positive, where) for y in x)
+    if isinstance(x, bool) or not isinstance(x, numbers.Integral):
+        raise LayoutError(
+            f"{where}: {what} entry {x!r} is not an integer; {what}s are nested tuples of ints"
+        )
+    x = int(x)
+    if positive and x <= 0:
+        raise LayoutError(
+            f"{where}: {what} entry {x} is not positive; every mode of a shape must have size >= 1"
+        )
+    return x
+
+
+class Layout:
+    """A CuTe layout ``shape:stride`` (nested int tuples, congruent).
+
+    ``Layout((4, 2))`` is column-major ``(4,2):(1,4)``; ``Layout(8, 1)`` is ``8:1``.
+    """
+
+    __slots__ = ("shape", "stride", "_hash", "_fshape", "_fstride")
+
+    def __init__(self, shape: IntTuple, stride: IntTuple | None = None):
+        where = "Layout"
+        shape = _norm(shape, "shape", True, where)
+        if stride is None:
+            stride = prefix_product(shape)
+        else:
+            stride = _norm(stride, "stride", False, where)
+            if not congruent(shape, stride):
+                raise LayoutError(
+                    f"{where}: shape {_fmt(shape)} and stride {_fmt(stride)} are not congruent "
+                    "(they must have the same nesting); give one stride per shape entry"
+                )
+        self.shape = shape
+        self.stride = stride
+        self._hash = None
+        self._fshape = None
+        self._fstride = None
+
+    # -- construction without validation (internal, hot path) -------------------------
+    @classmethod
+    def _make(cls, shape, stride) -> "Layout":
+        obj = object.__new__(cls)
+        obj.shape = shape
+        obj.stride = stride
+        obj._hash = None
+        obj._fshape = None
+        obj._fstride = None
+        return obj
+
+    # -- attributes ---------------------------------------------------------------------
+    @property
+    def flat_shape(self) -> tuple:
+        """Leaves of the shape. ``Layout(((2, 2), 4)).flat_shape -> (2, 2, 4)``."""
+        if self._fshape is None:
+            self._fshape = flatten(self.shape)
+        return self._fshape
+
+    @property
+    def flat_stride(self) -> tuple:
+        """Leaves of the stride. ``Layout(((2, 2), 4)).flat_stride -> (1, 2, 4)``."""
+        if self._fstride is None:
+            self._fstride = flatten(self.stride)
+        return self._fstride
+
+    def size(self) -> int:
+        """Size of the domain. ``Layout((4, 2)).size() -> 8``."""
+        return product(self.shape)
+
+    def cosize(self) -> int:
+        """One past the largest offset (CuTe: ``L(size-1) + 1``). ``Layout(4, 2).cosize() -> 7``."""
+        return self(self.size() - 1) + 1
+
+    @property
+    def rank(self) -> int:
+        """Number of top-level modes. ``Layout((4, 2)).rank -> 2``."""
+        return len(self.shape) if type(self.shape) is tuple else 1
+
+    @property
+    def depth(self) -> int:
+        """Nesting depth. ``Layout(((2, 2), 4)).depth -> 2``."""
+        return depth(self.shape)
+
+    def flatten(self) -> "Layout":
+        """Same function, one level of modes. ``Layout(((2, 2), 4)).flatten() -> (2,2,4):(1,2,4)``."""
+        if type(self.shape) is not tuple:
+            return self
+        return Layout._make(self.flat_shape, self.flat_stride)
+
+    def __len__(self) -> int:
+        return self.rank
+
+    def __getitem__(self, i: int) -> "Layout":
+        """Mode ``i`` as a layout. ``Layout((4, 2))[1] -> 2:4``."""
+        if type(self.shape) is tuple:
+            return Layout._make(self.shape[i], self.stride[i])
+        if i in (0, -1):
+            return self
+        raise IndexError(f"mode {i} of rank-1 layout {self}")
+
+    def __iter__(self):
+        for i in range(self.rank):
+            yield self[i]
+
+    # -- evaluation ---------------------------------------------------------------------
+    def __call__(self, *crd) -> int:
+        """Offset at a 1-D index or a coordinate. ``Layout((4, 2))(1, 1) -> 5``."""
+        if len(crd) == 1:
+            crd = crd[0]
+        if type(crd) is int:
+            return self._eval_index(crd)
+        return self.crd2idx(crd)
+
+    def _eval_index(self, idx: int) -> int:
+        fs = self.flat_shape
+        fd = self.flat_stride
+        off = 0
+        last = len(fs) - 1
+        for k in range(last):
+            s = fs[k]
+            off += (idx % s) * fd[k]
+            idx //= s
+        return off + idx * fd[last]
+
+    def crd2idx(self, crd: IntTuple) -> int:
+        """Offset of a (possibly hierarchical) coordinate. ``Layout((4, 2)).crd2idx((1, 1)) -> 5``."""
+        if isinstance(crd, list):
+            crd = tuple(crd)
+        try:
+            return crd2idx(crd, self.shape, self.stride)
+        except ValueError as e:
+            raise LayoutError(f"Layout {self}: {e}") from None
+
+    def idx2crd(self, idx: int) -> IntTuple:
+        """Natural coordinate of a 1-D index. ``Layout((4, 2)).idx2crd(5) -> (1, 1)``."""
+        from .inttuple import idx2crd
+
+        return idx2crd(idx, self.shape)
+
+    def values(self) -> list:
+        """Offsets at every index of the domain, in order. ``Layout(3, 2).values() -> [0, 2, 4]``."""
+        return [self._eval_index(i) for i in range(self.size())]
+
+    # -- identity -----------------------------------------------------------------------
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Layout):
+            return NotImplemented
+        return self.shape == other.shape and self.stride == other.stride
+
+    def __hash__(self) -> int:
+        h = self._hash
+        if h is None:
+            h = self._hash = hash((self.shape, self.stride))
+        return h
+
+    def __str__(self) -> str:
+        return f"{_fmt(self.shape)}:{_fmt(self.stride)}"
+
+    def __repr__(self) -> str:
+        return f"Layout({self.shape!r}, {self.stride!r})"
+
+    def __reduce__(self):
+        return (Layout, (self.shape, self.stride))
+
+    # -- text form ----------------------------------------------------------------------
+    @staticmethod
+    def parse(text: str) -> "Layout":
+        """Read the text form. ``Layout.parse("(4,2):(1,4)") -> Layout((4, 2), (1, 4))``."""
+        if not isinstance(text, str) or text.count(":") != 1:
+            raise LayoutError(
+                f"Layout.parse: {text!r} is not 'shape:stride', e.g. '(4,2):(1,4)' or '8:1'"
+            )
+        left, right = text.split(":")
+        shape = _parse_inttuple(left, text)
+        stride = _parse_inttuple(right, text)
+        return Layout(shape, stride)
+
+
+def _fmt(t) -> str:
+    if type(t) is tuple:
+        return "(" + ",".join(_fmt(x) for x in t) + ")"
+    return str(t)
+
+
+def _parse_inttuple(s: str, whole: str):
+    s = s.replace(" ", "")
+    pos = 0
+
+    def fail(msg):
+        raise LayoutError(f"Layout.parse: {msg} in {whole!r}; expected e.g. '((2,2),4):((1,2),4)'")
+
+    def value():
+        nonlocal pos
+        if pos < len(s) and s[pos] == "(":
+            pos += 1
+            items = []
+            if pos < len(s) and s[pos] == ")":
+                fail("empty tuple")
+            while True:
+                items.append(value())
+                if pos < len(s) and s[pos] == ",":
+                    pos += 1
+                    continue
+                if pos < len(s) and s[pos] == ")":
+                    pos += 1
+                    return tuple(items)
+                fail(f"unexpected character at {pos} of {s!r}")
+        start = pos
+        if pos < len(s) and s[pos] in "+-":
+            pos += 1
+        while pos < len(s) and s[pos].isdigit():
+            pos += 1
+        if start == pos or not s[start:pos].lstrip("+-"):
+            fail(f"expected an integer at {start} of {s!r}")
+        return int(s[start:pos])
+
+    v = value()
+    if pos != len(s):
+        fail(f"trailing text {s[pos:]!r}")
+    return v
+
+
+def make_layout(*layouts) -> Layout:
+    """Concatenate layouts as the modes of a new layout.
+
+    ``make_layout(Layout(4, 1), Layout(2, 4)) -> (4,2):(1,4)``; one argument gives a rank-1 tuple.
+    """
+    if len(layouts) == 1 and not isinstance(layouts[0], Layout):
+        layouts = tuple(layouts[0])
+    for x in layouts:
+        if not isinstance(x, Layout):
+            raise LayoutError(f"make_layout: {x!r} is not a Layout; pass Layout objects")
+    return Layout._make(tuple(x.shape for x in layouts), tuple(x.stride for x in layouts))
+
+
+def as_layout(x, where: str) -> Layout:
+    """A Layout from a Layout, an int ``n`` (``n:1``) or text. ``as_layout(4, 'op') -> 4:1``."""
+    if isinstance(x, Layout):
+        return x
+    if type(x) is int:
+        if x <= 0:
+            raise LayoutError(f"{where}: tiler {x} is not positive; an int tiler n means n:1")
+        return Layout._make(x, 1)
+    if isinstance(x, str):
+        return Layout.parse(x)
+    raise LayoutError(f"{where}: {x!r} is not a Layout, an int, or layout text")
