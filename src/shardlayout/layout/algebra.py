@@ -157,13 +157,22 @@ def _leaves_domain(B: Layout, size: int) -> bool:
     return lo < 0 or hi >= size
 
 
-def _compose_int(As, Ad, s: int, d: int, A: Layout, B) -> tuple:
-    """A o (s:d) for an integral mode of B; returns (shape, stride)."""
+def _compose_int(As, Ad, s: int, d: int, A: Layout, B, used: list) -> tuple:
+    """A o (s:d) for an integral mode of B; returns (shape, stride).
+
+    ``used[m]`` accumulates the largest coordinate of A's mode ``m`` this mode of B
+    reaches, so that the caller can check B's modes add without carries."""
     if d == 0:
         return s, 0
     R = len(As)
     if R == 1:
         return s, d * Ad[0]
+    if d < 0:
+        raise LayoutError(
+            f"composition({A}, {B}): B has the negative stride {d} and A is not linear "
+            "(it has more than one mode after coalescing), so A o B is not a layout; "
+            "negative tiler strides are admissible only over a single-mode A"
+        )
     rshape: list = []
     rstride: list = []
     rest_shape = s
@@ -196,6 +205,7 @@ def _compose_int(As, Ad, s: int, d: int, A: Layout, B) -> tuple:
             )
         rshape.append(new_shape)
         rstride.append(rest_stride * Ad[i])
+        used[i] += rest_stride * (new_shape - 1)
         rest_shape //= new_shape
         rest_stride = next_stride
     if not rshape:
@@ -208,11 +218,11 @@ def _compose_int(As, Ad, s: int, d: int, A: Layout, B) -> tuple:
     return tuple(rshape), tuple(rstride)
 
 
-def _compose_rec(As, Ad, shape, stride, A, B):
+def _compose_rec(As, Ad, shape, stride, A, B, used):
     if type(shape) is tuple:
-        parts = [_compose_rec(As, Ad, s, d, A, B) for s, d in zip(shape, stride)]
+        parts = [_compose_rec(As, Ad, s, d, A, B, used) for s, d in zip(shape, stride)]
         return tuple(p[0] for p in parts), tuple(p[1] for p in parts)
-    return _compose_int(As, Ad, shape, stride, A, B)
+    return _compose_int(As, Ad, shape, stride, A, B, used)
 
 
 def composition(a, b) -> Layout:
@@ -244,7 +254,21 @@ def _composition(A: Layout, b) -> Layout:
             "trailing size-1 mode of A or keep B inside A's domain"
         )
     C = _coalesce_flat(fs, fd)
-    shape, stride = _compose_rec(C.flat_shape, C.flat_stride, B.shape, B.stride, A, B)
+    As = C.flat_shape
+    used = [0] * len(As)
+    shape, stride = _compose_rec(As, C.flat_stride, B.shape, B.stride, A, B, used)
+    if type(B.shape) is tuple:
+        # B's modes are composed one by one; their sum is A's sum only if, in every mode
+        # of A but the last, the coordinates they reach add up without a carry.
+        for m in range(len(As) - 1):
+            if used[m] >= As[m]:
+                raise LayoutError(
+                    f"composition({A}, {B}): B's modes together reach coordinate {used[m]} "
+                    f"of A's mode of size {As[m]} (after coalescing A to {C}), so "
+                    "composing them one by one carries into the next mode and A o B is not "
+                    "a layout (left-distributivity fails); split B so its modes hit "
+                    "disjoint modes of A"
+                )
     return Layout._make(shape, stride)
 
 
@@ -276,6 +300,7 @@ def _complement(L: Layout, cotarget) -> Layout:
     modes = sorted(
         (d, s) for s, d in zip(L.flat_shape, L.flat_stride) if s != 1 and d != 0
     )
+    explicit = cotarget is not None
     if cotarget is None:
         cotarget = 1 + sum((s - 1) * d for d, s in modes)
     if not modes:
@@ -305,7 +330,7 @@ def _complement(L: Layout, cotarget) -> Layout:
     rd.append(cur)
     R = _coalesce_flat(rs, rd)
     if not divisible:
-        _check_loose_complement(L, R, cotarget, what)
+        _check_loose_complement(L, R, cotarget if explicit else 1, what)
     return R
 
 
