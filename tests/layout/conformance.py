@@ -6,8 +6,8 @@ import json
 import os
 from pathlib import Path
 
-from shardlayout.layout import Layout
 from shardlayout import layout as L
+from shardlayout.layout import Layout
 
 HERE = Path(__file__).resolve()
 CANDIDATES = [

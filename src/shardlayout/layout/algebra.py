@@ -83,6 +83,23 @@ def _by_mode(where: str, A: Layout, tiler: tuple, f, keep_rest: bool) -> Layout:
 # --------------------------------------------------------------------------------------
 
 
+def _coalesce_lists(fs, fd):
+    """Coalesced flat modes as two lists (``[1], [0]`` when everything is size 1)."""
+    shapes: list = []
+    strides: list = []
+    for s, d in zip(fs, fd):
+        if s == 1:
+            continue
+        if shapes and shapes[-1] * strides[-1] == d:
+            shapes[-1] *= s
+        else:
+            shapes.append(s)
+            strides.append(d)
+    if not shapes:
+        return [1], [0]
+    return shapes, strides
+
+
 def _coalesce_flat(fs, fd) -> Layout:
     shapes: list = []
     strides: list = []
@@ -104,14 +121,42 @@ def coalesce(layout, profile=None) -> Layout:
 
     ``coalesce(Layout((2, (1, 6)), (1, (6, 2)))) -> 12:1``
     """
-    return _coalesce(_layout(layout, "coalesce"), _tiler(profile, "coalesce"))
+    if profile is None and type(layout) is Layout:
+        return _coalesce_whole(layout)
+    if type(layout) is not Layout:
+        layout = _layout(layout, "coalesce")
+    return _coalesce(layout, _tiler(profile, "coalesce"))
 
 
 @lru_cache(maxsize=_CACHE)
 def _coalesce(L: Layout, profile) -> Layout:
     if type(profile) is tuple:
         return _by_mode("coalesce", L, profile, _coalesce, True)
-    return _coalesce_flat(L.flat_shape, L.flat_stride)
+    return _coalesce_whole(L)
+
+
+@lru_cache(maxsize=_CACHE)
+def _coalesce_whole(L: Layout) -> Layout:
+    fs = L.shape
+    if type(fs) is int:
+        return L if fs != 1 else Layout._make(1, 0)
+    fs = L.flat_shape
+    shapes: list = []
+    strides: list = []
+    for s, d in zip(fs, L.flat_stride):
+        if s == 1:
+            continue
+        if shapes and shapes[-1] * strides[-1] == d:
+            shapes[-1] *= s
+        else:
+            shapes.append(s)
+            strides.append(d)
+    n = len(shapes)
+    if n > 1:
+        return Layout._make(tuple(shapes), tuple(strides))
+    if n == 1:
+        return Layout._make(shapes[0], strides[0])
+    return Layout._make(1, 0)
 
 
 def filter(layout, profile=None) -> Layout:  # noqa: A001 - CuTe's name
@@ -231,7 +276,11 @@ def composition(a, b) -> Layout:
     ``composition(Layout(20, 2), Layout((5, 4), (4, 1))) -> (5,4):(8,2)``. A tuple tiler
     composes by mode and, as in C++ CuTe, drops the modes of A it does not touch.
     """
-    return _composition(_layout(a, "composition"), _tiler(b, "composition"))
+    if type(a) is not Layout:
+        a = _layout(a, "composition")
+    if not (type(b) is Layout or (type(b) is int and b > 0)):
+        b = _tiler(b, "composition")
+    return _composition(a, b)
 
 
 @lru_cache(maxsize=_CACHE)
@@ -253,18 +302,21 @@ def _composition(A: Layout, b) -> Layout:
             "follows the size-1 mode's stride, pycute the previous mode's); drop the "
             "trailing size-1 mode of A or keep B inside A's domain"
         )
-    C = _coalesce_flat(fs, fd)
-    As = C.flat_shape
+    As, Ad = _coalesce_lists(fs, fd)
     used = [0] * len(As)
-    shape, stride = _compose_rec(As, C.flat_stride, B.shape, B.stride, A, B, used)
-    if type(B.shape) is tuple:
+    bs = B.shape
+    if type(bs) is int:
+        shape, stride = _compose_int(As, Ad, bs, B.stride, A, B, used)
+    else:
+        shape, stride = _compose_rec(As, Ad, bs, B.stride, A, B, used)
+    if type(bs) is tuple:
         # B's modes are composed one by one; their sum is A's sum only if, in every mode
         # of A but the last, the coordinates they reach add up without a carry.
         for m in range(len(As) - 1):
             if used[m] >= As[m]:
                 raise LayoutError(
                     f"composition({A}, {B}): B's modes together reach coordinate {used[m]} "
-                    f"of A's mode of size {As[m]} (after coalescing A to {C}), so "
+                    f"of A's mode of size {As[m]} (after coalescing A), so "
                     "composing them one by one carries into the next mode and A o B is not "
                     "a layout (left-distributivity fails); split B so its modes hit "
                     "disjoint modes of A"
@@ -282,16 +334,16 @@ def complement(layout, cotarget=None) -> Layout:
 
     ``complement(Layout(4, 1), 24) -> 6:4``; ``cotarget`` defaults to ``cosize(filter(layout))``.
     """
-    L = _layout(layout, "complement")
-    if cotarget is not None:
+    L = layout if type(layout) is Layout else _layout(layout, "complement")
+    if cotarget is not None and type(cotarget) is not int:
         if isinstance(cotarget, (tuple, list)):
             from .inttuple import product
 
             cotarget = product(tuple(cotarget))
-        if type(cotarget) is not int or cotarget <= 0:
-            raise LayoutError(
-                f"complement({L}, {cotarget!r}): cotarget must be a positive int (or a shape)"
-            )
+    if cotarget is not None and (type(cotarget) is not int or cotarget <= 0):
+        raise LayoutError(
+            f"complement({L}, {cotarget!r}): cotarget must be a positive int (or a shape)"
+        )
     return _complement(L, cotarget)
 
 
@@ -305,10 +357,9 @@ def _complement(L: Layout, cotarget) -> Layout:
         cotarget = 1 + sum((s - 1) * d for d, s in modes)
     if not modes:
         return Layout._make(cotarget, 1) if cotarget != 1 else Layout._make(1, 0)
-    what = f"complement({L}, {cotarget})"
     if modes[0][0] < 0:
         raise LayoutError(
-            f"{what}: stride {modes[0][0]} is negative; the complement is defined for "
+            f"complement({L}, {cotarget}): stride {modes[0][0]} is negative; the complement is defined for "
             "layouts with non-negative strides"
         )
     rs: list = []
@@ -318,8 +369,8 @@ def _complement(L: Layout, cotarget) -> Layout:
     for d, s in modes:
         if d < cur:
             raise LayoutError(
-                f"{what}: layout is not injective (its mode {s}:{d} overlaps the offsets "
-                f"below {cur} reached by the smaller-stride modes); the complement of a "
+                f"complement({L}, {cotarget}): layout is not injective (its mode {s}:{d} "
+                f"overlaps the offsets below {cur} reached by the smaller-stride modes); the complement of a "
                 "non-injective layout is undefined"
             )
         divisible = divisible and d % cur == 0
@@ -330,7 +381,7 @@ def _complement(L: Layout, cotarget) -> Layout:
     rd.append(cur)
     R = _coalesce_flat(rs, rd)
     if not divisible:
-        _check_loose_complement(L, R, cotarget if explicit else 1, what)
+        _check_loose_complement(L, R, cotarget if explicit else 1, f"complement({L}, {cotarget})")
     return R
 
 
@@ -402,16 +453,15 @@ def _left_inverse(L: Layout) -> Layout:
     ls, ld = c.flat_shape, c.flat_stride
     if c.size() == 1:
         return Layout._make(1, 0)
-    what = f"left_inverse({L})"
     for s, d in zip(ls, ld):
         if d < 0:
             raise LayoutError(
-                f"{what}: stride {d} is negative; the left inverse is defined here for "
+                f"left_inverse({L}): stride {d} is negative; the left inverse is defined here for "
                 "layouts with non-negative strides"
             )
         if d == 0:
             raise LayoutError(
-                f"{what}: mode {s}:0 maps {s} indices to one offset, so the layout is not "
+                f"left_inverse({L}): mode {s}:0 maps {s} indices to one offset, so the layout is not "
                 "injective and has no left inverse"
             )
     pre = [1]
@@ -426,12 +476,12 @@ def _left_inverse(L: Layout) -> Layout:
         d = ld[i]
         if d < prev_end:
             raise LayoutError(
-                f"{what}: mode {ls[i]}:{d} overlaps the offsets below {prev_end} of the "
+                f"left_inverse({L}): mode {ls[i]}:{d} overlaps the offsets below {prev_end} of the "
                 "smaller-stride modes, so the layout is not injective (no left inverse)"
             )
         if d % prev_end:
             raise LayoutError(
-                f"{what}: stride {d} is not a multiple of {prev_end}, the extent of the "
+                f"left_inverse({L}): stride {d} is not a multiple of {prev_end}, the extent of the "
                 "smaller-stride modes, so the layout and its complement do not tile a "
                 "range and CuTe's left inverse would be wrong (divisibility condition)"
             )
@@ -448,11 +498,12 @@ def _left_inverse(L: Layout) -> Layout:
 # --------------------------------------------------------------------------------------
 
 
-def _relabel(where: str, f, *args):
+def _relabel(where, f, *args):
+    """Call ``f``; prefix any LayoutError with ``where(*...)`` (built only on error)."""
     try:
         return f(*args)
     except LayoutError as e:
-        raise LayoutError(f"{where}: {e}") from None
+        raise LayoutError(f"{where() if callable(where) else where}: {e}") from None
 
 
 def logical_divide(a, b) -> Layout:
@@ -460,7 +511,11 @@ def logical_divide(a, b) -> Layout:
 
     ``logical_divide(Layout(16, 1), 4) -> (4,4):(1,4)``
     """
-    return _logical_divide(_layout(a, "logical_divide"), _tiler(b, "logical_divide"))
+    if type(a) is not Layout:
+        a = _layout(a, "logical_divide")
+    if not (type(b) is Layout or (type(b) is int and b > 0)):
+        b = _tiler(b, "logical_divide")
+    return _logical_divide(a, b)
 
 
 @lru_cache(maxsize=_CACHE)
@@ -470,9 +525,12 @@ def _logical_divide(A: Layout, b) -> Layout:
     if type(b) is tuple:
         return _by_mode("logical_divide", A, b, _logical_divide, True)
     B = Layout._make(b, 1) if type(b) is int else b
-    where = f"logical_divide({A}, {B})"
-    comp = _relabel(where, _complement, B, A.size())
-    return _relabel(where, _composition, A, make_layout(B, comp))
+    def where():
+        return f"logical_divide({A}, {B})"
+
+    comp = _relabel(where, _complement.__wrapped__, B, A.size())
+    BB = Layout._make((B.shape, comp.shape), (B.stride, comp.stride))
+    return _relabel(where, _composition.__wrapped__, A, BB)
 
 
 def _hier_unzip(splitter, A: Layout, b, where: str) -> Layout:
@@ -541,7 +599,9 @@ def _logical_product(A: Layout, b) -> Layout:
     if type(b) is tuple:
         return _by_mode("logical_product", A, b, _logical_product, True)
     B = Layout._make(b, 1) if type(b) is int else b
-    where = f"logical_product({A}, {B})"
+    def where():
+        return f"logical_product({A}, {B})"
+
     comp = _relabel(where, _complement, A, A.size() * B.cosize())
     return make_layout(A, _relabel(where, _composition, comp, B))
 
@@ -610,3 +670,21 @@ def raked_product(a, b) -> Layout:
 def describe(layout: Layout) -> str:
     """Text form; the inverse of ``Layout.parse``. ``describe(Layout((4, 2))) -> '(4,2):(1,4)'``."""
     return f"{_fmt(layout.shape)}:{_fmt(layout.stride)}"
+
+
+def clear_caches() -> None:
+    """Forget every memoised result (for benchmarks of first calls). ``clear_caches()``."""
+    for f in (
+        _coalesce,
+        _coalesce_whole,
+        _filter,
+        _composition,
+        _complement,
+        _right_inverse,
+        _left_inverse,
+        _logical_divide,
+        _zipped_divide,
+        _logical_product,
+        _zipped_product,
+    ):
+        f.cache_clear()

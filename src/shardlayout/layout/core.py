@@ -60,9 +60,7 @@ class Layout:
                 )
         self.shape = shape
         self.stride = stride
-        self._hash = None
-        self._fshape = None
-        self._fstride = None
+        self._hash = self._fshape = self._fstride = None
 
     # -- construction without validation (internal, hot path) -------------------------
     @classmethod
@@ -70,25 +68,25 @@ class Layout:
         obj = object.__new__(cls)
         obj.shape = shape
         obj.stride = stride
-        obj._hash = None
-        obj._fshape = None
-        obj._fstride = None
+        obj._hash = obj._fshape = obj._fstride = None
         return obj
 
     # -- attributes ---------------------------------------------------------------------
     @property
     def flat_shape(self) -> tuple:
         """Leaves of the shape. ``Layout(((2, 2), 4)).flat_shape -> (2, 2, 4)``."""
-        if self._fshape is None:
-            self._fshape = flatten(self.shape)
-        return self._fshape
+        f = self._fshape
+        if f is None:
+            f = self._fshape = flatten(self.shape)
+        return f
 
     @property
     def flat_stride(self) -> tuple:
         """Leaves of the stride. ``Layout(((2, 2), 4)).flat_stride -> (1, 2, 4)``."""
-        if self._fstride is None:
-            self._fstride = flatten(self.stride)
-        return self._fstride
+        f = self._fstride
+        if f is None:
+            f = self._fstride = flatten(self.stride)
+        return f
 
     def size(self) -> int:
         """Size of the domain. ``Layout((4, 2)).size() -> 8``."""

@@ -28,7 +28,10 @@ def flatten(t: IntTuple) -> tuple:
     """The leaves of ``t`` in order, as a flat tuple. ``flatten((2, (3, 4))) -> (2, 3, 4)``."""
     if type(t) is not tuple:
         return (t,)
-    if all(type(x) is not tuple for x in t):
+    for x in t:
+        if type(x) is tuple:
+            break
+    else:
         return t
     out: list = []
     _flatten_into(t, out)
