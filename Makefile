@@ -24,7 +24,7 @@ demo: $(STAMP)
 	$(BIN)/shardlayout demo
 
 test: $(DEVSTAMP)
-	$(BIN)/python -m pytest src tests
+	$(BIN)/python -m pytest src tests README.md --doctest-glob=README.md
 
 lint: $(DEVSTAMP)
 	$(BIN)/ruff check src tests benchmarks
