@@ -1,13 +1,36 @@
 """shardlayout: plan, verify and run tensor shardings as CuTe layouts.
 
-    >>> from shardlayout import Layout
-    >>> Layout((4, 2)).size()
-    8
+    >>> from shardlayout import Mesh, Sharding
+    >>> str(Sharding.from_placements(Mesh.parse("dp=2,tp=4"), (8, 12), ["S(0)", "S(1)"]))
+    '[dp*4, tp*3]'
 """
 
-from .errors import LayoutError, ShardingError
+from .errors import (
+    LayoutError,
+    MeshError,
+    NotRepresentable,
+    ShardingError,
+    ShardingSpecError,
+    ShardMismatch,
+    UnsupportedOp,
+)
 from .layout import Layout
+from .mesh import Mesh
+from .sharding import Factor, Sharding
 
 __version__ = "0.1.0"
 
-__all__ = ["Layout", "LayoutError", "ShardingError", "__version__"]
+__all__ = [
+    "Factor",
+    "Layout",
+    "LayoutError",
+    "Mesh",
+    "MeshError",
+    "NotRepresentable",
+    "Sharding",
+    "ShardingError",
+    "ShardingSpecError",
+    "ShardMismatch",
+    "UnsupportedOp",
+    "__version__",
+]

@@ -1,0 +1,120 @@
+"""Device meshes: ordered named axes with sizes; ranks are row-major (last axis fastest).
+
+    >>> m = Mesh.parse("dp=2,tp=4"); m.size, m.coord(5), m.rank_of((1, 1))
+    (8, (1, 1), 5)
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import cached_property
+
+from .errors import MeshError
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class Mesh:
+    """A mesh ``Mesh((2, 4), ("dp", "tp"))``: axis ``dp`` of size 2, ``tp`` of size 4."""
+
+    shape: tuple
+    names: tuple
+
+    def __post_init__(self):
+        shape = tuple(self.shape) if not isinstance(self.shape, int) else (self.shape,)
+        names = (self.names,) if isinstance(self.names, str) else tuple(self.names)
+        if len(shape) != len(names):
+            raise MeshError(
+                f"Mesh: {len(shape)} sizes {shape} but {len(names)} names {names}; give one name per axis"
+            )
+        for n, s in zip(names, shape):
+            if not isinstance(n, str) or not _NAME.match(n):
+                raise MeshError(f"Mesh: axis name {n!r} is not an identifier (e.g. 'dp', 'tp')")
+            if isinstance(s, bool) or not isinstance(s, int) or s < 1:
+                raise MeshError(f"Mesh: axis {n!r} has size {s!r}; sizes are positive ints")
+        if len(set(names)) != len(names):
+            raise MeshError(f"Mesh: axis names {names} repeat; each axis needs its own name")
+        object.__setattr__(self, "shape", shape)
+        object.__setattr__(self, "names", names)
+
+    @staticmethod
+    def parse(text: str) -> "Mesh":
+        """``Mesh.parse("dp=2,tp=4")``; the empty string is a mesh of one device."""
+        text = text.strip()
+        if not text:
+            return Mesh((), ())
+        names, shape = [], []
+        for part in text.split(","):
+            if "=" not in part:
+                raise MeshError(
+                    f"Mesh.parse: {part.strip()!r} in {text!r} is not 'name=size'; write e.g. 'dp=2,tp=4'"
+                )
+            n, s = part.split("=", 1)
+            n, s = n.strip(), s.strip()
+            if not s.isdigit():
+                raise MeshError(f"Mesh.parse: size {s!r} of axis {n!r} is not a positive integer")
+            names.append(n)
+            shape.append(int(s))
+        return Mesh(tuple(shape), tuple(names))
+
+    def __str__(self) -> str:
+        return ",".join(f"{n}={s}" for n, s in zip(self.names, self.shape))
+
+    @property
+    def ndim(self) -> int:
+        """Number of axes. ``Mesh.parse("dp=2,tp=4").ndim -> 2``."""
+        return len(self.shape)
+
+    @cached_property
+    def size(self) -> int:
+        """Number of devices. ``Mesh.parse("dp=2,tp=4").size -> 8``."""
+        p = 1
+        for s in self.shape:
+            p *= s
+        return p
+
+    def axis_size(self, name: str) -> int:
+        """Size of an axis. ``Mesh.parse("dp=2,tp=4").axis_size("tp") -> 4``."""
+        return self.shape[self.axis_index(name)]
+
+    def axis_index(self, name: str) -> int:
+        """Position of an axis. ``Mesh.parse("dp=2,tp=4").axis_index("tp") -> 1``."""
+        try:
+            return self.names.index(name)
+        except ValueError:
+            raise MeshError(
+                f"mesh {self} has no axis {name!r}; its axes are {', '.join(self.names) or '(none)'}"
+            ) from None
+
+    def coord(self, rank: int) -> tuple:
+        """Mesh coordinate of a rank, row-major. ``Mesh.parse("dp=2,tp=4").coord(5) -> (1, 1)``."""
+        if not 0 <= rank < self.size:
+            raise MeshError(f"rank {rank} is not in mesh {self} of {self.size} devices")
+        out = []
+        for s in reversed(self.shape):
+            out.append(rank % s)
+            rank //= s
+        return tuple(reversed(out))
+
+    def rank_of(self, coord) -> int:
+        """Rank at a mesh coordinate. ``Mesh.parse("dp=2,tp=4").rank_of((1, 1)) -> 5``."""
+        if len(coord) != self.ndim:
+            raise MeshError(f"coordinate {tuple(coord)} has {len(coord)} entries; mesh {self} has {self.ndim} axes")
+        r = 0
+        for c, s, n in zip(coord, self.shape, self.names):
+            if not 0 <= c < s:
+                raise MeshError(f"coordinate {c} on axis {n!r} is outside 0..{s - 1}")
+            r = r * s + c
+        return r
+
+    def ranks(self) -> range:
+        """All ranks. ``list(Mesh.parse("x=2").ranks()) -> [0, 1]``."""
+        return range(self.size)
+
+    def submesh(self, names) -> "Mesh":
+        """The mesh of the named axes, in the given order. ``Mesh.parse("dp=2,tp=4").submesh(["tp"])``."""
+        if isinstance(names, str):
+            names = [names]
+        return Mesh(tuple(self.axis_size(n) for n in names), tuple(names))

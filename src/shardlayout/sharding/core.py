@@ -1,0 +1,525 @@
+"""``Factor`` and ``Sharding``: one representation for every kind of shard.
+
+A dim of global size N is written outer to inner as factors, each *local* or bound to
+a mesh axis or a piece of one (a sub-axis, Shardy's ``"x":(m)k``). Its meaning is a
+chunk tree: the outermost factor cuts ``[0, N)`` into ``size`` chunks the way
+``torch.chunk`` does (ceil-sized, trailing chunks short or empty); a factor on an axis
+keeps the chunk of the device's coordinate, a local factor keeps them all, in order;
+the next factor cuts each kept chunk again. When N is the product of the sizes (an
+*even* dim) this is plain mixed radix, i.e. a CuTe layout.
+
+    >>> from shardlayout.mesh import Mesh
+    >>> s = Sharding.parse("[dp*4, tp*3]", Mesh.parse("dp=2,tp=4")); s.shape, str(s)
+    ((8, 12), '[dp*4, tp*3]')
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ..errors import ShardingSpecError
+from ..mesh import Mesh
+
+REDUCE_OPS = ("sum", "avg", "max", "min")
+
+
+@dataclass(frozen=True, order=True)
+class Factor:
+    """One mixed-radix digit of a dim: ``Factor(4)`` is local; ``Factor(2, "dp")`` is bound to
+    axis dp; ``Factor(2, "tp", pre=2)`` to the sub-axis ``tp:(2)2`` (size 2 after pre-size 2)."""
+
+    size: int
+    axis: str | None = None
+    pre: int = 1
+
+    @property
+    def local(self) -> bool:
+        """True for a local factor. ``Factor(4).local -> True``."""
+        return self.axis is None
+
+
+@dataclass(frozen=True, order=True)
+class Step(Factor):
+    """One DTensor cut of a ``ChunkProgram`` dim: ``sf`` groups, each cut ``size`` ways by ``axis``."""
+
+    sf: int = 1
+
+
+class ChunkProgram(tuple):
+    """A dim cut exactly as a sequence of DTensor placements cuts it (``Shard`` /
+    ``_StridedShard``, mesh dims left to right), kept where no factor layout reproduces
+    DTensor's uneven chunks. Text: ``chunks(a/3, c) of 16`` (``a/3``: SS with split factor 3).
+    Such a dim is never even: views and ops treat it as needing a gather."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"ChunkProgram({tuple(self)!r})"
+
+
+def ceil_div(a: int, b: int) -> int:
+    """``ceil_div(9, 2) -> 5``."""
+    return -(-a // b)
+
+
+def chain_extent(n: int, sizes) -> int:
+    """Length of the largest chunk after cutting ``n`` by each size in turn (torch.chunk).
+
+    ``chain_extent(9, [2, 2]) -> 3``
+    """
+    for s in sizes:
+        n = ceil_div(n, s)
+    return n
+
+
+class Sharding:
+    """How one tensor is laid out on a mesh: global shape, factors per dim, partial axes.
+
+    Immutable and hashable; equal when they mean the same layout. Build it with
+    ``Sharding(mesh, shape, dims, partial)``, ``Sharding.parse``, ``Sharding.from_placements``
+    or ``Sharding.from_partition_spec``.
+    """
+
+    __slots__ = ("mesh", "shape", "dims", "partial", "_hash", "_cache")
+
+    def __init__(self, mesh: Mesh, shape, dims=None, partial=()):
+        if not isinstance(mesh, Mesh):
+            raise ShardingSpecError(f"Sharding: mesh must be a Mesh, got {type(mesh).__name__}")
+        shape = _check_shape(shape)
+        if dims is None:
+            dims = [() for _ in shape]
+        dims = list(dims)
+        if len(dims) != len(shape):
+            raise ShardingSpecError(
+                f"Sharding: shape {shape} has {len(shape)} dims but {len(dims)} factor lists were "
+                "given; give one (possibly empty) factor list per dim"
+            )
+        canon = tuple(
+            _check_program(mesh, d, f)
+            if isinstance(f, ChunkProgram)
+            else _canonical_dim(mesh, shape, d, _as_factors(mesh, f, d))
+            for d, f in enumerate(dims)
+        )
+        partial = _check_partial(mesh, partial)
+        _check_axis_use(mesh, canon, partial)
+        object.__setattr__(self, "mesh", mesh)
+        object.__setattr__(self, "shape", shape)
+        object.__setattr__(self, "dims", canon)
+        object.__setattr__(self, "partial", partial)
+        object.__setattr__(self, "_hash", None)
+        object.__setattr__(self, "_cache", {})
+
+    def __setattr__(self, name, value):
+        raise AttributeError("Sharding is immutable")
+
+    # -- identity -------------------------------------------------------------------------
+    def _key(self):
+        return (self.mesh, self.shape, self.dims, self.partial)
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, Sharding):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        h = self._hash
+        if h is None:
+            h = hash(self._key())
+            object.__setattr__(self, "_hash", h)
+        return h
+
+    def __repr__(self) -> str:
+        return f"Sharding({self}, mesh={self.mesh})"
+
+    def __str__(self) -> str:
+        return format_sharding(self)
+
+    # -- facts ----------------------------------------------------------------------------
+    @property
+    def ndim(self) -> int:
+        """Number of tensor dims. ``Sharding(Mesh.parse("x=2"), (4, 4)).ndim -> 2``."""
+        return len(self.shape)
+
+    def is_even(self, dim: int | None = None) -> bool:
+        """True when every chunk at every level has the same size (plain mixed radix)."""
+        dims = range(self.ndim) if dim is None else [dim]
+        return all(
+            not isinstance(self.dims[d], ChunkProgram)
+            and _product(f.size for f in self.dims[d]) == self.shape[d]
+            for d in dims
+        )
+
+    def axes_used(self) -> tuple:
+        """Mesh axes some dim is sharded on, in mesh order."""
+        used = {f.axis for fs in self.dims for f in fs if f.axis}
+        return tuple(n for n in self.mesh.names if n in used)
+
+    def replicated_axes(self) -> tuple:
+        """Mesh axes that neither shard a dim nor hold partial values."""
+        used = set(self.axes_used()) | {a for a, _ in self.partial}
+        return tuple(n for n in self.mesh.names if n not in used)
+
+    def axis_pieces(self, axis: str) -> list:
+        """``[(dim, level, Factor)]`` of the pieces of ``axis`` used by the dims, major first."""
+        out = [
+            (d, j, f)
+            for d, fs in enumerate(self.dims)
+            for j, f in enumerate(fs)
+            if f.axis == axis
+        ]
+        return sorted(out, key=lambda t: t[2].pre)
+
+    def with_partial(self, partial) -> "Sharding":
+        """Same factors, other partial axes. ``s.with_partial({"tp": "sum"})``."""
+        return Sharding(self.mesh, self.shape, self.dims, partial)
+
+    # -- conversions and shards (implemented in sibling modules) ----------------------------
+    @staticmethod
+    def parse(text: str, mesh: Mesh) -> "Sharding":
+        """Read the text form. ``Sharding.parse("[dp*4, tp*3] +sum(x)", mesh)``."""
+        return parse_sharding(text, mesh)
+
+    @staticmethod
+    def replicated(mesh: Mesh, shape) -> "Sharding":
+        """Every device holds the whole tensor. ``Sharding.replicated(mesh, (8, 12))``."""
+        return Sharding(mesh, shape)
+
+    @staticmethod
+    def from_placements(mesh: Mesh, shape, placements) -> "Sharding":
+        """From DTensor placements, one per mesh dim (DTensor semantics exactly).
+
+        ``Sharding.from_placements(mesh, (8, 12), ["S(0)", "S(1)"])``
+        """
+        from .placements import from_placements
+
+        return from_placements(mesh, shape, placements)
+
+    def to_placements(self) -> tuple:
+        """DTensor placements as strings (``"R"``, ``"S(d)"``, ``"SS(d,sf)"``, ``"P(op)"``)."""
+        from .placements import to_placements
+
+        return to_placements(self)
+
+    def to_dtensor(self) -> list:
+        """DTensor placement objects (needs torch). ``s.to_dtensor() -> [Shard(0), ...]``."""
+        from .placements import to_dtensor
+
+        return to_dtensor(self)
+
+    @staticmethod
+    def from_partition_spec(mesh: Mesh, shape, spec) -> "Sharding":
+        """From a JAX PartitionSpec (per dim: None, an axis, or a tuple of axes, major first)."""
+        from .placements import from_partition_spec
+
+        return from_partition_spec(mesh, shape, spec)
+
+    def to_partition_spec(self) -> tuple:
+        """JAX PartitionSpec entries, sub-axes in Shardy's notation ``'x:(1)2'``."""
+        from .placements import to_partition_spec
+
+        return to_partition_spec(self)
+
+    def local_shape(self, rank: int) -> tuple:
+        """Shape of the piece ``rank`` holds. ``Sharding.parse("[x*4]", m).local_shape(0) -> (4,)``."""
+        from .shards import local_shape
+
+        return local_shape(self, rank)
+
+    def indices(self, rank: int) -> tuple:
+        """Global indices (one int array per dim) of the piece ``rank`` holds, in local order."""
+        from .shards import local_indices
+
+        return local_indices(self, rank)
+
+    def layout(self):
+        """CuTe layout ``((local dims), (mesh axes)) -> global row-major offset`` (even only)."""
+        from .shards import sharding_layout
+
+        return sharding_layout(self)
+
+    def shard(self, array) -> dict:
+        """Split a global array into ``{rank: local piece}``."""
+        from .shards import shard
+
+        return shard(self, array)
+
+    def unshard(self, pieces, tolerance: float = 0.0):
+        """Reassemble ``{rank: local piece}`` (reduces partial axes; replicas must agree)."""
+        from .shards import unshard
+
+        return unshard(self, pieces, tolerance)
+
+
+# ------------------------------------------------------------------------------------------
+# validation and canonical form
+# ------------------------------------------------------------------------------------------
+
+
+def _product(xs) -> int:
+    p = 1
+    for x in xs:
+        p *= x
+    return p
+
+
+def _check_shape(shape) -> tuple:
+    if isinstance(shape, int):
+        shape = (shape,)
+    try:
+        shape = tuple(shape)
+    except TypeError:
+        raise ShardingSpecError(f"Sharding: shape {shape!r} is not a sequence of ints") from None
+    for s in shape:
+        if isinstance(s, bool) or not isinstance(s, int) or s < 1:
+            raise ShardingSpecError(
+                f"Sharding: shape {shape} has size {s!r}; every dim must be a positive int"
+            )
+    return tuple(int(s) for s in shape)
+
+
+def _as_factors(mesh: Mesh, factors, d: int) -> list:
+    out = []
+    for f in factors:
+        if isinstance(f, Factor):
+            pass
+        elif isinstance(f, int) and not isinstance(f, bool):
+            f = Factor(f)
+        elif isinstance(f, str):
+            f = Factor(mesh.axis_size(f), f) if f in mesh.names else parse_factor(f, mesh)
+        elif isinstance(f, tuple) and len(f) in (2, 3):
+            f = Factor(*f)
+        else:
+            raise ShardingSpecError(f"dim {d}: {f!r} is not a factor (an int, an axis name or a Factor)")
+        if isinstance(f.size, bool) or not isinstance(f.size, int) or f.size < 1:
+            raise ShardingSpecError(f"dim {d}: factor size {f.size!r} is not a positive int")
+        if f.axis is not None:
+            n = mesh.axis_size(f.axis)
+            if f.pre < 1 or n % (f.pre * f.size):
+                raise ShardingSpecError(
+                    f"dim {d}: factor {_fmt_factor(f, mesh)} does not fit axis {f.axis!r} of size "
+                    f"{n}: a sub-axis '{f.axis}:(m)k' needs m*k to divide {n}"
+                )
+        out.append(f)
+    return out
+
+
+def _check_program(mesh: Mesh, d: int, prog: ChunkProgram) -> ChunkProgram:
+    for st in prog:
+        if not isinstance(st, Step) or st.axis is None or st.size != mesh.axis_size(st.axis):
+            raise ShardingSpecError(f"dim {d}: {st!r} is not a step on a whole mesh axis")
+        if st.sf < 1:
+            raise ShardingSpecError(f"dim {d}: split factor {st.sf} must be >= 1")
+    return prog
+
+
+def _canonical_dim(mesh: Mesh, shape: tuple, d: int, fs: list) -> tuple:
+    """Drop size-1 factors, fill in (or check) the innermost local factor, merge when even."""
+    n = shape[d]
+    fs = [f for f in fs if f.size != 1]
+    trailing = bool(fs) and fs[-1].local
+    body = fs[:-1] if trailing else fs
+    ext = chain_extent(n, [f.size for f in body])
+    if trailing and fs[-1].size != ext:
+        shown = "*".join(_fmt_factor(f, mesh) for f in fs)
+        raise ShardingSpecError(
+            f"dim {d} (size {n}): factors {shown} do not cover it exactly: cut as torch.chunk "
+            f"does, the innermost local factor must be {ext}, not {fs[-1].size} "
+            f"(write '{'*'.join([_fmt_factor(f, mesh) for f in body] + [str(ext)])}')"
+        )
+    if not trailing and ext > 1:
+        fs = body + [Factor(ext)]
+    if _product(f.size for f in fs) == n:
+        fs = _merge_even(fs, mesh)
+    return tuple(fs)
+
+
+def _merge_even(fs: list, mesh: Mesh) -> list:
+    out: list = []
+    for f in fs:
+        if out:
+            g = out[-1]
+            if g.local and f.local:
+                out[-1] = Factor(g.size * f.size)
+                continue
+            if g.axis is not None and g.axis == f.axis and g.pre * g.size == f.pre:
+                out[-1] = Factor(g.size * f.size, g.axis, g.pre)
+                continue
+        out.append(f)
+    return out
+
+
+def _check_partial(mesh: Mesh, partial) -> tuple:
+    if isinstance(partial, dict):
+        items = list(partial.items())
+    elif isinstance(partial, str):
+        items = [(partial, "sum")]
+    else:
+        items = [(p, "sum") if isinstance(p, str) else tuple(p) for p in partial]
+    seen = {}
+    for axis, op in items:
+        mesh.axis_index(axis)
+        if op not in REDUCE_OPS:
+            raise ShardingSpecError(
+                f"partial axis {axis!r}: reduce op {op!r} is not one of {', '.join(REDUCE_OPS)}"
+            )
+        if axis in seen:
+            raise ShardingSpecError(f"partial axis {axis!r} given twice")
+        seen[axis] = op
+    return tuple((n, seen[n]) for n in mesh.names if n in seen)
+
+
+def _check_axis_use(mesh: Mesh, dims: tuple, partial: tuple) -> None:
+    pieces: dict = {}
+    for d, fs in enumerate(dims):
+        for f in fs:
+            if f.axis is not None:
+                pieces.setdefault(f.axis, []).append((f.pre, f.size, d))
+    for axis, ps in pieces.items():
+        ps.sort()
+        for (p1, s1, d1), (p2, s2, d2) in zip(ps, ps[1:]):
+            if p2 < p1 * s1 or p2 % (p1 * s1):
+                what = (
+                    f"axis {axis!r} is used twice (dims {d1} and {d2})"
+                    if (p1, s1) == (p2, s2) == (1, mesh.axis_size(axis))
+                    else f"sub-axes {axis}:({p1}){s1} (dim {d1}) and {axis}:({p2}){s2} (dim {d2}) overlap"
+                )
+                raise ShardingSpecError(
+                    f"{what}; a mesh axis, or each piece of it, can shard only one place — "
+                    "use another axis or split it into disjoint sub-axes"
+                )
+    for axis, _ in partial:
+        if axis in pieces:
+            raise ShardingSpecError(
+                f"axis {axis!r} both shards a dim and holds partial values; an axis is one or the other"
+            )
+
+
+# ------------------------------------------------------------------------------------------
+# text form
+# ------------------------------------------------------------------------------------------
+
+
+def _fmt_factor(f: Factor, mesh: Mesh) -> str:
+    if f.axis is None:
+        return str(f.size)
+    if f.pre == 1 and f.size == mesh.axis_size(f.axis):
+        return f.axis
+    return f"{f.axis}:({f.pre}){f.size}"
+
+
+def format_dim(s: Sharding, d: int) -> str:
+    """Text of one dim: ``dp*4``, ``2*tp*2``, ``dp*tp*3 of 9`` (uneven). ``format_dim(s, 0)``."""
+    fs = s.dims[d]
+    if isinstance(fs, ChunkProgram):
+        steps = ", ".join(st.axis + (f"/{st.sf}" if st.sf != 1 else "") for st in fs)
+        return f"chunks({steps}) of {s.shape[d]}"
+    body = "*".join(_fmt_factor(f, s.mesh) for f in fs) or "1"
+    if _product(f.size for f in fs) != s.shape[d]:
+        body += f" of {s.shape[d]}"
+    return body
+
+
+def format_sharding(s: Sharding) -> str:
+    """``[dp*4, tp*3] +sum(x)``: the round-trippable text form."""
+    text = "[" + ", ".join(format_dim(s, d) for d in range(s.ndim)) + "]"
+    ops: dict = {}
+    for axis, op in s.partial:
+        ops.setdefault(op, []).append(axis)
+    for op in REDUCE_OPS:
+        if op in ops:
+            text += f" +{op}({','.join(ops[op])})"
+    return text
+
+
+_SUBAXIS = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*):\((\d+)\)(\d+)$")
+
+
+def parse_factor(text: str, mesh: Mesh) -> Factor:
+    """``"4"`` local, ``"dp"`` an axis, ``"tp:(2)2"`` a sub-axis. ``parse_factor("dp", mesh)``."""
+    t = text.strip().replace(" ", "")
+    if t.isdigit():
+        return Factor(int(t))
+    if t in mesh.names:
+        return Factor(mesh.axis_size(t), t)
+    m = _SUBAXIS.match(t)
+    if m:
+        name, pre, size = m.group(1), int(m.group(2)), int(m.group(3))
+        n = mesh.axis_size(name)
+        if pre < 1 or size < 1 or n % (pre * size):
+            raise ShardingSpecError(
+                f"sub-axis {t!r}: '{name}:(m)k' needs m*k to divide the size {n} of axis {name!r}"
+            )
+        return Factor(size, name, pre)
+    if re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", t):
+        mesh.axis_index(t)  # raises a MeshError naming the axes
+    raise ShardingSpecError(
+        f"factor {text!r} is not an int, a mesh axis ({', '.join(mesh.names)}) or a sub-axis like 'tp:(2)2'"
+    )
+
+
+def _split_dims(inner: str) -> list:
+    parts, depth, cur = [], 0, ""
+    for ch in inner:
+        if ch == "," and depth == 0:
+            parts.append(cur.strip())
+            cur = ""
+            continue
+        depth += ch == "("
+        depth -= ch == ")"
+        cur += ch
+    if cur.strip() or parts:
+        parts.append(cur.strip())
+    return parts
+
+
+def parse_sharding(text: str, mesh: Mesh) -> Sharding:
+    """Read ``[dp*4, tp*3] +sum(x)``; uneven dims carry their size: ``[dp*tp*3 of 9]``."""
+    src = text
+    text = text.strip()
+    if not text.startswith("[") or "]" not in text:
+        raise ShardingSpecError(
+            f"Sharding.parse: {src!r} is not '[dim, dim, ...]', e.g. '[dp*4, tp*3]' or '[8, 12] +sum(tp)'"
+        )
+    close = text.index("]")
+    inner, rest = text[1:close], text[close + 1 :].strip()
+    dims, shape = [], []
+    parts = _split_dims(inner)
+    for d, part in enumerate(parts):
+        if not part:
+            raise ShardingSpecError(f"Sharding.parse: dim {d} of {src!r} is empty")
+        size = None
+        if " of " in part:
+            part, size_text = part.rsplit(" of ", 1)
+            if not size_text.strip().isdigit():
+                raise ShardingSpecError(f"Sharding.parse: dim {d} size {size_text!r} is not an int")
+            size = int(size_text)
+        if part.startswith("chunks("):
+            if size is None or not part.endswith(")"):
+                raise ShardingSpecError(
+                    f"Sharding.parse: dim {d} {part!r} reads 'chunks(a/2, b) of N' (N required)"
+                )
+            steps = []
+            for x in part[len("chunks(") : -1].split(","):
+                name, _, sf = x.strip().partition("/")
+                if sf and not sf.strip().isdigit():
+                    raise ShardingSpecError(f"Sharding.parse: split factor {sf!r} is not an int")
+                steps.append(Step(mesh.axis_size(name.strip()), name.strip(), 1, int(sf or 1)))
+            dims.append(ChunkProgram(steps))
+            shape.append(size)
+            continue
+        fs = [parse_factor(x, mesh) for x in part.split("*")]
+        dims.append(fs)
+        shape.append(size if size is not None else _product(f.size for f in fs))
+    partial = []
+    for m in re.finditer(r"\+\s*([a-z]+)\s*\(([^)]*)\)", rest):
+        op = m.group(1)
+        for a in m.group(2).split(","):
+            if a.strip():
+                partial.append((a.strip(), op))
+    leftover = re.sub(r"\+\s*([a-z]+)\s*\(([^)]*)\)", "", rest).strip()
+    if leftover:
+        raise ShardingSpecError(
+            f"Sharding.parse: unexpected {leftover!r} after the dims in {src!r}; partial axes read '+sum(tp)'"
+        )
+    return Sharding(mesh, tuple(shape), dims, partial)

@@ -1,0 +1,259 @@
+"""Local pieces of a sharded tensor: which global elements each rank holds.
+
+    >>> from shardlayout.mesh import Mesh
+    >>> from shardlayout.sharding.core import Sharding
+    >>> s = Sharding.parse("[dp*tp*3 of 9]", Mesh.parse("dp=2,tp=2"))
+    >>> [local_shape(s, r) for r in range(4)]
+    [(3,), (2,), (2,), (2,)]
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import ShardingSpecError, ShardMismatch
+from .core import ChunkProgram, Factor, Sharding, ceil_div
+
+
+def factor_digit(mesh, f: Factor, coord: tuple) -> int:
+    """The digit of an axis factor at a mesh coordinate (sub-axes read their piece).
+
+    ``factor_digit(Mesh.parse("tp=4"), Factor(2, "tp", 2), (3,)) -> 1``
+    """
+    n = mesh.shape[mesh.axis_index(f.axis)]
+    c = coord[mesh.axis_index(f.axis)]
+    return (c // (n // (f.pre * f.size))) % f.size
+
+
+def _chunk(lo: int, hi: int, k: int, i: int) -> tuple:
+    c = ceil_div(hi - lo, k) if hi > lo else 0
+    s = lo + i * c
+    if s >= hi:
+        return hi, hi
+    return s, min(s + c, hi)
+
+
+def dim_ranges(n: int, factors: tuple, digits) -> list:
+    """The global ranges ``[(lo, hi)]`` a device holds along one dim, in local order.
+
+    ``digits[j]`` is the device's digit for axis factor ``j`` (ignored for local ones).
+    ``dim_ranges(9, (Factor(2, "x"), Factor(5)), [1, None]) -> [(5, 9)]``
+    """
+    if isinstance(factors, ChunkProgram):
+        return _program_ranges(n, factors, digits)
+    ranges = [(0, n)]
+    last = len(factors) - 1
+    for j, f in enumerate(factors):
+        if f.axis is None:
+            if j == last:
+                break
+            ranges = [_chunk(lo, hi, f.size, i) for lo, hi in ranges for i in range(f.size)]
+        else:
+            g = digits[j]
+            ranges = [_chunk(lo, hi, f.size, g) for lo, hi in ranges]
+    return [r for r in ranges if r[1] > r[0]]
+
+
+def _program_ranges(n: int, prog: ChunkProgram, digits) -> list:
+    """DTensor's cuts, step by step, on the list of held ranges (concatenated)."""
+    ranges = [(0, n)]
+    for st, g in zip(prog, digits):
+        groups = _cut_ranges(ranges, st.sf)
+        ranges = [r for grp in groups for r in _cut_ranges(grp, st.size)[g]]
+    return [r for r in ranges if r[1] > r[0]]
+
+
+def _cut_ranges(ranges: list, k: int) -> list:
+    """torch.chunk of the concatenation of ``ranges`` into k parts, each a list of ranges."""
+    total = sum(hi - lo for lo, hi in ranges)
+    c = ceil_div(total, k) if total else 0
+    parts = [[] for _ in range(k)]
+    pos = 0
+    for lo, hi in ranges:
+        while lo < hi:
+            i = pos // c
+            take = min(hi - lo, (i + 1) * c - pos)
+            parts[i].append((lo, lo + take))
+            lo += take
+            pos += take
+    return parts
+
+
+def _dim_digits(s: Sharding, d: int, coord: tuple) -> list:
+    return [None if f.axis is None else factor_digit(s.mesh, f, coord) for f in s.dims[d]]
+
+
+def local_indices(s: Sharding, rank: int) -> tuple:
+    """Global indices per dim (int arrays, local order) held by ``rank``."""
+    key = ("idx", rank)
+    hit = s._cache.get(key)
+    if hit is not None:
+        return hit
+    coord = s.mesh.coord(rank)
+    out = []
+    for d in range(s.ndim):
+        rs = dim_ranges(s.shape[d], s.dims[d], _dim_digits(s, d, coord))
+        out.append(
+            np.concatenate([np.arange(lo, hi) for lo, hi in rs]) if rs else np.zeros(0, dtype=np.int64)
+        )
+    out = tuple(out)
+    s._cache[key] = out
+    return out
+
+
+def local_shape(s: Sharding, rank: int) -> tuple:
+    """Shape of the piece ``rank`` holds (uneven shards: torch.chunk sizes, possibly 0)."""
+    coord = s.mesh.coord(rank)
+    shape = []
+    for d in range(s.ndim):
+        rs = dim_ranges(s.shape[d], s.dims[d], _dim_digits(s, d, coord))
+        shape.append(sum(hi - lo for lo, hi in rs))
+    return tuple(shape)
+
+
+def _partial_divisor(s: Sharding) -> int:
+    p = 1
+    for axis, op in s.partial:
+        if op == "sum":
+            p *= s.mesh.axis_size(axis)
+    return p
+
+
+def shard(s: Sharding, array) -> dict:
+    """``{rank: piece}``; onto partial(sum) axes each rank gets ``v / n`` (DTensor's
+    ``Partial._partition_value``), onto avg/max/min it gets ``v``."""
+    a = np.asarray(array)
+    if a.shape != s.shape:
+        raise ShardMismatch(
+            f"shard: array of shape {a.shape} does not match sharding {s} of shape {s.shape}"
+        )
+    div = _partial_divisor(s)
+    if div != 1:
+        a = a / div
+    return {r: a[np.ix_(*local_indices(s, r))] for r in s.mesh.ranks()}
+
+
+_REDUCE = {"sum": np.sum, "avg": np.mean, "max": np.max, "min": np.min}
+
+
+def unshard(s: Sharding, pieces: dict, tolerance: float = 0.0):
+    """The global array from ``{rank: piece}``: partial axes reduced, replicas checked.
+
+    Raises ``ShardMismatch`` naming the rank and the problem when a piece is missing, has
+    the wrong shape, or replicas of the same element disagree (beyond ``tolerance``).
+    """
+    mesh = s.mesh
+    for r in mesh.ranks():
+        if r not in pieces:
+            raise ShardMismatch(f"unshard {s}: no piece for rank {r} (mesh {mesh} has {mesh.size} ranks)")
+        want = local_shape(s, r)
+        got = np.shape(pieces[r])
+        if tuple(got) != want:
+            raise ShardMismatch(
+                f"unshard {s}: rank {r} holds a piece of shape {tuple(got)}, expected {want}"
+            )
+    sample = np.asarray(pieces[0])
+    out = None
+    written = np.zeros(s.shape, dtype=bool)
+    partial_idx = [mesh.axis_index(a) for a, _ in s.partial]
+    for r in mesh.ranks():
+        coord = mesh.coord(r)
+        if any(coord[i] != 0 for i in partial_idx):
+            continue
+        value = np.asarray(pieces[r])
+        if partial_idx:
+            group = [value]
+            for q in mesh.ranks():
+                cq = mesh.coord(q)
+                if q != r and all(
+                    cq[i] == coord[i] for i in range(mesh.ndim) if i not in partial_idx
+                ):
+                    group.append(np.asarray(pieces[q]))
+            value = _reduce_partial(s, group)
+        if out is None:
+            out = np.zeros(s.shape, dtype=np.result_type(value.dtype, sample.dtype))
+        idx = np.ix_(*local_indices(s, r))
+        seen = written[idx]
+        if seen.any():
+            old = out[idx][seen]
+            new = value[seen]
+            bad = ~np.isclose(old, new, rtol=tolerance, atol=tolerance) if tolerance else old != new
+            if np.any(bad):
+                raise ShardMismatch(
+                    f"unshard {s}: rank {r} {coord} disagrees with another replica of the same "
+                    f"elements ({int(np.sum(bad))} values differ, e.g. {new[bad][0]!r} vs {old[bad][0]!r})"
+                )
+        out[idx] = value
+        written[idx] = True
+    if out is None:
+        out = np.zeros(s.shape, dtype=sample.dtype)
+    return out
+
+
+def _reduce_partial(s: Sharding, group: list):
+    # all partial axes of one sharding reduce the same way when ops agree; mixed ops reduce
+    # axis by axis in mesh order (each op is associative over its own axis)
+    ops = {op for _, op in s.partial}
+    if len(ops) == 1:
+        return _REDUCE[ops.pop()](np.stack(group), axis=0)
+    raise ShardingSpecError(
+        f"unshard {s}: partial axes with different reduce ops ({', '.join(sorted(ops))}) cannot "
+        "be reduced in one step; redistribute one of them first"
+    )
+
+
+def sharding_layout(s: Sharding):
+    """The CuTe layout ``((local dims), (mesh axes)) -> global row-major offset``.
+
+    Each local-dim mode lists that dim's local factors, each mesh-axis mode the pieces of
+    that axis (minor first, as CuTe modes are column-major); an axis piece that shards
+    nothing has stride 0. Defined for even shardings only.
+    """
+    from ..layout import Layout
+
+    if not s.is_even():
+        raise ShardingSpecError(
+            f"layout of {s}: uneven dims are not a single layout (chunk sizes depend on the "
+            "device); use indices(rank) or make the dims even"
+        )
+    gstride = [1] * s.ndim
+    for d in range(s.ndim - 2, -1, -1):
+        gstride[d] = gstride[d + 1] * s.shape[d + 1]
+    local_modes = []
+    axis_pieces: dict = {n: [] for n in s.mesh.names}
+    for d, fs in enumerate(s.dims):
+        inner = 1
+        strides = [0] * len(fs)
+        for j in range(len(fs) - 1, -1, -1):
+            strides[j] = inner * gstride[d]
+            inner *= fs[j].size
+        locs = [(f.size, strides[j]) for j, f in enumerate(fs) if f.local]
+        locs.reverse()  # column-major inside a mode: innermost first
+        local_modes.append(_mode(locs))
+        for j, f in enumerate(fs):
+            if f.axis is not None:
+                axis_pieces[f.axis].append((f.pre, f.size, strides[j]))
+    device_modes = []
+    for name, n in zip(s.mesh.names, s.mesh.shape):
+        ps = sorted(axis_pieces[name])
+        parts = []  # major first
+        covered = 1
+        for pre, size, stride in ps:
+            if pre > covered:
+                parts.append((pre // covered, 0))
+            parts.append((size, stride))
+            covered = pre * size
+        if covered < n:
+            parts.append((n // covered, 0))
+        parts.reverse()
+        device_modes.append(_mode(parts))
+    shape = (tuple(m[0] for m in local_modes), tuple(m[0] for m in device_modes))
+    stride = (tuple(m[1] for m in local_modes), tuple(m[1] for m in device_modes))
+    return Layout(shape, stride)
+
+
+def _mode(parts: list) -> tuple:
+    parts = [p for p in parts if p[0] != 1] or [(1, 0)]
+    if len(parts) == 1:
+        return parts[0]
+    return tuple(p[0] for p in parts), tuple(p[1] for p in parts)
