@@ -10,7 +10,7 @@ from shardlayout.cli import main
 def test_demo_runs(capsys):
     assert main(["demo"]) == 0
     out = capsys.readouterr().out
-    assert "rank 7" in out
+    assert "rank   7 (dp=1,tp=3)" in out and "[dp*tp*3 of 9]: [0, 1, 2] [3, 4] [5, 6] [7, 8]" in out
 
 
 def test_layout_command_text_and_json(capsys):
@@ -27,3 +27,40 @@ def test_layout_command_error_is_one_line(capsys):
     assert err.startswith("shardlayout: error: composition(") and err.count("\n") == 1
     assert main(["layout", "coalesce", "(4,2):(1"]) == 2
     assert "Layout.parse" in capsys.readouterr().err
+
+
+def test_show_placements_text(capsys):
+    assert main(["show", "--mesh", "dp=2,tp=4", "--shape", "8,12", "--placements", "S(0),S(1)"]) == 0
+    out = capsys.readouterr().out
+    assert "[dp*4, tp*3]" in out and "[S(0), S(1)]" in out and "PartitionSpec('dp', 'tp')" in out
+    assert "rank   5 (dp=1,tp=1): local (4, 3)  dim0 4:8  dim1 3:6" in out
+
+
+def test_show_strided_picture(capsys):
+    assert main(["show", "--mesh", "dp=2,tp=2", "--shape", "8,4", "--placements", "SS(0,2),S(0)"]) == 0
+    out = capsys.readouterr().out
+    # rows 0:2 on rank 0, 2:4 on rank 2 (dp=1), 4:6 on rank 1 (tp=1): tp outer, dp inner
+    assert "0:2 |  0" in out and "2:4 |  2" in out and "4:6 |  1" in out
+
+
+def test_show_json_and_sub_axes(capsys):
+    assert main(["show", "--mesh", "dp=2,tp=4", "--sharding", "[dp*4*tp:(1)2, tp:(2)2*3]", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["placements"] is None and "sub-axes" in data["placements_error"]
+    assert data["shape"] == [16, 6] and len(data["ranks"]) == 8
+    assert data["ranks"][1]["ranges"][1] == [[3, 6]]
+
+
+def test_show_partition_spec(capsys):
+    assert main(["show", "--mesh", "dp=2,tp=4", "--shape", "16,3", "--partition-spec", "('dp','tp'),None",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["sharding"] == "[dp*tp*2, 3]"
+
+
+def test_show_errors_are_one_line(capsys):
+    assert main(["show", "--mesh", "dp=2", "--shape", "8", "--placements", "S(3)"]) == 2
+    assert "dim 3 is out of range" in capsys.readouterr().err
+    assert main(["show", "--mesh", "dp=2,tp", "--sharding", "[dp*4]"]) == 2
+    assert "name=size" in capsys.readouterr().err
+    assert main(["show", "--mesh", "dp=2", "--placements", "S(0)"]) == 2
+    assert "--shape" in capsys.readouterr().err

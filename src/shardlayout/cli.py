@@ -73,25 +73,171 @@ def cmd_layout(args) -> int:
     return 0
 
 
-def cmd_demo(args) -> int:
-    from .layout import Layout, composition, zipped_divide
+def _parse_shape(text: str) -> tuple:
+    try:
+        shape = tuple(int(x) for x in text.replace("(", "").replace(")", "").split(",") if x.strip())
+    except ValueError:
+        raise ShardingError(f"--shape {text!r} is not a comma-separated list of ints, e.g. 8,12") from None
+    return shape
 
+
+def _split_top(text: str) -> list:
+    parts, depth, cur = [], 0, ""
+    for ch in text:
+        if ch == "," and depth == 0:
+            parts.append(cur.strip())
+            cur = ""
+            continue
+        depth += ch in "(["
+        depth -= ch in ")]"
+        cur += ch
+    if cur.strip():
+        parts.append(cur.strip())
+    return parts
+
+
+def _parse_spec(text: str) -> tuple:
+    out = []
+    for part in _split_top(text.strip().removeprefix("P(").removeprefix("PartitionSpec(").rstrip(")")
+                           if text.strip().startswith(("P(", "PartitionSpec(")) else text):
+        p = part.strip().strip("'\"")
+        if p in ("None", "_", ""):
+            out.append(None)
+        elif p.startswith("(") and p.endswith(")"):
+            out.append(tuple(x.strip().strip("'\"") for x in _split_top(p[1:-1])))
+        else:
+            out.append(p)
+    return tuple(out)
+
+
+def sharding_from_args(args):
+    """The Sharding named by --sharding, --placements or --partition-spec (with --mesh, --shape)."""
+    from .mesh import Mesh
+    from .sharding import Sharding
+
+    mesh = Mesh.parse(args.mesh)
+    given = [x for x in (args.sharding, args.placements, args.partition_spec) if x is not None]
+    if len(given) != 1:
+        raise ShardingError("give exactly one of --sharding, --placements, --partition-spec")
+    if args.sharding is not None:
+        s = Sharding.parse(args.sharding, mesh)
+        if args.shape and _parse_shape(args.shape) != s.shape:
+            raise ShardingError(f"--shape {args.shape} does not match {args.sharding} (shape {s.shape})")
+        return s
+    if not args.shape:
+        raise ShardingError("--placements and --partition-spec need --shape, e.g. --shape 8,12")
+    shape = _parse_shape(args.shape)
+    if args.placements is not None:
+        return Sharding.from_placements(mesh, shape, _split_top(args.placements))
+    return Sharding.from_partition_spec(mesh, shape, _parse_spec(args.partition_spec))
+
+
+def describe(s) -> dict:
+    """Everything `show` prints, as a JSON-able dict."""
+    from .errors import NotRepresentable
+    from .report import rank_table
+
+    out = {"mesh": str(s.mesh), "devices": s.mesh.size, "shape": list(s.shape), "sharding": str(s),
+           "even": s.is_even()}
+    try:
+        out["placements"] = list(s.to_placements())
+        out["placements_error"] = None
+    except NotRepresentable as e:
+        out["placements"], out["placements_error"] = None, str(e)
+    try:
+        spec = s.to_partition_spec()
+        out["partition_spec"] = [list(x) if isinstance(x, tuple) else x for x in spec]
+        out["partition_spec_error"] = None
+    except NotRepresentable as e:
+        out["partition_spec"], out["partition_spec_error"] = None, str(e)
+    out["layout"] = str(s.layout()) if s.is_even() else None
+    out["ranks"] = rank_table(s)
+    return out
+
+
+def _spec_text(spec) -> str:
+    def one(x):
+        if x is None:
+            return "None"
+        if isinstance(x, list):
+            return "(" + ", ".join(repr(a) for a in x) + ")"
+        return repr(x)
+
+    return "PartitionSpec(" + ", ".join(one(x) for x in spec) + ")"
+
+
+def print_sharding(s, info: dict) -> None:
+    from .report import picture
+
+    print(f"mesh        {info['mesh']} ({info['devices']} devices)")
+    print(f"shape       {tuple(info['shape'])}")
+    print(f"sharding    {info['sharding']}")
+    if info["placements"] is not None:
+        print(f"DTensor     [{', '.join(info['placements'])}]")
+    else:
+        print(f"DTensor     none: {info['placements_error']}")
+    if info["partition_spec"] is not None:
+        print(f"JAX         {_spec_text(info['partition_spec'])}")
+    else:
+        print(f"JAX         none: {info['partition_spec_error']}")
+    if info["layout"]:
+        print(f"layout      {info['layout']}   ((local dims), (mesh axes)) -> offset")
+    print()
+    print(picture(s))
+    print()
+    for row in info["ranks"][:16]:
+        coord = ",".join(f"{k}={v}" for k, v in row["coord"].items())
+        dims = "  ".join(
+            f"dim{d} " + ",".join(f"{a}:{b}" for a, b in rs[:4]) + (",..." if len(rs) > 4 else "")
+            for d, rs in enumerate(row["ranges"])
+        )
+        print(f"rank {row['rank']:>3} ({coord}): local {tuple(row['local_shape'])}  {dims}")
+    if len(info["ranks"]) > 16:
+        print(f"... {len(info['ranks']) - 16} more ranks (--json lists all)")
+
+
+def cmd_show(args) -> int:
+    s = sharding_from_args(args)
+    info = describe(s)
+    if args.json:
+        print(json.dumps(info))
+    else:
+        print_sharding(s, info)
+    return 0
+
+
+def _add_sharding_args(p) -> None:
+    p.add_argument("--mesh", required=True, help="mesh axes, e.g. dp=2,tp=4")
+    p.add_argument("--shape", help="global shape, e.g. 8,12")
+    p.add_argument("--sharding", help="our notation, e.g. '[dp*4, tp*3]'")
+    p.add_argument("--placements", help="DTensor placements, e.g. 'S(0),SS(1,2)' or 'R,P(sum)'")
+    p.add_argument("--partition-spec", help="JAX PartitionSpec entries, e.g. \"('dp','tp'),None\"")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def cmd_demo(args) -> int:
+    import numpy as np
+
+    from .layout import Layout, composition
+    from .mesh import Mesh
+    from .sharding import Sharding
+
+    mesh = Mesh.parse("dp=2,tp=4")
     print("shardlayout demo: a sharding is a layout\n")
-    print("Tensor (8,12), row-major:            T =", Layout((8, 12), (12, 1)))
-    T = Layout((8, 12), (12, 1))
-    print("Mesh dp=2, tp=4; dim 0 split over dp, dim 1 over tp (DTensor [S(0), S(1)]).")
-    Z = zipped_divide(T, (4, 3))
-    print("zipped_divide(T, (4,3)) = ((local), (device)) =", Z)
-    print("  rank r = (dp, tp) holds the offsets Z(local, device):")
-    for dp in range(2):
-        for tp in range(4):
-            rank = dp * 4 + tp
-            offs = [Z((i, j), (dp, tp)) for i in range(4) for j in range(3)]
-            print(f"    rank {rank} (dp={dp}, tp={tp}): {offs[:6]} ... {offs[-1]}")
-    print("\nA view re-reads offsets without moving data: flatten (8,12) -> (96,)")
+    s = Sharding.from_placements(mesh, (8, 12), ["S(0)", "S(1)"])
+    print_sharding(s, describe(s))
+    print("\nFSDP2+TP puts tp outside dp in one dim: DTensor says [_StridedShard(0, 2), Shard(0)]")
+    t = Sharding.from_placements(Mesh.parse("dp=2,tp=2"), (8, 4), ["SS(0,2)", "S(0)"])
+    print(f"  we say {t}: plain factors in another order, no special case")
+    print("\nUneven dims follow torch.chunk at every level, exactly as DTensor:")
+    u = Sharding.from_placements(Mesh.parse("dp=2,tp=2"), (9,), ["S(0)", "S(0)"])
+    print(f"  9 elements, [S(0), S(0)] on 2x2 -> {u}: "
+          + " ".join(str(list(map(int, u.indices(r)[0]))) for r in range(4)))
+    x = np.arange(96.0).reshape(8, 12)
+    ok = np.array_equal(s.unshard(s.shard(x)), x)
+    print(f"\nshard -> unshard on every rank gives back the tensor: {ok}")
     V = composition(Layout(96, 1), Layout((8, 12), (12, 1)))
-    print("  composition(96:1, (8,12):(12,1)) =", V, "(the same function as T)")
-    print("\nNext: Sharding, placements and the view rules build on this algebra.")
+    print(f"A view only re-reads offsets: composition(96:1, (8,12):(12,1)) = {V}")
     return 0
 
 
@@ -100,6 +246,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("demo", help="show the main job on the built-in default example")
     d.set_defaults(func=cmd_demo)
+    sh = sub.add_parser("show", help="a sharding in every notation, with a picture of who holds what")
+    _add_sharding_args(sh)
+    sh.set_defaults(func=cmd_show)
     lay = sub.add_parser("layout", help="run one CuTe layout-algebra operation")
     lay.add_argument("op", choices=LAYOUT_OPS)
     lay.add_argument("operands", nargs="+", help="layouts like '(4,2):(1,4)', ints, '_', '[..]'")
@@ -113,6 +262,11 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.func(args)
+    except BrokenPipeError:  # e.g. piped into `head`
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except ShardingError as e:
         print(f"shardlayout: error: {e}", file=sys.stderr)
         return 2

@@ -101,7 +101,9 @@ class Mesh:
     def rank_of(self, coord) -> int:
         """Rank at a mesh coordinate. ``Mesh.parse("dp=2,tp=4").rank_of((1, 1)) -> 5``."""
         if len(coord) != self.ndim:
-            raise MeshError(f"coordinate {tuple(coord)} has {len(coord)} entries; mesh {self} has {self.ndim} axes")
+            raise MeshError(
+                f"coordinate {tuple(coord)} has {len(coord)} entries; mesh {self} has {self.ndim} axes"
+            )
         r = 0
         for c, s, n in zip(coord, self.shape, self.names):
             if not 0 <= c < s:

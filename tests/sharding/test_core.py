@@ -1,0 +1,86 @@
+"""Sharding: canonical form, text round trip, validation errors."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+
+from shardlayout import Mesh, MeshError, Sharding, ShardingError, ShardingSpecError
+from shardlayout.sharding import Factor
+
+from .strategies import shardings
+
+M = Mesh.parse("dp=2,tp=4")
+
+
+@given(shardings())
+def test_text_round_trip(s):
+    t = Sharding.parse(str(s), s.mesh)
+    assert t == s and str(t) == str(s) and hash(t) == hash(s)
+
+
+def test_examples_from_the_design():
+    assert str(Sharding.from_placements(M, (8, 12), ["S(0)", "S(1)"])) == "[dp*4, tp*3]"
+    s = Sharding.parse("[2*tp*2, 12]", Mesh.parse("tp=2"))
+    assert s.shape == (8, 12) and s.to_placements() == ("SS(0,2)",)
+    p = Sharding.parse("[8, 12] +sum(tp)", M)
+    assert p.partial == (("tp", "sum"),) and p.replicated_axes() == ("dp",)
+    sub = Sharding.parse("[dp*4*tp:(1)2, tp:(2)2*3]", M)
+    assert sub.shape == (16, 6) and sub.dims[1][0] == Factor(2, "tp", 2)
+
+
+def test_canonical_form_and_equality_by_meaning():
+    a = Sharding(M, (8, 12), [["dp", 2, 2], [Factor(2, "tp", 1), Factor(2, "tp", 2), 3]])
+    b = Sharding.parse("[dp*4, tp*3]", M)
+    assert a == b and str(a) == "[dp*4, tp*3]"
+    assert Sharding(M, (8, 12), [["dp"], ["tp"]]) == b  # innermost local factor filled in
+    assert Sharding(M, (8, 12), [[1, "dp", 4], [Factor(1, "tp", 1), "tp", 3]]) == b
+    assert Sharding(M, (8, 12)) == Sharding.replicated(M, (8, 12))
+    assert Sharding(M, (8,), [["dp"]], {"tp": "max"}) != Sharding(M, (8,), [["dp"]])
+
+
+def test_uneven_text_carries_the_size():
+    s = Sharding(Mesh.parse("x=2,y=2"), (9,), [["x", "y"]])
+    assert str(s) == "[x*y*3 of 9]" and not s.is_even()
+    assert Sharding.parse("[x*y*3 of 9]", s.mesh) == s
+
+
+@pytest.mark.parametrize(
+    "build,needle",
+    [
+        (lambda: Sharding(M, (8, 12), [["dp"], ["dp"]]), "axis 'dp' is used twice"),
+        (lambda: Sharding(M, (16,), [[Factor(4, "tp", 2)]]), "does not fit"),
+        (lambda: Sharding(M, (8, 8), [[Factor(2, "tp", 1)], [Factor(2, "tp", 1)]]), "overlap"),
+        (lambda: Sharding(M, (8,), [["tp"]], {"tp": "sum"}), "both shards a dim and holds partial"),
+        (lambda: Sharding(M, (8,), [["dp", 3]]), "innermost local factor must be 4"),
+        (lambda: Sharding(M, (8,), [["dp"]], {"dp2": "sum"}), "no axis 'dp2'"),
+        (lambda: Sharding(M, (8,), [["dp"]], {"tp": "mean"}), "not one of sum, avg, max, min"),
+        (lambda: Sharding(M, (8, 0), None), "positive int"),
+        (lambda: Sharding(M, (8,), [[], []]), "1 dims but 2 factor lists"),
+        (lambda: Sharding(M, (8,), [["pp"]]), "no axis 'pp'"),
+        (lambda: Sharding.parse("[dp*4", M), "Sharding.parse"),
+        (lambda: Sharding.parse("[dp*4] junk", M), "unexpected 'junk'"),
+        (lambda: Sharding.parse("[tp:(3)2]", M), "m*k to divide"),
+        (lambda: Mesh.parse("dp=2,tp"), "not 'name=size'"),
+        (lambda: Mesh((2, 0), ("a", "b")), "positive ints"),
+        (lambda: Mesh((2, 2), ("a", "a")), "repeat"),
+    ],
+)
+def test_validation_errors_name_the_problem(build, needle):
+    with pytest.raises(ShardingError) as e:
+        build()
+    assert needle in str(e.value)
+
+
+def test_error_classes():
+    with pytest.raises(ShardingSpecError):
+        Sharding(M, (8,), [["dp", 3]])
+    with pytest.raises(MeshError):
+        M.coord(8)
+    assert issubclass(MeshError, ShardingError)
+
+
+def test_mesh_basics():
+    assert M.size == 8 and M.coord(5) == (1, 1) and M.rank_of((1, 1)) == 5
+    assert [M.rank_of(M.coord(r)) for r in M.ranks()] == list(range(8))
+    assert M.submesh(["tp"]) == Mesh((4,), ("tp",)) and str(M) == "dp=2,tp=4"
