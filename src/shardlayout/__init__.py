@@ -17,11 +17,15 @@ from .errors import (
 from .layout import Layout
 from .mesh import Mesh
 from .sharding import Factor, Sharding
+from .propagation import Propagation, Redistribution, propagate
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Factor",
+    "Propagation",
+    "Redistribution",
+    "propagate",
     "Layout",
     "LayoutError",
     "Mesh",

@@ -1,0 +1,427 @@
+"""View-like ops: a view moves no data, it regroups the input's factors into new dims.
+
+The rule (``regroup``) walks the flat list of the input's factors, outer to inner, against
+the output dims' boundaries (the common refinement). A local factor splits freely; a
+factor on a mesh axis that a boundary cuts becomes two sub-axes (major piece outside,
+minor inside). When no exact regrouping exists — a boundary that divides no factor, an
+uneven dim that would have to merge with an inner one or be cut, sub-axes disabled —
+the least data moves: only the piece of the factor in the way is gathered, and the
+result says which.
+
+Worked example (DESIGN.md): mesh dp=2, tp=4; (8,12) as ``[dp*4, tp*3]``::
+
+    flat:   dp(2) 4 tp(4) 3                      = 96
+    (16,6): [dp 4 tp:(1)2] [tp:(2)2 3]           tp cut 2|2 by the boundary at 16
+
+    >>> from shardlayout import Mesh, Sharding
+    >>> s = Sharding.parse("[dp*4, tp*3]", Mesh.parse("dp=2,tp=4"))
+    >>> str(regroup(s, (16, 6))[1])
+    '[dp*4*tp:(1)2, tp:(2)2*3]'
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import gcd
+
+from ..config import settings
+from ..errors import ShardingSpecError
+from ..propagation import ITEMSIZE, Propagation, Redistribution, collective_seconds
+from ..sharding import Factor, Sharding
+from ..sharding.core import ChunkProgram, _fmt_factor, _product
+from .registry import register
+
+
+@dataclass(frozen=True)
+class _Tok:
+    kind: str  # "f": one even factor, "u": an uneven tail of a dim, "p": a ChunkProgram dim
+    factors: tuple
+    size: int
+    dim: int  # input dim it comes from (-1 for merged local factors)
+    index: int  # index of its first factor in that dim
+
+
+def _tokens(s: Sharding) -> list:
+    toks: list = []
+    for d, fs in enumerate(s.dims):
+        n = s.shape[d]
+        if isinstance(fs, ChunkProgram):
+            toks.append(_Tok("p", (fs,), n, d, 0))
+            continue
+        if _product(f.size for f in fs) == n:
+            toks.extend(_Tok("f", (f,), f.size, d, j) for j, f in enumerate(fs))
+            continue
+        j, p = 0, 1
+        while j < len(fs) - 1 and n % (p * fs[j].size) == 0:
+            p *= fs[j].size
+            j += 1
+        toks.extend(_Tok("f", (f,), f.size, d, i) for i, f in enumerate(fs[:j]))
+        toks.append(_Tok("u", tuple(fs[j:]), n // p, d, j))
+    merged: list = []
+    for t in toks:
+        if (
+            merged
+            and t.kind == "f"
+            and merged[-1].kind == "f"
+            and t.factors[0].local
+            and merged[-1].factors[0].local
+        ):
+            size = merged[-1].size * t.size
+            merged[-1] = _Tok("f", (Factor(size),), size, -1, -1)
+        else:
+            merged.append(t)
+    return merged
+
+
+def _split(f: Factor, outer: int) -> tuple:
+    if f.local:
+        return Factor(outer), Factor(f.size // outer)
+    return Factor(outer, f.axis, f.pre), Factor(f.size // outer, f.axis, f.pre * outer)
+
+
+class _Gather(Exception):
+    """Refinement failed: gather (the inner part of) token ``index``, keeping ``keep`` outer."""
+
+    def __init__(self, index: int, keep: int, why: str):
+        super().__init__(why)
+        self.index, self.keep, self.why = index, keep, why
+
+
+def _blame(toks: list, i: int, need: int, subaxes: bool) -> _Gather:
+    t = toks[i]
+    if t.kind == "f" and not t.factors[0].local:
+        keep = gcd(t.size, need) if subaxes else 1
+        return _Gather(i, keep, f"a boundary cuts {t.size} at {need}")
+    for j in (i + 1, i - 1):
+        if 0 <= j < len(toks) and not (toks[j].kind == "f" and toks[j].factors[0].local):
+            return _Gather(j, 1, f"a boundary falls between factors {i} and {j}")
+    raise AssertionError("two adjacent local factors are always merged")  # pragma: no cover
+
+
+def _refine(toks: list, out_shape: tuple, subaxes: bool) -> list:
+    out: list = [[] for _ in out_shape]
+    k, acc = 0, 1
+    nout = len(out_shape)
+
+    def skip():
+        nonlocal k, acc
+        while k < nout and acc == out_shape[k]:
+            k += 1
+            acc = 1
+
+    for i, t in enumerate(toks):
+        skip()
+        if t.kind in ("u", "p"):
+            need = out_shape[k] // acc
+            if need != t.size or (t.kind == "p" and acc != 1):
+                raise _Gather(i, 1, "an uneven dim must end an output dim and stay whole")
+            if t.kind == "p":
+                out[k] = t.factors[0]
+            else:
+                out[k].extend(t.factors)
+            acc = out_shape[k]
+            continue
+        piece, psize = t.factors[0], t.size
+        while True:
+            skip()
+            if psize == 1:
+                break
+            need = out_shape[k] // acc
+            if psize <= need:
+                if need % psize:
+                    raise _blame(toks, i, need, subaxes)
+                out[k].append(piece)
+                acc *= psize
+                break
+            if psize % need:
+                raise _blame(toks, i, need, subaxes)
+            if not piece.local and not subaxes:
+                raise _Gather(i, 1, "sub-axes are disabled")
+            outer, piece = _split(piece, need)
+            out[k].append(outer)
+            acc *= need
+            psize //= need
+    skip()
+    return out
+
+
+def _gather_token(s: Sharding, t: _Tok, keep: int) -> Sharding:
+    dims = [fs if isinstance(fs, ChunkProgram) else list(fs) for fs in s.dims]
+    d = t.dim
+    if t.kind == "p":
+        dims[d] = []
+    elif t.kind == "u":
+        dims[d] = dims[d][: t.index] + [Factor(t.size)]
+    else:
+        f = t.factors[0]
+        if keep > 1:
+            outer, inner = _split(f, keep)
+            dims[d][t.index : t.index + 1] = [outer, Factor(inner.size)]
+        else:
+            dims[d][t.index] = Factor(f.size)
+    return Sharding(s.mesh, s.shape, dims, s.partial)
+
+
+def regroup(s: Sharding, out_shape, subaxes: bool | None = None) -> tuple:
+    """``(input_target, output)`` for viewing ``s`` as ``out_shape`` (row-major reshape).
+
+    ``input_target == s`` when the view needs no communication.
+    """
+    out_shape = _infer_shape(s.shape, out_shape)
+    subaxes = settings.subaxes if subaxes is None else subaxes
+    target = s
+    while True:
+        toks = _tokens(target)
+        try:
+            dims = _refine(toks, out_shape, subaxes)
+        except _Gather as g:
+            target = _gather_token(target, toks[g.index], g.keep)
+            continue
+        out = Sharding(s.mesh, out_shape, dims, s.partial)
+        if not subaxes:
+            fixed = _dtensor_expressible(target, out, out_shape)
+            if fixed is not None:
+                target = fixed
+                continue
+        return target, out
+
+
+def _dtensor_expressible(target: Sharding, out: Sharding, out_shape) -> Sharding | None:
+    """With sub-axes off, the output must have DTensor placements; else gather one more axis."""
+    from ..errors import NotRepresentable
+
+    try:
+        out.to_placements()
+        return None
+    except NotRepresentable:
+        pass
+    toks = _tokens(target)
+    sharded = [i for i, t in enumerate(toks) if not (t.kind == "f" and t.factors[0].local)]
+    return _gather_token(target, toks[sharded[-1]], 1)
+
+
+def _infer_shape(shape: tuple, out_shape) -> tuple:
+    if isinstance(out_shape, int):
+        out_shape = (out_shape,)
+    out_shape = [int(x) for x in out_shape]
+    total = _product(shape)
+    if out_shape.count(-1) > 1:
+        raise ShardingSpecError(f"view: shape {tuple(out_shape)} has more than one -1")
+    if -1 in out_shape:
+        rest = _product(x for x in out_shape if x != -1)
+        if rest == 0 or total % rest:
+            raise ShardingSpecError(f"view: cannot view {shape} ({total} elements) as {tuple(out_shape)}")
+        out_shape[out_shape.index(-1)] = total // rest
+    if any(x < 1 for x in out_shape) or _product(out_shape) != total:
+        raise ShardingSpecError(
+            f"view: shape {tuple(out_shape)} has {_product(out_shape)} elements, the input {shape} has "
+            f"{total}; a view keeps the number of elements"
+        )
+    return tuple(out_shape)
+
+
+# ------------------------------------------------------------------------------------------
+# redistributions of a gather (a simple form; the full planner comes with op strategies)
+# ------------------------------------------------------------------------------------------
+
+
+def _pieces(s: Sharding, name: str) -> dict:
+    out = {f.pre: f.size for _, _, f in s.axis_pieces(name)}
+    for fs in s.dims:
+        if isinstance(fs, ChunkProgram) and any(st.axis == name for st in fs):
+            out[1] = s.mesh.axis_size(name)
+    return out
+
+
+def gathers(src: Sharding, dst: Sharding, tensor: int = 0, dtype: str = "float32") -> tuple:
+    """The all-gathers turning ``src`` into ``dst``, where ``dst`` only makes factors local.
+
+    One per mesh axis that loses pieces; ``bytes`` is what each device receives.
+    """
+    if src == dst:
+        return ()
+    itemsize = ITEMSIZE.get(str(dtype).replace("torch.", ""), 4)
+    per_device = (_product(dst.local_shape(0)) - _product(src.local_shape(0))) * itemsize
+    lost = []
+    for name in src.mesh.names:
+        a, b = _pieces(src, name), _pieces(dst, name)
+        if a == b:
+            continue
+        texts = []
+        for pre, size in sorted(a.items()):
+            kept = b.get(pre, 1)
+            if kept < size:
+                f = Factor(size // kept, name, pre * kept)
+                texts.append(_fmt_factor(f, src.mesh))
+        group = _product(a.values()) // _product(b.values())
+        lost.append((name, group, ",".join(texts)))
+    out = []
+    for name, group, text in lost:
+        share = per_device // len(lost)
+        out.append(
+            Redistribution(tensor, "all_gather", (text,), share,
+                           collective_seconds("all_gather", share, group),
+                           f"all-gather {text}: {src} -> {dst}")
+        )
+    return tuple(out)
+
+
+# ------------------------------------------------------------------------------------------
+# the rules
+# ------------------------------------------------------------------------------------------
+
+
+def _one(name: str, inputs: tuple) -> Sharding:
+    if len(inputs) != 1 or not isinstance(inputs[0], Sharding):
+        raise ShardingSpecError(f"{name}: takes one input sharding, got {len(inputs)}")
+    return inputs[0]
+
+
+def _view_result(name, s, out_shape, subaxes, dtype, notes=()):
+    target, out = regroup(s, out_shape, subaxes)
+    reds = gathers(s, target, 0, dtype)
+    return Propagation(name, (s,), (target,), (out,), reds, tuple(notes))
+
+
+@register("view", "_unsafe_view", "reshape", "view_copy", "_reshape_alias", "alias", "clone", "contiguous")
+def view_rule(name, inputs, shape=None, size=None, subaxes=None, dtype="float32", **_):
+    """view/reshape to ``shape`` (``size`` accepted as torch's alias); alias/clone keep the shape."""
+    s = _one(name, inputs)
+    if shape is None:
+        shape = size if size is not None else s.shape
+    return _view_result(name, s, shape, subaxes, dtype)
+
+
+@register("flatten")
+def flatten_rule(name, inputs, start_dim=0, end_dim=-1, subaxes=None, dtype="float32", **_):
+    s = _one(name, inputs)
+    nd = max(s.ndim, 1)
+    a, b = start_dim % nd, end_dim % nd
+    if a > b:
+        raise ShardingSpecError(f"flatten: start_dim {start_dim} is after end_dim {end_dim}")
+    shape = s.shape[:a] + (_product(s.shape[a : b + 1]),) + s.shape[b + 1 :]
+    return _view_result(name, s, shape, subaxes, dtype)
+
+
+@register("unflatten")
+def unflatten_rule(name, inputs, dim=0, sizes=None, subaxes=None, dtype="float32", **_):
+    s = _one(name, inputs)
+    d = dim % s.ndim
+    sizes = list(sizes or ())
+    shape = s.shape[:d] + tuple(_infer_shape((s.shape[d],), sizes)) + s.shape[d + 1 :]
+    return _view_result(name, s, shape, subaxes, dtype)
+
+
+@register("squeeze")
+def squeeze_rule(name, inputs, dim=None, subaxes=None, dtype="float32", **_):
+    s = _one(name, inputs)
+    if dim is None:
+        dims = [d for d in range(s.ndim) if s.shape[d] == 1]
+    else:
+        dims = [x % s.ndim for x in ([dim] if isinstance(dim, int) else dim)]
+    shape = tuple(n for d, n in enumerate(s.shape) if not (d in dims and n == 1))
+    return _view_result(name, s, shape, subaxes, dtype)
+
+
+@register("unsqueeze")
+def unsqueeze_rule(name, inputs, dim=0, subaxes=None, dtype="float32", **_):
+    s = _one(name, inputs)
+    d = dim % (s.ndim + 1)
+    shape = s.shape[:d] + (1,) + s.shape[d:]
+    return _view_result(name, s, shape, subaxes, dtype)
+
+
+def _permuted(name, s: Sharding, perm) -> Propagation:
+    perm = [p % s.ndim for p in perm]
+    if sorted(perm) != list(range(s.ndim)):
+        raise ShardingSpecError(f"{name}: {tuple(perm)} is not a permutation of {s.ndim} dims")
+    out = Sharding(s.mesh, tuple(s.shape[p] for p in perm), [s.dims[p] for p in perm], s.partial)
+    return Propagation(name, (s,), (s,), (out,))
+
+
+@register("permute")
+def permute_rule(name, inputs, dims=None, **_):
+    s = _one(name, inputs)
+    return _permuted(name, s, dims if dims is not None else range(s.ndim))
+
+
+@register("transpose")
+def transpose_rule(name, inputs, dim0=0, dim1=1, **_):
+    s = _one(name, inputs)
+    perm = list(range(s.ndim))
+    a, b = dim0 % s.ndim, dim1 % s.ndim
+    perm[a], perm[b] = perm[b], perm[a]
+    return _permuted(name, s, perm)
+
+
+@register("t")
+def t_rule(name, inputs, **_):
+    s = _one(name, inputs)
+    if s.ndim > 2:
+        raise ShardingSpecError(f"t: expects a tensor of at most 2 dims, got {s.ndim}")
+    return _permuted(name, s, list(range(s.ndim))[::-1])
+
+
+@register("movedim")
+def movedim_rule(name, inputs, source=0, destination=0, **_):
+    s = _one(name, inputs)
+    src = [source] if isinstance(source, int) else list(source)
+    dst = [destination] if isinstance(destination, int) else list(destination)
+    src = [x % s.ndim for x in src]
+    dst = [x % s.ndim for x in dst]
+    perm = [None] * s.ndim
+    for a, b in zip(src, dst):
+        perm[b] = a
+    rest = iter(d for d in range(s.ndim) if d not in src)
+    perm = [p if p is not None else next(rest) for p in perm]
+    return _permuted(name, s, perm)
+
+
+@register("expand")
+def expand_rule(name, inputs, size=None, shape=None, **_):
+    """Broadcast size-1 dims (and new leading dims): every rank holds the whole new extent."""
+    s = _one(name, inputs)
+    size = list(size if size is not None else shape)
+    lead = len(size) - s.ndim
+    if lead < 0:
+        raise ShardingSpecError(f"expand: size {tuple(size)} has fewer dims than the input {s.shape}")
+    dims, shape_out = [], []
+    for i, n in enumerate(size):
+        if i < lead:
+            if n < 1:
+                raise ShardingSpecError(f"expand: new dim {i} must have a positive size, got {n}")
+            dims.append([])
+            shape_out.append(n)
+            continue
+        d = i - lead
+        if n == -1 or n == s.shape[d]:
+            dims.append(s.dims[d])
+            shape_out.append(s.shape[d])
+        elif s.shape[d] == 1:
+            dims.append([])
+            shape_out.append(n)
+        else:
+            raise ShardingSpecError(
+                f"expand: dim {d} has size {s.shape[d]}; only size-1 dims expand (to {n})"
+            )
+    out = Sharding(s.mesh, tuple(shape_out), dims, s.partial)
+    return Propagation(name, (s,), (s,), (out,))
+
+
+@register("view_as_real")
+def view_as_real_rule(name, inputs, subaxes=None, dtype="complex64", **_):
+    s = _one(name, inputs)
+    out = Sharding(s.mesh, s.shape + (2,), list(s.dims) + [[]], s.partial)
+    return Propagation(name, (s,), (s,), (out,))
+
+
+@register("view_as_complex")
+def view_as_complex_rule(name, inputs, subaxes=None, dtype="float32", **_):
+    s = _one(name, inputs)
+    if not s.ndim or s.shape[-1] != 2:
+        raise ShardingSpecError(f"view_as_complex: the last dim must have size 2, got shape {s.shape}")
+    target = s
+    if any(not f.local for f in s.dims[-1]):
+        target = Sharding(s.mesh, s.shape, list(s.dims[:-1]) + [[]], s.partial)
+    out = Sharding(s.mesh, s.shape[:-1], list(target.dims[:-1]), s.partial)
+    return Propagation(name, (s,), (target,), (out,), gathers(s, target, 0, dtype))
