@@ -21,7 +21,6 @@ Worked example (DESIGN.md): mesh dp=2, tp=4; (8,12) as ``[dp*4, tp*3]``::
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from math import gcd
 
 from ..config import settings
@@ -32,45 +31,54 @@ from ..sharding.core import ChunkProgram, _fmt_factor, _product
 from .registry import register
 
 
-@dataclass(frozen=True)
 class _Tok:
-    kind: str  # "f": one even factor, "u": an uneven tail of a dim, "p": a ChunkProgram dim
-    factors: tuple
-    size: int
-    dim: int  # input dim it comes from (-1 for merged local factors)
-    index: int  # index of its first factor in that dim
+    """A piece of the flat factor list: kind "f" (one even factor), "u" (the uneven tail of a
+    dim) or "p" (a ChunkProgram dim); ``dim``/``index`` locate it in the input (-1: merged)."""
+
+    __slots__ = ("kind", "factors", "size", "dim", "index")
+
+    def __init__(self, kind, factors, size, dim, index):
+        self.kind, self.factors, self.size, self.dim, self.index = kind, factors, size, dim, index
 
 
 def _tokens(s: Sharding) -> list:
     toks: list = []
     for d, fs in enumerate(s.dims):
         n = s.shape[d]
-        if isinstance(fs, ChunkProgram):
+        if type(fs) is ChunkProgram:
             toks.append(_Tok("p", (fs,), n, d, 0))
             continue
-        if _product(f.size for f in fs) == n:
-            toks.extend(_Tok("f", (f,), f.size, d, j) for j, f in enumerate(fs))
+        p = 1
+        for f in fs:
+            p *= f.size
+        if p == n:
+            for j, f in enumerate(fs):
+                if merged_local(toks, f):
+                    size = toks[-1].size * f.size
+                    toks[-1] = _Tok("f", (Factor(size),), size, -1, -1)
+                else:
+                    toks.append(_Tok("f", (f,), f.size, d, j))
             continue
         j, p = 0, 1
         while j < len(fs) - 1 and n % (p * fs[j].size) == 0:
             p *= fs[j].size
             j += 1
-        toks.extend(_Tok("f", (f,), f.size, d, i) for i, f in enumerate(fs[:j]))
+        for i, f in enumerate(fs[:j]):
+            if merged_local(toks, f):
+                size = toks[-1].size * f.size
+                toks[-1] = _Tok("f", (Factor(size),), size, -1, -1)
+            else:
+                toks.append(_Tok("f", (f,), f.size, d, i))
         toks.append(_Tok("u", tuple(fs[j:]), n // p, d, j))
-    merged: list = []
-    for t in toks:
-        if (
-            merged
-            and t.kind == "f"
-            and merged[-1].kind == "f"
-            and t.factors[0].local
-            and merged[-1].factors[0].local
-        ):
-            size = merged[-1].size * t.size
-            merged[-1] = _Tok("f", (Factor(size),), size, -1, -1)
-        else:
-            merged.append(t)
-    return merged
+    return toks
+
+
+def merged_local(toks: list, f: Factor) -> bool:
+    """Does local factor ``f`` merge into the last token (also local)?"""
+    if f.axis is not None or not toks:
+        return False
+    t = toks[-1]
+    return t.kind == "f" and t.factors[0].axis is None
 
 
 def _split(f: Factor, outer: int) -> tuple:
@@ -98,7 +106,42 @@ def _blame(toks: list, i: int, need: int, subaxes: bool) -> _Gather:
     raise AssertionError("two adjacent local factors are always merged")  # pragma: no cover
 
 
+def _unit_body(t: _Tok) -> list:
+    fs = list(t.factors)
+    return fs[:-1] if fs and fs[-1].local else fs
+
+
+def _same_chunks(body: list, n_in: int, n_out: int, q_in: int, q_out: int) -> bool:
+    """Do ``body`` cutting ``n_in`` (each element a block of ``q_in``) and ``body`` cutting
+    ``n_out`` (blocks of ``q_out``) hold the same elements on every device?"""
+    from itertools import product as cartesian
+
+    from ..sharding.shards import dim_ranges
+
+    axes = [j for j, f in enumerate(body) if not f.local]
+    for combo in cartesian(*(range(body[j].size) for j in axes)):
+        digits = [None] * len(body)
+        for j, g in zip(axes, combo):
+            digits[j] = g
+        a = [(lo * q_in, hi * q_in) for lo, hi in dim_ranges(n_in, tuple(body), digits)]
+        b = [(lo * q_out, hi * q_out) for lo, hi in dim_ranges(n_out, tuple(body), digits)]
+        if _merge_ranges(a) != _merge_ranges(b):
+            return False
+    return True
+
+
+def _merge_ranges(rs: list) -> list:
+    out: list = []
+    for lo, hi in rs:
+        if out and out[-1][1] == lo:
+            out[-1] = (out[-1][0], hi)
+        elif hi > lo:
+            out.append((lo, hi))
+    return out
+
+
 def _refine(toks: list, out_shape: tuple, subaxes: bool) -> list:
+    toks = list(toks)
     out: list = [[] for _ in out_shape]
     k, acc = 0, 1
     nout = len(out_shape)
@@ -110,17 +153,57 @@ def _refine(toks: list, out_shape: tuple, subaxes: bool) -> list:
             acc = 1
 
     for i, t in enumerate(toks):
+        if t.kind == "u" and t.size == 1:
+            # an uneven tail of extent 1 adds nothing: it closes the last completed dim
+            j = k if k < nout and acc == out_shape[k] else k - 1 if k == nout and acc == 1 else -1
+            if j < 0 or (j == k - 1 and k == 0):
+                raise _Gather(i, 1, "an uneven dim of extent 1 must close an output dim")
+            out[j].extend(t.factors)
+            continue
         skip()
         if t.kind in ("u", "p"):
+            if k == nout:
+                raise _Gather(i, 1, "an uneven dim of extent 1 has no output dim to live in")
             need = out_shape[k] // acc
-            if need != t.size or (t.kind == "p" and acc != 1):
-                raise _Gather(i, 1, "an uneven dim must end an output dim and stay whole")
             if t.kind == "p":
+                if need != t.size or acc != 1:
+                    raise _Gather(i, 1, "a DTensor chunk program must stay a whole dim")
                 out[k] = t.factors[0]
-            else:
+                acc = out_shape[k]
+                continue
+            if need == t.size:
                 out[k].extend(t.factors)
-            acc = out_shape[k]
-            continue
+                acc = out_shape[k]
+                continue
+            body = _unit_body(t)
+            if need < t.size and t.size % need == 0 and _same_chunks(body, t.size, need, 1, t.size // need):
+                # the boundary cuts the uneven tail where its chunks line up: split it
+                out[k].extend(body)
+                acc = out_shape[k]
+                skip()
+                rest = t.size // need
+                out_k_need = out_shape[k] // acc if k < nout else 0
+                if out_k_need % rest:
+                    raise _Gather(i, 1, "the inner part of an uneven dim straddles a boundary")
+                out[k].append(Factor(rest))
+                acc *= rest
+                continue
+            q = need // t.size if need % t.size == 0 else 0
+            follow = toks[i + 1 :]
+            inner, prod_inner = [], 1
+            for u in follow:
+                if prod_inner == q or u.kind != "f" or not u.factors[0].local:
+                    break
+                inner.append(u)
+                prod_inner *= u.size
+            if q and prod_inner == q and _same_chunks(body, t.size, t.size * q, q, 1):
+                # inner local factors merge into the uneven tail where chunks line up
+                out[k].extend(body)
+                acc = out_shape[k]
+                for u in inner:
+                    toks[toks.index(u)] = _Tok("f", (Factor(1),), 1, u.dim, u.index)
+                continue
+            raise _Gather(i, 1, "an uneven dim must end an output dim and stay whole")
         piece, psize = t.factors[0], t.size
         while True:
             skip()
@@ -159,7 +242,7 @@ def _gather_token(s: Sharding, t: _Tok, keep: int) -> Sharding:
             dims[d][t.index : t.index + 1] = [outer, Factor(inner.size)]
         else:
             dims[d][t.index] = Factor(f.size)
-    return Sharding(s.mesh, s.shape, dims, s.partial)
+    return Sharding._trusted(s.mesh, s.shape, dims, s.partial)
 
 
 def regroup(s: Sharding, out_shape, subaxes: bool | None = None) -> tuple:
@@ -177,7 +260,7 @@ def regroup(s: Sharding, out_shape, subaxes: bool | None = None) -> tuple:
         except _Gather as g:
             target = _gather_token(target, toks[g.index], g.keep)
             continue
-        out = Sharding(s.mesh, out_shape, dims, s.partial)
+        out = Sharding._trusted(s.mesh, out_shape, dims, s.partial)
         if not subaxes:
             fixed = _dtensor_expressible(target, out, out_shape)
             if fixed is not None:

@@ -16,7 +16,7 @@ the next factor cuts each kept chunk again. When N is the product of the sizes (
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..errors import ShardingSpecError
 from ..mesh import Mesh
@@ -24,8 +24,7 @@ from ..mesh import Mesh
 REDUCE_OPS = ("sum", "avg", "max", "min")
 
 
-@dataclass(frozen=True, order=True)
-class Factor:
+class Factor(NamedTuple):
     """One mixed-radix digit of a dim: ``Factor(4)`` is local; ``Factor(2, "dp")`` is bound to
     axis dp; ``Factor(2, "tp", pre=2)`` to the sub-axis ``tp:(2)2`` (size 2 after pre-size 2)."""
 
@@ -39,11 +38,18 @@ class Factor:
         return self.axis is None
 
 
-@dataclass(frozen=True, order=True)
-class Step(Factor):
+class Step(NamedTuple):
     """One DTensor cut of a ``ChunkProgram`` dim: ``sf`` groups, each cut ``size`` ways by ``axis``."""
 
+    size: int
+    axis: str
+    pre: int = 1
     sf: int = 1
+
+    @property
+    def local(self) -> bool:
+        """Always False: a step cuts by a mesh axis. ``Step(2, "x").local -> False``."""
+        return False
 
 
 class ChunkProgram(tuple):
@@ -112,6 +118,44 @@ class Sharding:
 
     def __setattr__(self, name, value):
         raise AttributeError("Sharding is immutable")
+
+    @classmethod
+    def _trusted(cls, mesh: Mesh, shape: tuple, dims, partial: tuple) -> "Sharding":
+        """Internal fast constructor for factors already known valid (op rules): only puts
+        each dim in canonical form, no validation."""
+        obj = object.__new__(cls)
+        canon = []
+        for n, fs in zip(shape, dims):
+            if type(fs) is ChunkProgram:
+                canon.append(fs)
+                continue
+            fs = [f for f in fs if f.size != 1]
+            p = 1
+            for f in fs:
+                p *= f.size
+            if p == n:
+                out = []
+                for f in fs:
+                    if out:
+                        g = out[-1]
+                        if g.axis is None and f.axis is None:
+                            out[-1] = Factor(g.size * f.size)
+                            continue
+                        if g.axis is not None and g.axis == f.axis and g.pre * g.size == f.pre:
+                            out[-1] = Factor(g.size * f.size, g.axis, g.pre)
+                            continue
+                    out.append(f)
+                canon.append(tuple(out))
+            else:
+                canon.append(_canonical_dim(mesh, tuple(shape), len(canon), fs))
+        sa = object.__setattr__
+        sa(obj, "mesh", mesh)
+        sa(obj, "shape", tuple(shape))
+        sa(obj, "dims", tuple(canon))
+        sa(obj, "partial", partial)
+        sa(obj, "_hash", None)
+        sa(obj, "_cache", {})
+        return obj
 
     # -- identity -------------------------------------------------------------------------
     def _key(self):
@@ -281,7 +325,7 @@ def _check_shape(shape) -> tuple:
 def _as_factors(mesh: Mesh, factors, d: int) -> list:
     out = []
     for f in factors:
-        if isinstance(f, Factor):
+        if type(f) is Factor:
             pass
         elif isinstance(f, int) and not isinstance(f, bool):
             f = Factor(f)
@@ -306,7 +350,7 @@ def _as_factors(mesh: Mesh, factors, d: int) -> list:
 
 def _check_program(mesh: Mesh, d: int, prog: ChunkProgram) -> ChunkProgram:
     for st in prog:
-        if not isinstance(st, Step) or st.axis is None or st.size != mesh.axis_size(st.axis):
+        if type(st) is not Step or st.axis is None or st.size != mesh.axis_size(st.axis):
             raise ShardingSpecError(f"dim {d}: {st!r} is not a step on a whole mesh axis")
         if st.sf < 1:
             raise ShardingSpecError(f"dim {d}: split factor {st.sf} must be >= 1")
