@@ -16,8 +16,8 @@ from .errors import (
 )
 from .layout import Layout
 from .mesh import Mesh
-from .sharding import Factor, Sharding
 from .propagation import Propagation, Redistribution, propagate
+from .sharding import Factor, Sharding
 
 __version__ = "0.1.0"
 

@@ -112,8 +112,8 @@ def test_view_chains_are_exact_on_every_rank(chain, subaxes):
     cur = s
     for kind, params in steps:
         p = propagate(kind, [cur], subaxes=subaxes, **params)
-        local_check(p, x, lambda a: apply_global(kind, params, a),
-                    lambda piece, shape: apply_local(kind, params, piece, shape))
+        local_check(p, x, lambda a, k=kind, q=params: apply_global(k, q, a),
+                    lambda piece, shape, k=kind, q=params: apply_local(k, q, piece, shape))
         if not subaxes and _expressible(cur):
             p.outputs[0].to_placements()  # DTensor can say it
         if p.input_targets[0] == cur:

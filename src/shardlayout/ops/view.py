@@ -88,21 +88,21 @@ def _split(f: Factor, outer: int) -> tuple:
 
 
 class _Gather(Exception):
-    """Refinement failed: gather (the inner part of) token ``index``, keeping ``keep`` outer."""
+    """Refinement failed: gather (the inner part of) token ``tok``, keeping ``keep`` outer."""
 
-    def __init__(self, index: int, keep: int, why: str):
+    def __init__(self, tok, keep: int, why: str):
         super().__init__(why)
-        self.index, self.keep, self.why = index, keep, why
+        self.tok, self.keep, self.why = tok, keep, why
 
 
 def _blame(toks: list, i: int, need: int, subaxes: bool) -> _Gather:
     t = toks[i]
     if t.kind == "f" and not t.factors[0].local:
         keep = gcd(t.size, need) if subaxes else 1
-        return _Gather(i, keep, f"a boundary cuts {t.size} at {need}")
+        return _Gather(t, keep, f"a boundary cuts {t.size} at {need}")
     for j in (i + 1, i - 1):
         if 0 <= j < len(toks) and not (toks[j].kind == "f" and toks[j].factors[0].local):
-            return _Gather(j, 1, f"a boundary falls between factors {i} and {j}")
+            return _Gather(toks[j], 1, f"a boundary falls between factors {i} and {j}")
     raise AssertionError("two adjacent local factors are always merged")  # pragma: no cover
 
 
@@ -140,6 +140,51 @@ def _merge_ranges(rs: list) -> list:
     return out
 
 
+def _take_inner(toks: list, i: int, q: int):
+    """Local factors right after token ``i`` whose outer digits make up exactly ``q``:
+    ``[(token index, size taken)]``, or None."""
+    taken, got = [], 1
+    for j in range(i + 1, len(toks)):
+        if got == q:
+            break
+        u = toks[j]
+        if u.kind != "f" or not u.factors[0].local:
+            return None
+        want = q // got
+        if q % got:
+            return None
+        if u.size % want == 0:
+            taken.append((j, want))
+            got *= want
+        elif want % u.size == 0:
+            taken.append((j, u.size))
+            got *= u.size
+        else:
+            return None
+    return taken if got == q else None
+
+
+def _consume(toks: list, taken: list) -> None:
+    for j, used in taken:
+        u = toks[j]
+        rest = u.size // used
+        toks[j] = _Tok("f", (Factor(rest),), rest, u.dim, u.index)
+
+
+def _same_program_chunks(prog, n: int, q: int) -> bool:
+    """Does DTensor's chunk program on ``n * q`` hold the blocks of ``q`` it holds on ``n``?"""
+    from itertools import product as cartesian
+
+    from ..sharding.shards import _program_ranges
+
+    for digits in cartesian(*(range(st.size) for st in prog)):
+        a = [(lo * q, hi * q) for lo, hi in _program_ranges(n, prog, digits)]
+        b = _program_ranges(n * q, prog, digits)
+        if _merge_ranges(a) != _merge_ranges(b):
+            return False
+    return True
+
+
 def _refine(toks: list, out_shape: tuple, subaxes: bool) -> list:
     toks = list(toks)
     out: list = [[] for _ in out_shape]
@@ -153,22 +198,48 @@ def _refine(toks: list, out_shape: tuple, subaxes: bool) -> list:
             acc = 1
 
     for i, t in enumerate(toks):
+        if t.kind == "p" and t.size == 1:
+            # a DTensor chunk program of extent 1 lives in any empty size-1 output dim
+            free = [j for j in range(nout) if out_shape[j] == 1 and not out[j] and (j != k or acc == 1)]
+            if not free:
+                raise _Gather(toks[i], 1, "a chunk program of extent 1 needs an empty size-1 output dim")
+            out[free[0]] = t.factors[0]
+            continue
         if t.kind == "u" and t.size == 1:
-            # an uneven tail of extent 1 adds nothing: it closes the last completed dim
+            # an uneven tail of extent 1 adds nothing: it takes an empty size-1 output dim,
+            # or closes the last completed one
+            free = [j for j in range(nout) if out_shape[j] == 1 and not out[j] and (j != k or acc == 1)]
+            if free:
+                out[free[0]] = list(t.factors)
+                continue
             j = k if k < nout and acc == out_shape[k] else k - 1 if k == nout and acc == 1 else -1
-            if j < 0 or (j == k - 1 and k == 0):
-                raise _Gather(i, 1, "an uneven dim of extent 1 must close an output dim")
+            if j < 0 or (j == k - 1 and k == 0) or type(out[j]) is ChunkProgram:
+                raise _Gather(toks[i], 1, "an uneven dim of extent 1 must close an output dim")
             out[j].extend(t.factors)
             continue
         skip()
         if t.kind in ("u", "p"):
             if k == nout:
-                raise _Gather(i, 1, "an uneven dim of extent 1 has no output dim to live in")
+                raise _Gather(toks[i], 1, "an uneven dim of extent 1 has no output dim to live in")
             need = out_shape[k] // acc
             if t.kind == "p":
-                if need != t.size or acc != 1:
-                    raise _Gather(i, 1, "a DTensor chunk program must stay a whole dim")
-                out[k] = t.factors[0]
+                prog = t.factors[0]
+                q = need // t.size if need % t.size == 0 else 0
+                if acc == 1 and need < t.size and t.size % need == 0:
+                    inner = t.size // need
+                    if _same_program_chunks(prog, need, inner):
+                        # cut where DTensor's chunks line up: the program keeps the outer part
+                        out[k] = prog
+                        acc = out_shape[k]
+                        toks.insert(i + 1, _Tok("f", (Factor(inner),), inner, -1, -1))
+                        continue
+                if acc != 1 or not q:
+                    raise _Gather(toks[i], 1, "a DTensor chunk program must stay a whole dim")
+                taken = _take_inner(toks, i, q) if q > 1 else []
+                if taken is None or (q > 1 and not _same_program_chunks(prog, t.size, q)):
+                    raise _Gather(toks[i], 1, "a DTensor chunk program must stay a whole dim")
+                _consume(toks, taken)
+                out[k] = prog
                 acc = out_shape[k]
                 continue
             if need == t.size:
@@ -184,26 +255,19 @@ def _refine(toks: list, out_shape: tuple, subaxes: bool) -> list:
                 rest = t.size // need
                 out_k_need = out_shape[k] // acc if k < nout else 0
                 if out_k_need % rest:
-                    raise _Gather(i, 1, "the inner part of an uneven dim straddles a boundary")
+                    raise _Gather(toks[i], 1, "the inner part of an uneven dim straddles a boundary")
                 out[k].append(Factor(rest))
                 acc *= rest
                 continue
             q = need // t.size if need % t.size == 0 else 0
-            follow = toks[i + 1 :]
-            inner, prod_inner = [], 1
-            for u in follow:
-                if prod_inner == q or u.kind != "f" or not u.factors[0].local:
-                    break
-                inner.append(u)
-                prod_inner *= u.size
-            if q and prod_inner == q and _same_chunks(body, t.size, t.size * q, q, 1):
+            taken = _take_inner(toks, i, q) if q > 1 else None
+            if taken is not None and _same_chunks(body, t.size, t.size * q, q, 1):
                 # inner local factors merge into the uneven tail where chunks line up
                 out[k].extend(body)
                 acc = out_shape[k]
-                for u in inner:
-                    toks[toks.index(u)] = _Tok("f", (Factor(1),), 1, u.dim, u.index)
+                _consume(toks, taken)
                 continue
-            raise _Gather(i, 1, "an uneven dim must end an output dim and stay whole")
+            raise _Gather(toks[i], 1, "an uneven dim must end an output dim and stay whole")
         piece, psize = t.factors[0], t.size
         while True:
             skip()
@@ -219,7 +283,7 @@ def _refine(toks: list, out_shape: tuple, subaxes: bool) -> list:
             if psize % need:
                 raise _blame(toks, i, need, subaxes)
             if not piece.local and not subaxes:
-                raise _Gather(i, 1, "sub-axes are disabled")
+                raise _Gather(toks[i], 1, "sub-axes are disabled")
             outer, piece = _split(piece, need)
             out[k].append(outer)
             acc *= need
@@ -258,7 +322,7 @@ def regroup(s: Sharding, out_shape, subaxes: bool | None = None) -> tuple:
         try:
             dims = _refine(toks, out_shape, subaxes)
         except _Gather as g:
-            target = _gather_token(target, toks[g.index], g.keep)
+            target = _gather_token(target, g.tok, g.keep)
             continue
         out = Sharding._trusted(s.mesh, out_shape, dims, s.partial)
         if not subaxes:
@@ -339,7 +403,7 @@ def gathers(src: Sharding, dst: Sharding, tensor: int = 0, dtype: str = "float32
         group = _product(a.values()) // _product(b.values())
         lost.append((name, group, ",".join(texts)))
     out = []
-    for name, group, text in lost:
+    for _name, group, text in lost:
         share = per_device // len(lost)
         out.append(
             Redistribution(tensor, "all_gather", (text,), share,

@@ -122,7 +122,6 @@ def from_placements(mesh: Mesh, shape, placements) -> Sharding:
     levels = [[Factor(n)] for n in shape]
     programs: dict = {}  # dim -> DTensor steps, for dims no factor layout reproduces
     partial = []
-    checks = set()
     for i, prog in enumerate(progs):
         name, n = mesh.names[i], mesh.shape[i]
         if prog[0] == "R":
@@ -144,13 +143,21 @@ def from_placements(mesh: Mesh, shape, placements) -> Sharding:
             ext = chain_extent(N, [f.size for f in new])
             levels[d] = new + ([Factor(ext)] if ext > 1 else [])
             continue
-        cand = _absorb(lv, sf, n, name)
-        levels[d] = cand  # None: no factor layout; the dim becomes a ChunkProgram
-        if cand is not None and _product(f.size for f in cand) != N:
-            checks.add(d)
-    for d in checks:
-        if levels[d] is not None and not _matches_dtensor(mesh, shape, progs, levels[d], d):
-            levels[d] = None
+        # several local pieces: bind the right digits (exact on even dims), or else cut
+        # innermost; uneven candidates are checked against DTensor's own definition
+        cands = []
+        absorbed = _absorb(lv, sf, n, name)
+        if absorbed is not None:
+            cands.append(absorbed)
+        new = body + ([Factor(sf)] if sf > 1 else []) + [Factor(n, name)]
+        ext = chain_extent(N, [f.size for f in new])
+        cands.append(new + ([Factor(ext)] if ext > 1 else []))
+        levels[d] = None  # no factor layout: the dim becomes a ChunkProgram
+        for cand in cands:
+            even = _product(f.size for f in cand) == N and _product(f.size for f in lv) == N
+            if (even and cand is absorbed) or _matches_dtensor(mesh, shape, progs[: i + 1], cand, d):
+                levels[d] = cand
+                break
     dims = [
         lv if lv is not None else ChunkProgram(st for st in programs[d] if st.size > 1)
         for d, lv in enumerate(levels)
