@@ -64,3 +64,16 @@ def test_show_errors_are_one_line(capsys):
     assert "name=size" in capsys.readouterr().err
     assert main(["show", "--mesh", "dp=2", "--placements", "S(0)"]) == 2
     assert "--shape" in capsys.readouterr().err
+
+
+def test_view_command(capsys):
+    argv = ["view", "--mesh", "dp=2,tp=4", "--shape", "8,12", "--placements", "S(0),S(1)", "--to", "16,6"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "no data moves" in out and "[dp*4*tp:(1)2, tp:(2)2*3]" in out
+    assert main(argv + ["--no-subaxes", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["communication"] and data["redistributions"][0]["kind"] == "all_gather"
+    assert data["output"]["placements"] == ["S(0)", "R"]
+    assert main(["view", "--mesh", "x=2", "--shape", "24", "--placements", "SS(0,3)", "--to", "5,5"]) == 2
+    assert "keeps the number of elements" in capsys.readouterr().err

@@ -206,6 +206,36 @@ def cmd_show(args) -> int:
     return 0
 
 
+def cmd_view(args) -> int:
+    from .propagation import propagate
+
+    s = sharding_from_args(args)
+    to = _parse_shape(args.to)
+    p = propagate("view", [s], shape=to, subaxes=not args.no_subaxes)
+    out = p.outputs[0]
+    info = {
+        "input": describe(s),
+        "input_target": str(p.input_targets[0]),
+        "output": describe(out),
+        "communication": p.needs_communication,
+        "redistributions": [r.to_json() for r in p.redistributions],
+        "cost_seconds": p.cost,
+    }
+    if args.json:
+        print(json.dumps(info))
+        return 0
+    print(f"view {s} {s.shape} -> {out.shape} on mesh {s.mesh}")
+    if p.needs_communication:
+        print(f"data moves: the input is first redistributed to {p.input_targets[0]}")
+        for r in p.redistributions:
+            print(f"  {r.kind} on {', '.join(r.axes)}: {r.bytes} bytes per device, ~{r.seconds * 1e6:.1f} µs")
+    else:
+        print("no data moves: the view only regroups factors")
+    print()
+    print_sharding(out, info["output"])
+    return 0
+
+
 def _add_sharding_args(p) -> None:
     p.add_argument("--mesh", required=True, help="mesh axes, e.g. dp=2,tp=4")
     p.add_argument("--shape", help="global shape, e.g. 8,12")
@@ -249,6 +279,12 @@ def build_parser() -> argparse.ArgumentParser:
     sh = sub.add_parser("show", help="a sharding in every notation, with a picture of who holds what")
     _add_sharding_args(sh)
     sh.set_defaults(func=cmd_show)
+    vw = sub.add_parser("view", help="propagate a sharding through a view/reshape")
+    _add_sharding_args(vw)
+    vw.add_argument("--to", required=True, help="output shape, e.g. 16,6 (one -1 allowed)")
+    vw.add_argument("--no-subaxes", action="store_true",
+                    help="only outputs DTensor can express (no sub-axes; gathers instead)")
+    vw.set_defaults(func=cmd_view)
     lay = sub.add_parser("layout", help="run one CuTe layout-algebra operation")
     lay.add_argument("op", choices=LAYOUT_OPS)
     lay.add_argument("operands", nargs="+", help="layouts like '(4,2):(1,4)', ints, '_', '[..]'")

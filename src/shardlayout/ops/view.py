@@ -270,7 +270,9 @@ def _refine(toks: list, out_shape: tuple, subaxes: bool) -> list:
             raise _Gather(toks[i], 1, "an uneven dim must end an output dim and stay whole")
         piece, psize = t.factors[0], t.size
         while True:
-            skip()
+            while k < nout and acc == out_shape[k]:
+                k += 1
+                acc = 1
             if psize == 1:
                 break
             need = out_shape[k] // acc
@@ -282,7 +284,7 @@ def _refine(toks: list, out_shape: tuple, subaxes: bool) -> list:
                 break
             if psize % need:
                 raise _blame(toks, i, need, subaxes)
-            if not piece.local and not subaxes:
+            if piece.axis is not None and not subaxes:
                 raise _Gather(toks[i], 1, "sub-axes are disabled")
             outer, piece = _split(piece, need)
             out[k].append(outer)
@@ -348,6 +350,9 @@ def _dtensor_expressible(target: Sharding, out: Sharding, out_shape) -> Sharding
 
 
 def _infer_shape(shape: tuple, out_shape) -> tuple:
+    if type(out_shape) is tuple and -1 not in out_shape and _product(out_shape) == _product(shape):
+        if all(type(x) is int and x > 0 for x in out_shape):
+            return out_shape
     if isinstance(out_shape, int):
         out_shape = (out_shape,)
     out_shape = [int(x) for x in out_shape]
