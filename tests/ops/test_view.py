@@ -218,26 +218,6 @@ def test_uneven_dim_cut_by_a_view_gathers_it():
     assert not p.needs_communication and str(p.outputs[0]) == "[x*3 of 5, 2, 2]"
 
 
-# nvFuser reshape cases (shared/conformance/nvfuser_cases.md), in our terms
-
-
-def test_nvfuser_merge_with_sharded_inner_input():
-    # case 5: [h, DIDx(d)*a] merged; nvFuser raises when the sharded dim is the merge's
-    # inner input. We keep it exact as a strided factor.
-    s = Sharding.parse("[4, d*3]", Mesh.parse("d=2"))
-    p = check_view(s, (24,))
-    assert str(p.outputs[0]) == "[4*d*3]" and p.outputs[0].to_placements() == ("SS(0,4)",)
-
-
-def test_nvfuser_non_divisible_split():
-    # case 6: a split whose outer size is not divisible by the device count
-    s = Sharding.parse("[d*6]", Mesh.parse("d=2"))
-    p = check_view(s, (3, 4))  # d cuts 12 at 6: rows 0..1.5 -> no exact answer, gather
-    assert p.needs_communication
-    p = check_view(s, (2, 6))
-    assert str(p.outputs[0]) == "[d, 6]"
-
-
 def test_ops_by_aten_name_and_errors():
     s = Sharding.parse("[dp*4, tp*3]", M)
     assert str(propagate("aten.view.default", [s], shape=[16, 6]).outputs[0]).startswith("[dp*4*tp")
