@@ -43,17 +43,7 @@ def _parse_operand(text: str):
     if text.lstrip("-").isdigit():
         return int(text)
     if text.startswith("[") and text.endswith("]"):
-        parts, depth, cur = [], 0, ""
-        for ch in text[1:-1]:
-            if ch == "," and depth == 0:
-                parts.append(cur)
-                cur = ""
-                continue
-            depth += ch in "(["
-            depth -= ch in ")]"
-            cur += ch
-        if cur.strip():
-            parts.append(cur)
+        parts = _split_top(text[1:-1])
         return tuple(_parse_operand(p) for p in parts)
     return Layout.parse(text)
 
@@ -82,18 +72,9 @@ def _parse_shape(text: str) -> tuple:
 
 
 def _split_top(text: str) -> list:
-    parts, depth, cur = [], 0, ""
-    for ch in text:
-        if ch == "," and depth == 0:
-            parts.append(cur.strip())
-            cur = ""
-            continue
-        depth += ch in "(["
-        depth -= ch in ")]"
-        cur += ch
-    if cur.strip():
-        parts.append(cur.strip())
-    return parts
+    from .sharding.core import split_top_level
+
+    return [p for p in split_top_level(text) if p]
 
 
 def _parse_spec(text: str) -> tuple:

@@ -101,18 +101,7 @@ def _coalesce_lists(fs, fd):
 
 
 def _coalesce_flat(fs, fd) -> Layout:
-    shapes: list = []
-    strides: list = []
-    for s, d in zip(fs, fd):
-        if s == 1:
-            continue
-        if shapes and shapes[-1] * strides[-1] == d:
-            shapes[-1] *= s
-        else:
-            shapes.append(s)
-            strides.append(d)
-    if not shapes:
-        return Layout._make(1, 0)
+    shapes, strides = _coalesce_lists(fs, fd)
     return _pack(shapes, strides)
 
 
@@ -140,23 +129,20 @@ def _coalesce_whole(L: Layout) -> Layout:
     fs = L.shape
     if type(fs) is int:
         return L if fs != 1 else Layout._make(1, 0)
-    fs = L.flat_shape
+    # _coalesce_lists inlined: this is the hottest first-call path (bench_layout.py)
     shapes: list = []
     strides: list = []
-    for s, d in zip(fs, L.flat_stride):
-        if s == 1:
-            continue
-        if shapes and shapes[-1] * strides[-1] == d:
-            shapes[-1] *= s
-        else:
-            shapes.append(s)
-            strides.append(d)
+    for s, d in zip(L.flat_shape, L.flat_stride):
+        if s != 1:
+            if shapes and shapes[-1] * strides[-1] == d:
+                shapes[-1] *= s
+            else:
+                shapes.append(s)
+                strides.append(d)
     n = len(shapes)
     if n > 1:
         return Layout._make(tuple(shapes), tuple(strides))
-    if n == 1:
-        return Layout._make(shapes[0], strides[0])
-    return Layout._make(1, 0)
+    return Layout._make(shapes[0], strides[0]) if n else Layout._make(1, 0)
 
 
 def filter(layout, profile=None) -> Layout:  # noqa: A001 - CuTe's name

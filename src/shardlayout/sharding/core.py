@@ -134,18 +134,7 @@ class Sharding:
             for f in fs:
                 p *= f.size
             if p == n:
-                out = []
-                for f in fs:
-                    if out:
-                        g = out[-1]
-                        if g.axis is None and f.axis is None:
-                            out[-1] = Factor(g.size * f.size)
-                            continue
-                        if g.axis is not None and g.axis == f.axis and g.pre * g.size == f.pre:
-                            out[-1] = Factor(g.size * f.size, g.axis, g.pre)
-                            continue
-                    out.append(f)
-                canon.append(tuple(out))
+                canon.append(tuple(_merge_even(fs, mesh)))
             else:
                 canon.append(_canonical_dim(mesh, tuple(shape), len(canon), fs))
         sa = object.__setattr__
@@ -502,15 +491,16 @@ def parse_factor(text: str, mesh: Mesh) -> Factor:
     )
 
 
-def _split_dims(inner: str) -> list:
+def split_top_level(inner: str) -> list:
+    """Split at commas outside brackets. ``split_top_level("a,(b,c)") -> ['a', '(b,c)']``."""
     parts, depth, cur = [], 0, ""
     for ch in inner:
         if ch == "," and depth == 0:
             parts.append(cur.strip())
             cur = ""
             continue
-        depth += ch == "("
-        depth -= ch == ")"
+        depth += ch in "(["
+        depth -= ch in ")]"
         cur += ch
     if cur.strip() or parts:
         parts.append(cur.strip())
@@ -528,7 +518,7 @@ def parse_sharding(text: str, mesh: Mesh) -> Sharding:
     close = text.index("]")
     inner, rest = text[1:close], text[close + 1 :].strip()
     dims, shape = [], []
-    parts = _split_dims(inner)
+    parts = split_top_level(inner)
     for d, part in enumerate(parts):
         if not part:
             raise ShardingSpecError(f"Sharding.parse: dim {d} of {src!r} is empty")
