@@ -19,7 +19,7 @@ LATENCY_S = 6.6e-6
 HOP_LATENCY_S = 0.6e-6
 BANDWIDTH_BPS = 87.7e9
 
-ITEMSIZE = {
+ITEMSIZE = {  # bytes per element
     "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4,
     "int16": 2, "int8": 1, "uint8": 1, "bool": 1, "complex64": 8, "complex128": 16,
 }

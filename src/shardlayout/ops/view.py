@@ -25,9 +25,9 @@ from math import gcd
 
 from ..config import settings
 from ..errors import ShardingSpecError
-from ..propagation import ITEMSIZE, Propagation, Redistribution, collective_seconds
+from ..propagation import Propagation, Redistribution
 from ..sharding import Factor, Sharding
-from ..sharding.core import ChunkProgram, _fmt_factor, _product
+from ..sharding.core import ChunkProgram, _product
 from .registry import register
 
 
@@ -377,45 +377,16 @@ def _infer_shape(shape: tuple, out_shape) -> tuple:
 # ------------------------------------------------------------------------------------------
 
 
-def _pieces(s: Sharding, name: str) -> dict:
-    out = {f.pre: f.size for _, _, f in s.axis_pieces(name)}
-    for fs in s.dims:
-        if isinstance(fs, ChunkProgram) and any(st.axis == name for st in fs):
-            out[1] = s.mesh.axis_size(name)
-    return out
-
-
 def gathers(src: Sharding, dst: Sharding, tensor: int = 0, dtype: str = "float32") -> tuple:
-    """The all-gathers turning ``src`` into ``dst``, where ``dst`` only makes factors local.
+    """The collectives turning ``src`` into ``dst`` (``plan_redistribution``), as
+    ``Redistribution`` records of input ``tensor``."""
+    from ..sharding.redistribute import plan_redistribution
 
-    One per mesh axis that loses pieces; ``bytes`` is what each device receives.
-    """
-    if src == dst:
-        return ()
-    itemsize = ITEMSIZE.get(str(dtype).replace("torch.", ""), 4)
-    per_device = (_product(dst.local_shape(0)) - _product(src.local_shape(0))) * itemsize
-    lost = []
-    for name in src.mesh.names:
-        a, b = _pieces(src, name), _pieces(dst, name)
-        if a == b:
-            continue
-        texts = []
-        for pre, size in sorted(a.items()):
-            kept = b.get(pre, 1)
-            if kept < size:
-                f = Factor(size // kept, name, pre * kept)
-                texts.append(_fmt_factor(f, src.mesh))
-        group = _product(a.values()) // _product(b.values())
-        lost.append((name, group, ",".join(texts)))
-    out = []
-    for _name, group, text in lost:
-        share = per_device // len(lost)
-        out.append(
-            Redistribution(tensor, "all_gather", (text,), share,
-                           collective_seconds("all_gather", share, group),
-                           f"all-gather {text}: {src} -> {dst}")
-        )
-    return tuple(out)
+    return tuple(
+        Redistribution(tensor, st.kind, st.axes, st.bytes, st.seconds, f"{st.src} -> {st.dst}")
+        for st in plan_redistribution(src, dst, dtype=dtype)
+        if st.kind != "local"
+    )
 
 
 # ------------------------------------------------------------------------------------------

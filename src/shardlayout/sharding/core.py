@@ -136,6 +136,9 @@ class Sharding:
             if p == n:
                 canon.append(tuple(_merge_even(fs, mesh)))
             else:
+                # uneven: local factors after the last axis factor only enumerate their range
+                while fs and fs[-1].axis is None:
+                    fs.pop()
                 canon.append(_canonical_dim(mesh, tuple(shape), len(canon), fs))
         sa = object.__setattr__
         sa(obj, "mesh", mesh)
