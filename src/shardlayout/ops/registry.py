@@ -23,4 +23,4 @@ def register(*names):
 
 def load_rules() -> None:
     """Import every rule module once (they register themselves)."""
-    from . import view  # noqa: F401
+    from . import families, view  # noqa: F401

@@ -162,14 +162,7 @@ def unshard(s: Sharding, pieces: dict, tolerance: float = 0.0):
             continue
         value = np.asarray(pieces[r])
         if partial_idx:
-            group = [value]
-            for q in mesh.ranks():
-                cq = mesh.coord(q)
-                if q != r and all(
-                    cq[i] == coord[i] for i in range(mesh.ndim) if i not in partial_idx
-                ):
-                    group.append(np.asarray(pieces[q]))
-            value = _reduce_partial(s, group)
+            value = _reduce_group(s, pieces, coord, partial_idx)
         if out is None:
             out = np.zeros(s.shape, dtype=np.result_type(value.dtype, sample.dtype))
         idx = np.ix_(*local_indices(s, r))
@@ -190,16 +183,28 @@ def unshard(s: Sharding, pieces: dict, tolerance: float = 0.0):
     return out
 
 
-def _reduce_partial(s: Sharding, group: list):
-    # all partial axes of one sharding reduce the same way when ops agree; mixed ops reduce
-    # axis by axis in mesh order (each op is associative over its own axis)
-    ops = {op for _, op in s.partial}
-    if len(ops) == 1:
-        return _REDUCE[ops.pop()](np.stack(group), axis=0)
-    raise ShardingSpecError(
-        f"unshard {s}: partial axes with different reduce ops ({', '.join(sorted(ops))}) cannot "
-        "be reduced in one step; redistribute one of them first"
-    )
+def _reduce_group(s: Sharding, pieces: dict, coord: tuple, partial_idx: list):
+    """Reduce the pieces of the ranks that differ from ``coord`` only on partial axes, axis by
+    axis in mesh order (sum and avg commute; one op per axis)."""
+    mesh = s.mesh
+    sizes = [mesh.shape[i] for i in partial_idx]
+    first = np.asarray(pieces[mesh.rank_of(coord)])
+    stacked = np.zeros(tuple(sizes) + first.shape, dtype=np.result_type(first.dtype, np.float64))
+    for digits in np.ndindex(*sizes):
+        c = list(coord)
+        for i, g in zip(partial_idx, digits):
+            c[i] = g
+        stacked[digits] = pieces[mesh.rank_of(tuple(c))]
+    ops = dict(s.partial)
+    kinds = {ops[mesh.names[i]] for i in partial_idx}
+    if len(kinds) > 1 and not kinds <= {"sum", "avg"}:
+        raise ShardingSpecError(
+            f"unshard {s}: partial axes with reduce ops {sorted(kinds)} do not commute; "
+            "redistribute one of them first"
+        )
+    for i in partial_idx:
+        stacked = _REDUCE[ops[mesh.names[i]]](stacked, axis=0)
+    return stacked
 
 
 def sharding_layout(s: Sharding):
