@@ -77,3 +77,16 @@ def test_view_command(capsys):
     assert data["output"]["placements"] == ["S(0)", "R"]
     assert main(["view", "--mesh", "x=2", "--shape", "24", "--placements", "SS(0,3)", "--to", "5,5"]) == 2
     assert "keeps the number of elements" in capsys.readouterr().err
+
+
+def test_explain_command(capsys):
+    assert main(["explain", "mm", "--mesh", "dp=2,tp=4", "--inputs", "[dp*4, tp*4]", "[tp*4, 6]"]) == 0
+    out = capsys.readouterr().out
+    assert "output 0: [dp*4, 6] +sum(tp)" in out and "collectives: none" in out
+    assert "alternatives considered" in out and "tp: replicate" in out
+    assert main(["explain", "aten._softmax.default", "--mesh", "dp=2,tp=4", "--inputs", "8,12:S(0),S(1)",
+                 "--param", "dim=1", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["communication"] and data["redistributions"][0]["axes"] == ["tp"]
+    assert main(["explain", "frobnicate", "--mesh", "x=2", "--inputs", "[x*2]"]) == 2
+    assert "no sharding rule" in capsys.readouterr().err

@@ -217,6 +217,72 @@ def cmd_view(args) -> int:
     return 0
 
 
+def _parse_input(text: str, mesh):
+    from .sharding import Sharding
+
+    text = text.strip()
+    if text.startswith("["):
+        return Sharding.parse(text, mesh)
+    if ":" not in text:
+        raise ShardingError(
+            f"input {text!r}: write a sharding '[dp*4, tp*3]' or 'SHAPE:PLACEMENTS', e.g. '8,12:S(0),R'"
+        )
+    shape, placements = text.split(":", 1)
+    return Sharding.from_placements(mesh, _parse_shape(shape), _split_top(placements))
+
+
+def _parse_param(text: str):
+    if "=" not in text:
+        raise ShardingError(f"--param {text!r}: write name=value, e.g. dim=1 or equation=mk,kn->mn")
+    k, v = text.split("=", 1)
+    v = v.strip()
+    try:
+        value = json.loads(v)
+    except ValueError:
+        value = v
+    if isinstance(value, list):
+        value = tuple(value)
+    return k.strip(), value
+
+
+def cmd_explain(args) -> int:
+    from .mesh import Mesh
+    from .propagation import propagate
+
+    mesh = Mesh.parse(args.mesh)
+    inputs = [_parse_input(t, mesh) for t in args.inputs]
+    params = dict(_parse_param(p) for p in args.param or [])
+    p = propagate(args.op, inputs, **params)
+    data = p.to_json()
+    if args.json:
+        print(json.dumps(data))
+        return 0
+    print(f"{args.op} on mesh {mesh}")
+    for i, (s, t) in enumerate(zip(p.inputs, p.input_targets)):
+        arrow = "" if s == t else f"  ->  {t}"
+        print(f"  input {i}: {s}{arrow}")
+    for i, o in enumerate(p.outputs):
+        print(f"  output {i}: {o}")
+    chosen = [n for n in p.notes if not n.startswith("considered") and ": " in n]
+    considered_at = p.notes.index("considered:") if "considered:" in p.notes else len(p.notes)
+    if chosen[:considered_at]:
+        print("strategy (per mesh axis):")
+        for n in p.notes[:considered_at]:
+            print(f"  {n}")
+    if considered_at < len(p.notes):
+        print("alternatives considered:")
+        for n in p.notes[considered_at + 1 :]:
+            print(f"  {n}")
+    if p.redistributions:
+        print("collectives:")
+        for r in p.redistributions:
+            print(f"  input {r.tensor}: {r.kind} on {', '.join(r.axes)}, {r.bytes} bytes, ~{r.seconds * 1e6:.1f} µs")
+    else:
+        print("collectives: none")
+    print(f"total estimated cost: {p.cost * 1e6:.1f} µs")
+    return 0
+
+
 def _add_sharding_args(p) -> None:
     p.add_argument("--mesh", required=True, help="mesh axes, e.g. dp=2,tp=4")
     p.add_argument("--shape", help="global shape, e.g. 8,12")
@@ -266,6 +332,14 @@ def build_parser() -> argparse.ArgumentParser:
     vw.add_argument("--no-subaxes", action="store_true",
                     help="only outputs DTensor can express (no sub-axes; gathers instead)")
     vw.set_defaults(func=cmd_view)
+    ex = sub.add_parser("explain", help="the strategy chosen for one op, the alternatives and collectives")
+    ex.add_argument("op", help="op name, short or aten (mm, aten.mm.default, _softmax, ...)")
+    ex.add_argument("--mesh", required=True)
+    ex.add_argument("--inputs", nargs="+", required=True,
+                    help="one per tensor input: '[dp*4, tp*3]' or 'SHAPE:PLACEMENTS' like '8,12:S(0),R'")
+    ex.add_argument("--param", action="append", help="op parameter name=value (dim=1, equation=mk,kn->mn)")
+    ex.add_argument("--json", action="store_true")
+    ex.set_defaults(func=cmd_explain)
     lay = sub.add_parser("layout", help="run one CuTe layout-algebra operation")
     lay.add_argument("op", choices=LAYOUT_OPS)
     lay.add_argument("operands", nargs="+", help="layouts like '(4,2):(1,4)', ints, '_', '[..]'")

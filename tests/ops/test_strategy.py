@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pytest
 
-from shardlayout import Mesh, Sharding, UnsupportedOp, propagate
+from shardlayout import Mesh, Sharding, ShardingError, UnsupportedOp, propagate
 from shardlayout.ops.families import parse_einsum, pointwise_map, reduction_map
 from shardlayout.ops.strategy import FactorMap, brute_force, search
 from shardlayout.sharding.redistribute import plan_redistribution, run_plan
@@ -189,5 +189,9 @@ def test_partial_rules():
     assert not propagate("rsqrt", [P]).outputs[0].partial
     mm = propagate("mm", [Sharding.parse("[8, tp*3]", m), Sharding.parse("[tp*3, 6]", m)])
     assert str(mm.outputs[0]) == "[8, 6] +sum(tp)" and not mm.needs_communication
-    with pytest.raises(UnsupportedOp, match="nonzero"):
+    with pytest.raises(ShardingError, match="depends on the values"):
         propagate("nonzero", [R])
+    nz = propagate("nonzero", [Sharding.parse("[dp*4, tp*3]", m)], out_shape=(5, 2))
+    assert str(nz.outputs[0]) == "[5, 2]" and [r.kind for r in nz.redistributions] == ["all_gather"] * 2
+    with pytest.raises(UnsupportedOp, match="no sharding rule"):
+        propagate("frobnicate", [R])

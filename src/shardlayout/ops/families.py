@@ -195,3 +195,26 @@ def softmax_rule(name, inputs, dim=-1, cost_model=None, dtype="float32", **_):
     letters = LETTERS[: s.ndim]
     fm = FactorMap((letters,), letters, whole=frozenset(letters[dim % s.ndim]))
     return _result(name, (s,), fm, None, cost_model, dtype)
+
+
+# ------------------------------------------------------------------------------------------
+# data-dependent output sizes
+# ------------------------------------------------------------------------------------------
+
+
+@register("nonzero", "masked_select", "unique", "_unique2", "argwhere")
+def data_dependent_rule(name, inputs, out_shape=None, cost_model=None, dtype="float32", **_):
+    """Ops whose output size depends on the data: every rank needs the whole input, and the
+    output (replicated) has the shape the caller names with ``out_shape=``."""
+    s = inputs[0]
+    if out_shape is None:
+        raise ShardingSpecError(
+            f"{name}: its output size depends on the values of the input, which sharding "
+            f"propagation does not see; pass out_shape=(...) (e.g. the bound torch.export "
+            f"records) to plan it — the input {s} is then gathered and the output replicated"
+        )
+    target = Sharding(s.mesh, s.shape)
+    from .view import gathers
+
+    return Propagation(name, (s,), (target,), (Sharding(s.mesh, tuple(out_shape)),),
+                       gathers(s, target, 0, dtype), (f"{name}: data-dependent output size",))
