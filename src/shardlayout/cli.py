@@ -263,16 +263,16 @@ def cmd_explain(args) -> int:
         print(f"  input {i}: {s}{arrow}")
     for i, o in enumerate(p.outputs):
         print(f"  output {i}: {o}")
-    chosen = [n for n in p.notes if not n.startswith("considered") and ": " in n]
-    considered_at = p.notes.index("considered:") if "considered:" in p.notes else len(p.notes)
-    if chosen[:considered_at]:
+    from .ops.families import fmt_option
+
+    if p.notes:
         print("strategy (per mesh axis):")
-        for n in p.notes[:considered_at]:
+        for n in p.notes:
             print(f"  {n}")
-    if considered_at < len(p.notes):
-        print("alternatives considered:")
-        for n in p.notes[considered_at + 1 :]:
-            print(f"  {n}")
+    if p.alternatives:
+        print("alternatives considered (per mesh axis; the total is their sum):")
+        for axis, opt, cost in p.alternatives:
+            print(f"  {axis}: {fmt_option(opt)} = {cost * 1e6:.2f} µs")
     if p.redistributions:
         print("collectives:")
         for r in p.redistributions:

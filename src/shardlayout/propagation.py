@@ -56,6 +56,7 @@ class Propagation:
     outputs: tuple
     redistributions: tuple = field(default=())
     notes: tuple = field(default=())
+    alternatives: tuple = field(default=())  # (mesh axis, option, seconds) the search weighed
 
     @property
     def cost(self) -> float:
@@ -78,6 +79,7 @@ class Propagation:
             "cost_seconds": self.cost,
             "communication": self.needs_communication,
             "notes": list(self.notes),
+            "alternatives": [{"axis": a, "option": list(o), "seconds": c} for a, o, c in self.alternatives],
         }
 
 

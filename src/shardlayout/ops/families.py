@@ -22,17 +22,18 @@ def _result(name: str, inputs: tuple, fm: FactorMap, out_shapes=None, cost_model
             n_out: int = 1) -> Propagation:
     st = choose(fm, list(inputs), out_shapes, cost_model, dtype)
     reds = tuple(
-        Redistribution(i, s.kind, s.axes, s.bytes, s.seconds, f"input {i}: {s.src} -> {s.dst}")
+        Redistribution(i, s.kind, s.axes, s.bytes, s.seconds, f"input {i}")
         for i, s in st.redistributions
     )
-    notes = tuple(f"{c.axis}: {_fmt_option(c.option)} (cost {c.cost * 1e6:.2f} µs)" for c in st.choices)
-    alts = tuple(f"{c.axis}: {_fmt_option(c.option)} = {c.cost * 1e6:.2f} µs" for c in st.alternatives)
+    notes = tuple(f"{c.axis}: {fmt_option(c.option)}" for c in st.choices)
+    alts = tuple((c.axis, c.option, c.cost) for c in st.alternatives)
     targets = tuple(t if t is not None else s for s, t in zip(inputs, st.input_targets))
     outs = st.outputs * n_out if n_out > 1 else st.outputs
-    return Propagation(name, tuple(inputs), targets, outs, reds, notes + ("considered:",) + alts)
+    return Propagation(name, tuple(inputs), targets, outs, reds, notes, alts)
 
 
-def _fmt_option(opt) -> str:
+def fmt_option(opt) -> str:
+    """``fmt_option(("S", "k")) -> "shard index 'k'"``."""
     if opt[0] == "R":
         return "replicate"
     if opt[0] == "S":

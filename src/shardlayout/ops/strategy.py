@@ -82,6 +82,13 @@ class Strategy:
 
 def _usage(s: Sharding, axis: str):
     """How ``s`` uses ``axis``: ("R",), ("S", dim) or ("P", op)."""
+    table = s._cache.get("usage")
+    if table is None:
+        table = s._cache["usage"] = {a: _usage_of(s, a) for a in s.mesh.names}
+    return table[axis]
+
+
+def _usage_of(s: Sharding, axis: str):
     for a, op in s.partial:
         if a == axis:
             return ("P", op)
@@ -158,16 +165,18 @@ def _valid(fm: FactorMap, inputs: list, axis: str, option: tuple) -> bool:
     return True
 
 
-def axis_cost(fm, inputs, axis, option, cm, itemsize) -> float:
-    """Cost of one axis choice (sum over operands)."""
+def axis_cost(fm, inputs, axis, option, cm, itemsize, nbytes=None) -> float:
+    """Cost of one axis choice (sum over operands); ``nbytes``: the operands' local bytes."""
     if not _valid(fm, inputs, axis, option):
         return float("inf")
     n = inputs_mesh(inputs).axis_size(axis)
+    if nbytes is None:
+        nbytes = [None if s is None else _local_bytes(s, itemsize) for s in inputs]
     total = 0.0
-    for s, tgt in zip(inputs, _targets_for(fm, inputs, axis, option)):
+    for s, tgt, b in zip(inputs, _targets_for(fm, inputs, axis, option), nbytes):
         if s is None:
             continue
-        total += transition_seconds(_usage(s, axis), tgt, axis, n, _local_bytes(s, itemsize), cm)
+        total += transition_seconds(_usage(s, axis), tgt, axis, n, b, cm)
     return total
 
 
@@ -185,11 +194,12 @@ def search(fm: FactorMap, inputs: list, cost_model: CostModel | None = None, dty
     cm = cost_model or DEFAULT_COST_MODEL
     itemsize = ITEMSIZE.get(str(dtype).replace("torch.", ""), 4)
     mesh = inputs_mesh(inputs)
+    nbytes = [None if s is None else _local_bytes(s, itemsize) for s in inputs]
     chosen, considered = [], []
     for axis in mesh.names:
         best = None
         for opt in _options(fm, inputs, axis):
-            c = axis_cost(fm, inputs, axis, opt, cm, itemsize)
+            c = axis_cost(fm, inputs, axis, opt, cm, itemsize, nbytes)
             considered.append(Choice(axis, opt, c))
             changed = sum(
                 1 for x, t in zip(inputs, _targets_for(fm, inputs, axis, opt))
@@ -208,11 +218,12 @@ def brute_force(fm: FactorMap, inputs: list, cost_model: CostModel | None = None
     itemsize = ITEMSIZE.get(str(dtype).replace("torch.", ""), 4)
     mesh = inputs_mesh(inputs)
     per_axis = [_options(fm, inputs, a) for a in mesh.names]
+    nbytes = [None if s is None else _local_bytes(s, itemsize) for s in inputs]
     best = float("inf")
     count = 0
     for combo in cartesian(*per_axis):
         count += 1
-        total = sum(axis_cost(fm, inputs, a, o, cm, itemsize) for a, o in zip(mesh.names, combo))
+        total = sum(axis_cost(fm, inputs, a, o, cm, itemsize, nbytes) for a, o in zip(mesh.names, combo))
         best = min(best, total)
     return best, count
 
@@ -260,7 +271,7 @@ def materialize(fm: FactorMap, inputs: list, out_shapes: list, choices: list):
             same = tmpl and tmpl[0] == s.shape[d] and axes == letter_axes[L]
             dims.append(_dim_factors(tmpl[1] if same else None, axes, mesh))
         keep_partial = [(a, op) for a, op in partial if _usage(s, a) == ("P", op)]
-        targets.append(Sharding(mesh, s.shape, dims, keep_partial))
+        targets.append(Sharding._trusted(mesh, s.shape, dims, tuple(keep_partial)))
     outputs = []
     red = [(a, fm.reduce) for L, axes in letter_axes.items() if L not in fm.output for a in axes]
     for shape in out_shapes:
@@ -269,7 +280,9 @@ def materialize(fm: FactorMap, inputs: list, out_shapes: list, choices: list):
             axes = letter_axes.get(L, [])
             tmpl = structure.get(L)
             dims.append(_dim_factors(tmpl[1] if tmpl and tmpl[0] == shape[d] else None, axes, mesh))
-        outputs.append(Sharding(mesh, shape, dims, partial + red))
+        order = {n: i for i, n in enumerate(mesh.names)}
+        parts = tuple(sorted(partial + red, key=lambda p: order[p[0]]))
+        outputs.append(Sharding._trusted(mesh, shape, dims, parts))
     return targets, outputs
 
 

@@ -103,6 +103,15 @@ def local_indices(s: Sharding, rank: int) -> tuple:
 
 def local_shape(s: Sharding, rank: int) -> tuple:
     """Shape of the piece ``rank`` holds (uneven shards: torch.chunk sizes, possibly 0)."""
+    key = ("shape", rank)
+    hit = s._cache.get(key)
+    if hit is not None:
+        return hit
+    hit = s._cache[key] = _local_shape(s, rank)
+    return hit
+
+
+def _local_shape(s: Sharding, rank: int) -> tuple:
     coord = s.mesh.coord(rank)
     shape = []
     for d in range(s.ndim):
