@@ -29,7 +29,9 @@ def dtensor_setup():
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor import DTensor
 
-    meshes = {k: DeviceMesh("cpu", torch.arange(int(torch.tensor(v).prod())).reshape(v)) for k, v in MESHES.items()}
+    meshes = {}
+    for k, v in MESHES.items():
+        meshes[k] = DeviceMesh("cpu", torch.arange(int(torch.tensor(v).prod())).reshape(v))
     return meshes, DTensor._op_dispatcher.sharding_propagator
 
 
@@ -55,9 +57,9 @@ def main() -> int:
                 pb = [rng.choice([Replicate(), Shard(0), Shard(1)]) for _ in range(nd)]
                 cases.append((m, k, n, pa, pb))
 
-            def spec(sz, pl):
+            def spec(sz, pl, dm=dmeshes[nd]):
                 t = torch.empty(sz)
-                return DTensorSpec(dmeshes[nd], tuple(pl), tensor_meta=TensorMeta(t.shape, t.stride(), t.dtype))
+                return DTensorSpec(dm, tuple(pl), tensor_meta=TensorMeta(t.shape, t.stride(), t.dtype))
 
             if op == "mm":  # DTensor has no einsum strategy (it decomposes einsum first)
                 for m, k, n, pa, pb in cases:

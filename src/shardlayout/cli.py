@@ -276,7 +276,8 @@ def cmd_explain(args) -> int:
     if p.redistributions:
         print("collectives:")
         for r in p.redistributions:
-            print(f"  input {r.tensor}: {r.kind} on {', '.join(r.axes)}, {r.bytes} bytes, ~{r.seconds * 1e6:.1f} µs")
+            axes = ", ".join(r.axes)
+            print(f"  input {r.tensor}: {r.kind} on {axes}, {r.bytes} bytes, ~{r.seconds * 1e6:.1f} µs")
     else:
         print("collectives: none")
     print(f"total estimated cost: {p.cost * 1e6:.1f} µs")
