@@ -219,3 +219,220 @@ def data_dependent_rule(name, inputs, out_shape=None, cost_model=None, dtype="fl
 
     return Propagation(name, (s,), (target,), (Sharding(s.mesh, tuple(out_shape)),),
                        gathers(s, target, 0, dtype), (f"{name}: data-dependent output size",))
+
+
+# ------------------------------------------------------------------------------------------
+# ops that need a dim whole: norms, cat/split/slice/select, index ops, scans, sort, attention
+# ------------------------------------------------------------------------------------------
+
+
+def _norm_dims(s: Sharding, dims) -> list:
+    if dims is None:
+        return []
+    if isinstance(dims, int):
+        dims = [dims]
+    return [d % s.ndim for d in dims]
+
+
+def _whole(name, inputs, letters_in, letters_out, whole, out_shapes=None, cost_model=None, dtype="float32",
+           n_out=1, linear=None, reduce="sum"):
+    fm = FactorMap(tuple(letters_in), letters_out, reduce=reduce, whole=frozenset(whole), linear=linear)
+    return _result(name, tuple(inputs), fm, out_shapes, cost_model, dtype, n_out)
+
+
+@register("layer_norm", "native_layer_norm", "rms_norm", "_fused_rms_norm")
+def norm_rule(name, inputs, normalized_shape=None, cost_model=None, dtype="float32", **_):
+    """``(x, normalized_shape, weight=None, bias=None)``: the normalized (last) dims stay whole;
+    weight and bias cover them. native_layer_norm also returns mean and rstd (keepdim)."""
+    x = inputs[0]
+    k = len(normalized_shape) if normalized_shape is not None else 1
+    lx = LETTERS[: x.ndim]
+    norm = lx[x.ndim - k:]
+    params = [s for s in inputs[1:] if isinstance(s, Sharding)]
+    ins = [lx] + [norm[len(norm) - p.ndim:] for p in params]
+    out = _whole(name, [x] + params, ins, lx, norm, None, cost_model, dtype)
+    if name != "native_layer_norm":
+        return out
+    stat_shape = x.shape[: x.ndim - k] + (1,) * k
+    stats = Sharding(x.mesh, stat_shape, [list(f) for f in out.outputs[0].dims[: x.ndim - k]] + [[]] * k)
+    return Propagation(name, out.inputs, out.input_targets, (out.outputs[0], stats, stats),
+                       out.redistributions, out.notes, out.alternatives)
+
+
+@register("cat", "concat", "concatenate")
+def cat_rule(name, inputs, dim=0, cost_model=None, dtype="float32", **_):
+    """The cat dim is gathered (whole) in every input; other dims shard freely."""
+    ins = [s for s in inputs if isinstance(s, Sharding)]
+    ref = ins[0]
+    d = dim % ref.ndim
+    lx = LETTERS[: ref.ndim]
+    letters = [lx[:d] + f"{LETTERS[20 + i].upper()}" + lx[d + 1:] for i in range(len(ins))]
+    out_letters = lx[:d] + "Z" + lx[d + 1:]
+    shape = list(ref.shape)
+    shape[d] = sum(s.shape[d] for s in ins)
+    whole = {l[d] for l in letters} | {"Z"}
+    return _whole(name, ins, letters, out_letters, whole, [tuple(shape)], cost_model, dtype)
+
+
+@register("split_with_sizes", "split", "chunk", "unbind")
+def split_rule(name, inputs, split_sizes=None, split_size=None, chunks=None, dim=0, cost_model=None,
+               dtype="float32", **_):
+    """The split dim is whole; one output per piece, other dims as the input."""
+    s = inputs[0]
+    d = dim % s.ndim
+    n = s.shape[d]
+    if name == "unbind":
+        sizes = [1] * n
+    elif split_sizes is not None:
+        sizes = list(split_sizes)
+    elif chunks is not None:
+        c = -(-n // chunks)
+        sizes = [min(c, n - i) for i in range(0, n, c)]
+    else:
+        step = split_size or n
+        sizes = [min(step, n - i) for i in range(0, n, step)]
+    if sum(sizes) != n:
+        raise ShardingSpecError(f"{name}: sizes {sizes} do not add up to dim {d} of size {n}")
+    lx = LETTERS[: s.ndim]
+    outs = []
+    base = _whole(name, [s], [lx], lx, {lx[d]}, None, cost_model, dtype)
+    o = base.outputs[0]
+    for k in sizes:
+        if name == "unbind":
+            dims = list(o.dims[:d]) + list(o.dims[d + 1:])
+            outs.append(Sharding(s.mesh, s.shape[:d] + s.shape[d + 1:], dims, o.partial))
+        else:
+            shape = s.shape[:d] + (k,) + s.shape[d + 1:]
+            outs.append(Sharding(s.mesh, shape, list(o.dims[:d]) + [[]] + list(o.dims[d + 1:]), o.partial))
+    return Propagation(name, base.inputs, base.input_targets, tuple(outs), base.redistributions, base.notes,
+                       base.alternatives)
+
+
+@register("slice", "narrow", "select", "cumsum", "cumprod", "flip", "roll")
+def along_dim_rule(name, inputs, dim=0, start=None, end=None, step=1, length=None, index=None,
+                   cost_model=None, dtype="float32", **_):
+    """Ops reading a whole dim (slice/narrow/select/scans): that dim is gathered, others free."""
+    s = inputs[0]
+    d = dim % s.ndim if isinstance(dim, int) else dim[0] % s.ndim
+    lx = LETTERS[: s.ndim]
+    n = s.shape[d]
+    if name in ("slice", "narrow"):
+        a = 0 if start is None else (start + n if start < 0 else start)
+        if name == "narrow":
+            b = a + length
+        else:
+            b = n if end is None else min(n, end + n if end < 0 else end)
+        size = max(0, -(-(b - a) // (step or 1)))
+        shape = s.shape[:d] + (size,) + s.shape[d + 1:]
+        out = lx[:d] + "Z" + lx[d + 1:]
+        return _whole(name, [s], [lx], out, {lx[d], "Z"}, [shape], cost_model, dtype)
+    if name == "select":
+        shape = s.shape[:d] + s.shape[d + 1:]
+        return _whole(name, [s], [lx], lx[:d] + lx[d + 1:], {lx[d]}, [shape], cost_model, dtype)
+    linear = "sum" if name in ("cumsum", "flip", "roll") else None
+    return _whole(name, [s], [lx], lx, {lx[d]}, None, cost_model, dtype, linear=linear)
+
+
+@register("sort", "argsort", "topk")
+def sort_rule(name, inputs, dim=-1, k=None, cost_model=None, dtype="float32", **_):
+    """Sorting needs the whole dim; topk's output dim has size k. sort/topk return (values, indices)."""
+    s = inputs[0]
+    d = dim % s.ndim
+    lx = LETTERS[: s.ndim]
+    shape = s.shape if name != "topk" else s.shape[:d] + (k,) + s.shape[d + 1:]
+    n_out = 1 if name == "argsort" else 2
+    return _whole(name, [s], [lx], lx, {lx[d]}, [shape], cost_model, dtype, n_out=n_out)
+
+
+@register("index_select", "gather", "scatter", "scatter_add", "index_add", "embedding")
+def index_rule(name, inputs, dim=0, cost_model=None, dtype="float32", **_):
+    """Indexed dims are whole in the indexed tensor; the index tensor's dims shard freely.
+
+    embedding(weight, indices): vocab rows whole, the embedding dim free (tp on hidden).
+    """
+    if name == "embedding":
+        w, idx = inputs[0], inputs[1]
+        li = LETTERS[: idx.ndim]
+        return _whole(name, [w, idx], ["VD", li], li + "D", {"V"}, [idx.shape + (w.shape[1],)], cost_model,
+                      dtype)
+    s = inputs[0]
+    d = dim % s.ndim
+    lx = LETTERS[: s.ndim]
+    if name == "index_select":
+        idx = inputs[1]
+        out = lx[:d] + "Z" + lx[d + 1:]
+        shape = s.shape[:d] + (idx.shape[0],) + s.shape[d + 1:]
+        return _whole(name, [s, idx], [lx, "Z"], out, {lx[d]}, [shape], cost_model, dtype)
+    if name == "gather":
+        idx = inputs[1]
+        # out[i][j] = x[i][idx[i][j]] (dim=1): the gathered dim of x is whole; idx's follow out
+        lidx = lx[:d] + "Z" + lx[d + 1:]
+        return _whole(name, [s, idx], [lx, lidx], lidx, {lx[d]}, [idx.shape], cost_model, dtype)
+    # scatter / scatter_add / index_add(self, dim, index, src): self's dim whole, all else whole too
+    others = [x for x in inputs[1:] if isinstance(x, Sharding)]
+    letters = [lx] + [LETTERS[: o.ndim].upper() for o in others]
+    whole = set(lx[d]) | {ch for lt in letters[1:] for ch in lt}
+    return _whole(name, [s] + others, letters, lx, whole, None, cost_model, dtype)
+
+
+@register("one_hot")
+def one_hot_rule(name, inputs, num_classes=None, cost_model=None, dtype="float32", **_):
+    s = inputs[0]
+    if num_classes is None or num_classes < 1:
+        raise ShardingSpecError("one_hot: give num_classes= (the class count is data-dependent otherwise)")
+    lx = LETTERS[: s.ndim]
+    return _whole(name, [s], [lx], lx + "Z", {"Z"}, [s.shape + (num_classes,)], cost_model, dtype)
+
+
+@register("histc", "bincount")
+def histc_rule(name, inputs, bins=100, cost_model=None, dtype="float32", **_):
+    """Counting is linear: a sharded input gives a partial(sum) histogram."""
+    s = inputs[0]
+    lx = LETTERS[: s.ndim]
+    return _whole(name, [s], [lx], "Z", {"Z"}, [(bins,)], cost_model, dtype)
+
+
+@register("scaled_dot_product_attention", "_scaled_dot_product_flash_attention",
+          "_scaled_dot_product_efficient_attention")
+def sdpa_rule(name, inputs, is_causal=False, cost_model=None, dtype="float32", **_):
+    """q [b,h,s,d], k [b,h,t,d], v [b,h,t,e] -> [b,h,s,e]. Batch and heads shard freely; the
+    query sequence shards exactly (each rank attends its queries to all keys) unless causal
+    (the local mask would use local positions); keys/values sequence and d stay whole."""
+    q, k, v = inputs[0], inputs[1], inputs[2]
+    whole = {"t", "d"} | ({"s"} if is_causal else set())
+    out_shape = q.shape[:-1] + (v.shape[-1],)
+    return _whole(name, [q, k, v], ["bhsd", "bhtd", "bhte"], "bhse", whole, [out_shape], cost_model, dtype)
+
+
+@register("_grouped_mm")
+def grouped_mm_rule(name, inputs, cost_model=None, dtype="float32", **_):
+    """MoE experts: a [tokens, k] @ b [groups, k, n] with offs [groups] (token ranges per group).
+    k contracts (partial sum), n shards freely; tokens and groups stay whole (dispatching tokens
+    to sharded experts is an all-to-all the planner adds at the layer level)."""
+    a, b = inputs[0], inputs[1]
+    offs = inputs[2] if len(inputs) > 2 and isinstance(inputs[2], Sharding) else None
+    ins = [a, b] + ([offs] if offs is not None else [])
+    letters = ["tk", "gkn"] + (["g"] if offs is not None else [])
+    return _whole(name, ins, letters, "tn", {"t", "g"}, [(a.shape[0], b.shape[2])], cost_model, dtype,
+                  linear="multi")
+
+
+# ------------------------------------------------------------------------------------------
+# creation ops: no tensor inputs; replicated unless a consumer says otherwise (issue 6)
+# ------------------------------------------------------------------------------------------
+
+
+@register("arange", "full", "zeros", "ones", "empty", "scalar_tensor", "rand", "randn")
+def creation_rule(name, inputs, mesh=None, size=None, shape=None, end=None, start=0, step=1, **_):
+    """Creation ops make a replicated tensor on ``mesh=``; the whole-program pass shards them
+    from their consumers."""
+    if mesh is None:
+        raise ShardingSpecError(f"{name}: a creation op has no input to take the mesh from; pass mesh=")
+    if name == "arange":
+        n = max(0, -(-((end if end is not None else 0) - start) // step))
+        out_shape = (n,)
+    elif name == "scalar_tensor":
+        out_shape = ()
+    else:
+        out_shape = tuple(size if size is not None else shape or ())
+    return Propagation(name, (), (), (Sharding(mesh, out_shape),))

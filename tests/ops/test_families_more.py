@@ -1,0 +1,168 @@
+"""Norms, cat/split/slice/select, scans, sort/topk, index ops, embedding, attention and grouped mm:
+every rule checked by simulation on random shardings (every output, every rank)."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from shardlayout import Mesh, Sharding, ShardingError, propagate
+from shardlayout.sharding.redistribute import plan_redistribution, run_plan
+
+from .test_strategy import rand_mesh, rand_sharding
+
+
+def simulate_all(p, arrays, global_fn, local_fn=None):
+    local_fn = local_fn or global_fn
+    pieces = []
+    for s, t, x in zip(p.inputs, p.input_targets, arrays):
+        pieces.append(run_plan(plan_redistribution(s, t), s.shard(x)))
+    mesh = p.outputs[0].mesh
+    per_rank = {r: local_fn(*(pc[r] for pc in pieces)) for r in mesh.ranks()}
+    wants = global_fn(*arrays)
+    if not isinstance(wants, tuple):
+        wants = (wants,)
+        per_rank = {r: (v,) for r, v in per_rank.items()}
+    for k, (out, want) in enumerate(zip(p.outputs, wants)):
+        got = out.unshard({r: np.asarray(per_rank[r][k]) for r in mesh.ranks()}, tolerance=1e-9)
+        assert got.shape == np.shape(want) and np.allclose(got, want, atol=1e-9), (p.op, k, str(out))
+
+
+def cases(seed, n=30, dims=(1, 3), partial=False):
+    rng = random.Random(seed)
+    for _ in range(n):
+        mesh = rand_mesh(rng)
+        shape = tuple(rng.choice([2, 3, 4, 6, 8]) for _ in range(rng.randint(*dims)))
+        yield rng, mesh, shape, rand_sharding(rng, mesh, shape, allow_partial=partial)
+
+
+def test_layer_norm_and_rms_norm():
+    for rng, mesh, shape, s in cases(1, dims=(2, 3)):
+        x = np.random.default_rng(0).standard_normal(shape)
+        w = np.random.default_rng(1).standard_normal(shape[-1:])
+        ws = rand_sharding(rng, mesh, shape[-1:])
+
+        def ln(a, b):
+            mu = a.mean(-1, keepdims=True)
+            var = a.var(-1, keepdims=True)
+            return (a - mu) / np.sqrt(var + 1e-5) * b
+
+        simulate_all(propagate("layer_norm", [s, ws], normalized_shape=shape[-1:]), [x, w], ln)
+        rms = lambda a, b: a / np.sqrt((a * a).mean(-1, keepdims=True) + 1e-6) * b  # noqa: E731
+        simulate_all(propagate("rms_norm", [s, ws], normalized_shape=shape[-1:]), [x, w], rms)
+        p = propagate("native_layer_norm", [s, ws], normalized_shape=shape[-1:])
+
+        def nln(a, b):
+            mu = a.mean(-1, keepdims=True)
+            r = 1 / np.sqrt(a.var(-1, keepdims=True) + 1e-5)
+            return (a - mu) * r * b, mu, r
+
+        simulate_all(p, [x, w], nln)
+
+
+def test_cat_split_slice_select():
+    for rng, mesh, shape, s in cases(2, dims=(1, 3), partial=True):
+        d = rng.randrange(len(shape))
+        x = np.random.default_rng(0).standard_normal(shape)
+        t = rand_sharding(rng, mesh, shape, allow_partial=False)
+        y = np.random.default_rng(1).standard_normal(shape)
+        simulate_all(propagate("cat", [s, t], dim=d), [x, y], lambda a, b, d=d: np.concatenate([a, b], d))
+        n = shape[d]
+        sizes = [n // 2, n - n // 2] if n > 1 else [1]
+        simulate_all(propagate("split_with_sizes", [s], split_sizes=sizes, dim=d), [x],
+                     lambda a, d=d, sz=sizes: tuple(np.split(a, [sz[0]], axis=d)) if len(sz) > 1 else a)
+        simulate_all(propagate("slice", [s], dim=d, start=1, end=n), [x],
+                     lambda a, d=d, n=n: np.take(a, range(1, n), axis=d))
+        simulate_all(propagate("select", [s], dim=d, index=0), [x], lambda a, d=d: np.take(a, 0, axis=d))
+        simulate_all(propagate("cumsum", [s], dim=d), [x], lambda a, d=d: np.cumsum(a, axis=d))
+
+
+def test_sort_topk():
+    for _rng, _mesh, shape, s in cases(3):
+        d = _rng.randrange(len(shape))
+        x = np.random.default_rng(0).standard_normal(shape)
+        simulate_all(propagate("sort", [s], dim=d), [x],
+                     lambda a, d=d: (np.sort(a, axis=d), np.argsort(a, axis=d, kind="stable")))
+        k = max(1, shape[d] // 2)
+
+        def topk(a, d=d, k=k):
+            idx = np.flip(np.argsort(a, axis=d, kind="stable"), axis=d)
+            idx = np.take(idx, range(k), axis=d)
+            return np.take_along_axis(a, idx, d), idx
+
+        simulate_all(propagate("topk", [s], dim=d, k=k), [x], topk)
+
+
+def test_index_ops_and_embedding():
+    for rng, mesh, shape, s in cases(4, dims=(2, 3)):
+        d = rng.randrange(len(shape))
+        x = np.random.default_rng(0).standard_normal(shape)
+        idx = np.array([rng.randrange(shape[d]) for _ in range(5)])
+        si = rand_sharding(rng, mesh, (5,))
+        simulate_all(propagate("index_select", [s, si], dim=d), [x, idx],
+                     lambda a, i, d=d: np.take(a, i.astype(int), axis=d))
+        gidx = np.random.default_rng(2).integers(0, shape[d], size=shape)
+        sg = rand_sharding(rng, mesh, shape)
+        simulate_all(propagate("gather", [s, sg], dim=d), [x, gidx],
+                     lambda a, i, d=d: np.take_along_axis(a, i.astype(int), d))
+        w = np.random.default_rng(3).standard_normal((10, 6))
+        ws = rand_sharding(rng, mesh, (10, 6))
+        tok = np.random.default_rng(4).integers(0, 10, size=(4, 3))
+        ts = rand_sharding(rng, mesh, (4, 3))
+        simulate_all(propagate("embedding", [ws, ts]), [w, tok], lambda a, i: a[i.astype(int)])
+
+
+def test_attention():
+    def sdpa(q, k, v, causal=False):
+        s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+        if causal:
+            s = s + np.triu(np.full(s.shape[-2:], -np.inf), 1)
+        e = np.exp(s - s.max(-1, keepdims=True))
+        return (e / e.sum(-1, keepdims=True)) @ v
+
+    rng = random.Random(6)
+    for _ in range(25):
+        mesh = rand_mesh(rng)
+        shp = (2, 4, 8, 4)
+        ins = [rand_sharding(rng, mesh, shp, allow_partial=False) for _ in range(3)]
+        arrs = [np.random.default_rng(i).standard_normal(shp) for i in range(3)]
+        simulate_all(propagate("scaled_dot_product_attention", ins), arrs, sdpa)
+        p = propagate("scaled_dot_product_attention", ins, is_causal=True)
+        assert all(f.axis is None for f in p.outputs[0].dims[2])
+        simulate_all(p, arrs, lambda q, k, v: sdpa(q, k, v, True))
+
+
+def test_grouped_mm():
+    rng = random.Random(7)
+    offs = np.array([3, 8, 8, 16])
+
+    def gmm(a, b, o):
+        out = np.zeros((a.shape[0], b.shape[2]))
+        start = 0
+        for g, end in enumerate(o.astype(int)):
+            out[start:end] = a[start:end] @ b[g]
+            start = end
+        return out
+
+    for _ in range(25):
+        mesh = rand_mesh(rng)
+        sa = rand_sharding(rng, mesh, (16, 8))
+        sb = rand_sharding(rng, mesh, (4, 8, 6))
+        so = Sharding(mesh, (4,))
+        a = np.random.default_rng(0).standard_normal((16, 8))
+        b = np.random.default_rng(1).standard_normal((4, 8, 6))
+        simulate_all(propagate("_grouped_mm", [sa, sb, so]), [a, b, offs], gmm)
+
+
+def test_creation_and_counting():
+    m = Mesh.parse("dp=2,tp=4")
+    assert str(propagate("arange", [], mesh=m, end=10).outputs[0]) == "[10]"
+    assert str(propagate("full", [], mesh=m, size=(2, 3)).outputs[0]) == "[2, 3]"
+    with pytest.raises(ShardingError, match="pass mesh="):
+        propagate("zeros", [], size=(2,))
+    h = propagate("histc", [Sharding.parse("[dp*4, tp*3]", m)], bins=5)
+    assert h.outputs[0].partial == (("dp", "sum"), ("tp", "sum")) and not h.needs_communication
+    oh = propagate("one_hot", [Sharding.parse("[dp*4]", m)], num_classes=7)
+    assert str(oh.outputs[0]) == "[dp*4, 7]"
