@@ -166,3 +166,32 @@ def test_creation_and_counting():
     assert h.outputs[0].partial == (("dp", "sum"), ("tp", "sum")) and not h.needs_communication
     oh = propagate("one_hot", [Sharding.parse("[dp*4]", m)], num_classes=7)
     assert str(oh.outputs[0]) == "[dp*4, 7]"
+
+
+def test_backward_rules_and_index():
+    def softmax(v, d):
+        e = np.exp(v - v.max(axis=d, keepdims=True))
+        return e / e.sum(axis=d, keepdims=True)
+
+    for rng, mesh, shape, s in cases(8, dims=(2, 3)):
+        d = rng.randrange(len(shape))
+        g = np.random.default_rng(0).standard_normal(shape)
+        y = softmax(np.random.default_rng(1).standard_normal(shape), d)
+        t = rand_sharding(rng, mesh, shape)
+        bwd = lambda gg, yy, d=d: yy * (gg - (gg * yy).sum(axis=d, keepdims=True))  # noqa: E731
+        simulate_all(propagate("_softmax_backward_data", [s, t], dim=d), [g, y], bwd)
+        x = np.random.default_rng(2).standard_normal(shape)
+
+        def lnb(gg, xx):
+            mu = xx.mean(-1, keepdims=True)
+            r = 1 / np.sqrt(xx.var(-1, keepdims=True) + 1e-5)
+            xh = (xx - mu) * r
+            n = xx.shape[-1]
+            gi = r / n * (n * gg - gg.sum(-1, keepdims=True) - xh * (gg * xh).sum(-1, keepdims=True))
+            lead = tuple(range(xx.ndim - 1))
+            return gi, (gg * xh).sum(axis=lead), gg.sum(axis=lead)
+
+        simulate_all(propagate("native_layer_norm_backward", [s, t], normalized_shape=shape[-1:]), [g, x], lnb)
+        idx = np.array([rng.randrange(shape[0]) for _ in range(3)])
+        simulate_all(propagate("index", [s, rand_sharding(rng, mesh, (3,))]), [x, idx],
+                     lambda a, i: a[i.astype(int)])

@@ -436,3 +436,46 @@ def creation_rule(name, inputs, mesh=None, size=None, shape=None, end=None, star
     else:
         out_shape = tuple(size if size is not None else shape or ())
     return Propagation(name, (), (), (Sharding(mesh, out_shape),))
+
+
+@register("_softmax_backward_data", "_log_softmax_backward_data")
+def softmax_backward_rule(name, inputs, dim=-1, cost_model=None, dtype="float32", **_):
+    """``(grad_output, output, dim)``: the softmax dim is whole in both."""
+    g = inputs[0]
+    lx = LETTERS[: g.ndim]
+    return _whole(name, inputs[:2], [lx, lx], lx, {lx[dim % g.ndim]}, None, cost_model, dtype)
+
+
+@register("native_layer_norm_backward")
+def layer_norm_backward_rule(name, inputs, normalized_shape=None, cost_model=None, dtype="float32", **_):
+    """``(grad_out, input, normalized_shape, mean, rstd, weight, bias)`` -> (grad_input,
+    grad_weight, grad_bias): normalized dims whole; grad_weight/bias sum over the other dims,
+    so sharding those gives partial(sum) parameter gradients."""
+    g, x = inputs[0], inputs[1]
+    k = len(normalized_shape) if normalized_shape is not None else 1
+    lx = LETTERS[: x.ndim]
+    norm = lx[x.ndim - k:]
+    base = _whole(name, [g, x], [lx, lx], lx, norm, None, cost_model, dtype)
+    gi = base.outputs[0]
+    reduce_axes = [(f.axis, "sum") for fs in gi.dims[: x.ndim - k] for f in fs if f.axis]
+    reduce_axes += list(gi.partial)
+    order = {n: i for i, n in enumerate(x.mesh.names)}
+    pshape = x.shape[x.ndim - k:]
+    gw = Sharding(x.mesh, pshape, [[] for _ in pshape], sorted(set(reduce_axes), key=lambda p: order[p[0]]))
+    return Propagation(name, base.inputs, base.input_targets, (gi, gw, gw), base.redistributions,
+                       base.notes, base.alternatives)
+
+
+@register("index", "_index_put_impl", "index_put")
+def advanced_index_rule(name, inputs, cost_model=None, dtype="float32", **_):
+    """``x[idx]`` (one index tensor on dim 0): like index_select; index_put keeps x's shape and
+    needs the indexed dim whole in x and everything whole in the values it writes."""
+    x, idx = inputs[0], inputs[1]
+    lx = LETTERS[: x.ndim]
+    li = LETTERS[x.ndim: x.ndim + idx.ndim].upper()
+    if name == "index":
+        return _whole(name, [x, idx], [lx, li], li + lx[1:], {lx[0]}, [idx.shape + x.shape[1:]], cost_model,
+                      dtype)
+    vals = inputs[2]
+    lv = LETTERS[: vals.ndim].upper()
+    return _whole(name, [x, idx, vals], [lx, li, lv], lx, {lx[0]} | set(li) | set(lv), None, cost_model, dtype)
