@@ -196,15 +196,20 @@ def search(fm: FactorMap, inputs: list, cost_model: CostModel | None = None, dty
     mesh = inputs_mesh(inputs)
     nbytes = [None if s is None else _local_bytes(s, itemsize) for s in inputs]
     chosen, considered = [], []
-    for axis in mesh.names:
+    inf = float("inf")
+    for axis, n in zip(mesh.names, mesh.shape):
         best = None
+        usage = [None if x is None else _usage(x, axis) for x in inputs]
         for opt in _options(fm, inputs, axis):
-            c = axis_cost(fm, inputs, axis, opt, cm, itemsize, nbytes)
+            if _valid(fm, inputs, axis, opt):
+                c, changed = 0.0, 0
+                for u, t, b in zip(usage, _targets_for(fm, inputs, axis, opt), nbytes):
+                    if u is not None and u != t:
+                        changed += 1
+                        c += transition_seconds(u, t, axis, n, b, cm)
+            else:
+                c, changed = inf, 0
             considered.append(Choice(axis, opt, c))
-            changed = sum(
-                1 for x, t in zip(inputs, _targets_for(fm, inputs, axis, opt))
-                if x is not None and _usage(x, axis) != t
-            )
             key = (c, changed, _rank(opt), str(opt))
             if best is None or key < best[0]:
                 best = (key, Choice(axis, opt, c))
