@@ -195,3 +195,51 @@ def test_backward_rules_and_index():
         idx = np.array([rng.randrange(shape[0]) for _ in range(3)])
         simulate_all(propagate("index", [s, rand_sharding(rng, mesh, (3,))]), [x, idx],
                      lambda a, i: a[i.astype(int)])
+
+
+LLAMA_MOE_OPS = [  # torch 2.13 core ATen of a Llama block and a MoE layer, forward and joint backward
+    "aten._assert_tensor_metadata.default", "aten._scaled_dot_product_flash_attention_for_cpu.default",
+    "aten._scaled_dot_product_flash_attention_for_cpu_backward.default", "aten._softmax.default",
+    "aten._to_copy.default", "aten._unsafe_view.default", "aten.add.Scalar", "aten.add.Tensor",
+    "aten.any.dim", "aten.arange.start_step", "aten.bmm.default", "aten.cat.default", "aten.clone.default",
+    "aten.detach.default", "aten.div.Scalar", "aten.empty_like.default", "aten.eq.Scalar",
+    "aten.expand.default", "aten.fill.Scalar", "aten.full.default", "aten.full_like.default",
+    "aten.le.Scalar", "aten.logical_and.default", "aten.logical_not.default", "aten.mean.dim",
+    "aten.mm.default", "aten.mul.Scalar", "aten.mul.Tensor", "aten.neg.default", "aten.ones_like.default",
+    "aten.permute.default", "aten.pow.Tensor_Scalar", "aten.rsqrt.default", "aten.scalar_tensor.default",
+    "aten.select.int", "aten.sigmoid.default", "aten.silu.default", "aten.slice.Tensor",
+    "aten.slice_backward.default", "aten.sub.Tensor", "aten.sum.default", "aten.sum.dim_IntList",
+    "aten.t.default", "aten.topk.default", "aten.transpose.int", "aten.unsqueeze.default",
+    "aten.view.default", "aten.where.self",
+]
+
+
+def test_every_op_of_an_exported_llama_block_and_moe_layer_has_a_rule():
+    from shardlayout.ops.registry import RULES, load_rules
+    from shardlayout.propagation import canonical_op_name
+
+    load_rules()
+    assert [o for o in LLAMA_MOE_OPS if canonical_op_name(o) not in RULES] == []
+
+
+def test_fused_attention_and_slice_backward():
+    rng = random.Random(9)
+    for _ in range(15):
+        mesh = rand_mesh(rng)
+        shp = (2, 4, 8, 4)
+        ins = [rand_sharding(rng, mesh, shp, allow_partial=False) for _ in range(3)]
+        p = propagate("aten._scaled_dot_product_flash_attention_for_cpu.default", ins)
+        assert len(p.outputs) == 2 and p.outputs[1].shape == (2, 4, 8)
+        g = rand_sharding(rng, mesh, shp, allow_partial=False)
+        lse = Sharding(mesh, (2, 4, 8))
+        b = propagate("_scaled_dot_product_flash_attention_for_cpu_backward", [g] + ins + [g, lse])
+        assert [o.shape for o in b.outputs] == [shp, shp, shp]
+        x = np.random.default_rng(0).standard_normal((4, 6))
+        s = rand_sharding(rng, mesh, (4, 6))
+
+        def back(a):
+            out = np.zeros((a.shape[0], 9))
+            out[:, 2:8] = a
+            return out
+
+        simulate_all(propagate("slice_backward", [s], input_sizes=(4, 9), dim=1, start=2, end=8), [x], back)

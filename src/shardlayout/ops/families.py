@@ -54,7 +54,8 @@ MULTI_LINEAR = ("mul", "div")
 NONLINEAR = ("rsqrt", "sqrt", "sigmoid", "silu", "relu", "gelu", "exp", "log", "tanh", "pow",
              "where", "eq", "ne", "le", "lt", "ge", "gt", "logical_and", "logical_or", "logical_not",
              "abs", "cos", "sin", "reciprocal", "full_like", "zeros_like", "ones_like", "scalar_tensor",
-             "maximum", "minimum", "clamp", "masked_fill", "bitwise_not")
+             "maximum", "minimum", "clamp", "masked_fill", "bitwise_not", "empty_like", "fill",
+             "new_zeros", "new_ones", "new_empty", "new_full", "sign", "erf", "floor", "ceil", "round")
 
 
 def pointwise_map(name: str, inputs: list) -> FactorMap:
@@ -393,7 +394,7 @@ def histc_rule(name, inputs, bins=100, cost_model=None, dtype="float32", **_):
 
 
 @register("scaled_dot_product_attention", "_scaled_dot_product_flash_attention",
-          "_scaled_dot_product_efficient_attention")
+          "_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention_for_cpu")
 def sdpa_rule(name, inputs, is_causal=False, cost_model=None, dtype="float32", **_):
     """q [b,h,s,d], k [b,h,t,d], v [b,h,t,e] -> [b,h,s,e]. Batch and heads shard freely; the
     query sequence shards exactly (each rank attends its queries to all keys) unless causal
@@ -401,7 +402,47 @@ def sdpa_rule(name, inputs, is_causal=False, cost_model=None, dtype="float32", *
     q, k, v = inputs[0], inputs[1], inputs[2]
     whole = {"t", "d"} | ({"s"} if is_causal else set())
     out_shape = q.shape[:-1] + (v.shape[-1],)
-    return _whole(name, [q, k, v], ["bhsd", "bhtd", "bhte"], "bhse", whole, [out_shape], cost_model, dtype)
+    p = _whole(name, [q, k, v], ["bhsd", "bhtd", "bhte"], "bhse", whole, [out_shape], cost_model, dtype)
+    if name == "scaled_dot_product_attention":
+        return p
+    o = p.outputs[0]  # the fused kernels also return the log-sum-exp [b, h, s]
+    lse = Sharding(o.mesh, o.shape[:-1], list(o.dims[:-1]), o.partial)
+    return Propagation(name, p.inputs, p.input_targets, (o, lse), p.redistributions, p.notes, p.alternatives)
+
+
+@register("_scaled_dot_product_flash_attention_for_cpu_backward",
+          "_scaled_dot_product_flash_attention_backward", "_scaled_dot_product_efficient_attention_backward")
+def sdpa_backward_rule(name, inputs, cost_model=None, dtype="float32", **_):
+    """``(grad_out, q, k, v, out, logsumexp, ...)`` -> (grad_q, grad_k, grad_v): batch and heads
+    shard freely; sequences and head dims stay whole (sharded queries would make grad_k and
+    grad_v partial sums, which the planner does not pick yet)."""
+    g, q, k, v, out, lse = inputs[:6]
+    letters = ["bhse", "bhsd", "bhtd", "bhte", "bhse", "bhs"]
+    p = _whole(name, [g, q, k, v, out, lse], letters, "bhsd", {"s", "t", "d", "e"}, [q.shape], cost_model,
+               dtype)
+    gq = p.outputs[0]
+    bh = [list(fs) for fs in gq.dims[:2]]
+    gk = Sharding(gq.mesh, k.shape, bh + [[], []], gq.partial)
+    gv = Sharding(gq.mesh, v.shape, bh + [[], []], gq.partial)
+    return Propagation(name, p.inputs, p.input_targets, (gq, gk, gv), p.redistributions, p.notes,
+                       p.alternatives)
+
+
+@register("slice_backward")
+def slice_backward_rule(name, inputs, input_sizes=None, dim=0, cost_model=None, dtype="float32", **_):
+    """Scatter a slice's gradient into zeros of ``input_sizes``: that dim whole, others free."""
+    g = inputs[0]
+    d = dim % g.ndim
+    lx = LETTERS[: g.ndim]
+    out = lx[:d] + "Z" + lx[d + 1:]
+    return _whole(name, [g], [lx], out, {lx[d], "Z"}, [tuple(input_sizes)], cost_model, dtype, linear="sum")
+
+
+@register("_assert_tensor_metadata", "_assert_async", "_assert_scalar", "sym_constrain_range_for_size")
+def assert_rule(name, inputs, **_):
+    """Runtime checks: no data, no outputs, no communication."""
+    ins = tuple(s for s in inputs if isinstance(s, Sharding))
+    return Propagation(name, ins, ins, ())
 
 
 @register("_grouped_mm")
