@@ -191,7 +191,8 @@ def test_backward_rules_and_index():
             lead = tuple(range(xx.ndim - 1))
             return gi, (gg * xh).sum(axis=lead), gg.sum(axis=lead)
 
-        simulate_all(propagate("native_layer_norm_backward", [s, t], normalized_shape=shape[-1:]), [g, x], lnb)
+        p = propagate("native_layer_norm_backward", [s, t], normalized_shape=shape[-1:])
+        simulate_all(p, [g, x], lnb)
         idx = np.array([rng.randrange(shape[0]) for _ in range(3)])
         simulate_all(propagate("index", [s, rand_sharding(rng, mesh, (3,))]), [x, idx],
                      lambda a, i: a[i.astype(int)])

@@ -519,4 +519,5 @@ def advanced_index_rule(name, inputs, cost_model=None, dtype="float32", **_):
                       dtype)
     vals = inputs[2]
     lv = LETTERS[: vals.ndim].upper()
-    return _whole(name, [x, idx, vals], [lx, li, lv], lx, {lx[0]} | set(li) | set(lv), None, cost_model, dtype)
+    whole = {lx[0]} | set(li) | set(lv)
+    return _whole(name, [x, idx, vals], [lx, li, lv], lx, whole, None, cost_model, dtype)
