@@ -244,3 +244,37 @@ def test_fused_attention_and_slice_backward():
             return out
 
         simulate_all(propagate("slice_backward", [s], input_sizes=(4, 9), dim=1, start=2, end=8), [x], back)
+
+
+def test_where_scatter_add_index_put_one_hot_histc():
+    for rng, mesh, shape, s in cases(10, dims=(2, 3)):
+        x = np.random.default_rng(0).standard_normal(shape)
+        y = np.random.default_rng(1).standard_normal(shape)
+        c = np.random.default_rng(2).random(shape) > 0.5
+        sc, sy = rand_sharding(rng, mesh, shape), rand_sharding(rng, mesh, shape)
+        simulate_all(propagate("where", [sc, s, sy]), [c.astype(float), x, y], lambda cc, a, b: np.where(cc > 0.5, a, b))
+        d = rng.randrange(len(shape))
+        idx = np.random.default_rng(3).integers(0, shape[d], size=shape)
+        si = rand_sharding(rng, mesh, shape)
+
+        def scatter_add(a, i, src, d=d):
+            out = a.copy()
+            np.add.at(out, tuple(i.astype(int) if k == d else np.indices(i.shape)[k] for k in range(a.ndim)), src)
+            return out
+
+        simulate_all(propagate("scatter_add", [s, si, sy], dim=d), [x, idx, y], scatter_add)
+        rows = np.array([0, min(1, shape[0] - 1)])
+        vals = np.random.default_rng(4).standard_normal((2,) + shape[1:])
+        sv = rand_sharding(rng, mesh, vals.shape)
+
+        def index_put(a, i, v):
+            out = a.copy()
+            out[i.astype(int)] = v
+            return out
+
+        simulate_all(propagate("index_put", [s, rand_sharding(rng, mesh, (2,)), sv]), [x, rows, vals], index_put)
+        labels = np.random.default_rng(5).integers(0, 5, size=shape)
+        simulate_all(propagate("one_hot", [rand_sharding(rng, mesh, shape)], num_classes=5),
+                     [labels], lambda v: np.eye(5)[v.astype(int)])
+        simulate_all(propagate("histc", [s], bins=4), [x],
+                     lambda v: np.histogram(v, bins=4, range=(-4, 4))[0].astype(float))

@@ -369,8 +369,24 @@ def index_rule(name, inputs, dim=0, cost_model=None, dtype="float32", **_):
         # out[i][j] = x[i][idx[i][j]] (dim=1): the gathered dim of x is whole; idx's follow out
         lidx = lx[:d] + "Z" + lx[d + 1:]
         return _whole(name, [s, idx], [lx, lidx], lidx, {lx[d]}, [idx.shape], cost_model, dtype)
-    # scatter / scatter_add / index_add(self, dim, index, src): self's dim whole, all else whole too
+    # scatter / scatter_add (self, dim, index, src): index and src line up with self on the
+    # other dims where their sizes agree (those shard together); the scatter dim is whole
     others = [x for x in inputs[1:] if isinstance(x, Sharding)]
+    if name in ("scatter", "scatter_add") and all(o.ndim == s.ndim for o in others):
+        letters = [lx]
+        whole = {lx[d]}
+        for _ in others:
+            lo = ""
+            for k in range(s.ndim):
+                if k != d and all(x.shape[k] == s.shape[k] for x in others):
+                    lo += lx[k]
+                else:
+                    ch = LETTERS[k].upper() if k != d else "Z"
+                    lo += ch
+                    whole.add(ch)
+            letters.append(lo)
+        return _whole(name, [s] + others, letters, lx, whole, None, cost_model, dtype)
+    # index_add (self, dim, index, src) and anything else: only self's other dims shard
     letters = [lx] + [LETTERS[: o.ndim].upper() for o in others]
     whole = set(lx[d]) | {ch for lt in letters[1:] for ch in lt}
     return _whole(name, [s] + others, letters, lx, whole, None, cost_model, dtype)
@@ -518,6 +534,9 @@ def advanced_index_rule(name, inputs, cost_model=None, dtype="float32", **_):
         return _whole(name, [x, idx], [lx, li], li + lx[1:], {lx[0]}, [idx.shape + x.shape[1:]], cost_model,
                       dtype)
     vals = inputs[2]
-    lv = LETTERS[: vals.ndim].upper()
-    whole = {lx[0]} | set(li) | set(lv)
+    if vals.shape == idx.shape + x.shape[1:]:
+        lv = li + lx[1:]  # the written rows line up with x's other dims: those shard together
+    else:
+        lv = LETTERS[: vals.ndim].upper()
+    whole = {lx[0]} | set(li) | (set(lv) - set(lx[1:]))
     return _whole(name, [x, idx, vals], [lx, li, lv], lx, whole, None, cost_model, dtype)
