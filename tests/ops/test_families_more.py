@@ -252,14 +252,16 @@ def test_where_scatter_add_index_put_one_hot_histc():
         y = np.random.default_rng(1).standard_normal(shape)
         c = np.random.default_rng(2).random(shape) > 0.5
         sc, sy = rand_sharding(rng, mesh, shape), rand_sharding(rng, mesh, shape)
-        simulate_all(propagate("where", [sc, s, sy]), [c.astype(float), x, y], lambda cc, a, b: np.where(cc > 0.5, a, b))
+        simulate_all(propagate("where", [sc, s, sy]), [c.astype(float), x, y],
+                     lambda cc, a, b: np.where(cc > 0.5, a, b))
         d = rng.randrange(len(shape))
         idx = np.random.default_rng(3).integers(0, shape[d], size=shape)
         si = rand_sharding(rng, mesh, shape)
 
         def scatter_add(a, i, src, d=d):
             out = a.copy()
-            np.add.at(out, tuple(i.astype(int) if k == d else np.indices(i.shape)[k] for k in range(a.ndim)), src)
+            where = tuple(i.astype(int) if k == d else np.indices(i.shape)[k] for k in range(a.ndim))
+            np.add.at(out, where, src)
             return out
 
         simulate_all(propagate("scatter_add", [s, si, sy], dim=d), [x, idx, y], scatter_add)
@@ -272,7 +274,8 @@ def test_where_scatter_add_index_put_one_hot_histc():
             out[i.astype(int)] = v
             return out
 
-        simulate_all(propagate("index_put", [s, rand_sharding(rng, mesh, (2,)), sv]), [x, rows, vals], index_put)
+        p = propagate("index_put", [s, rand_sharding(rng, mesh, (2,)), sv])
+        simulate_all(p, [x, rows, vals], index_put)
         labels = np.random.default_rng(5).integers(0, 5, size=shape)
         simulate_all(propagate("one_hot", [rand_sharding(rng, mesh, shape)], num_classes=5),
                      [labels], lambda v: np.eye(5)[v.astype(int)])
