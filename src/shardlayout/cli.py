@@ -316,6 +316,22 @@ def cmd_demo(args) -> int:
     print(f"\nshard -> unshard on every rank gives back the tensor: {ok}")
     V = composition(Layout(96, 1), Layout((8, 12), (12, 1)))
     print(f"A view only re-reads offsets: composition(96:1, (8,12):(12,1)) = {V}")
+
+    from .propagation import propagate
+
+    print("\nViews regroup factors; sub-axes keep them exact where DTensor gathers:")
+    for shape in [(96,), (16, 6), (3, 32)]:
+        p = propagate("view", [s], shape=shape)
+        moved = ", ".join(f"{r.kind} on {'/'.join(r.axes)}" for r in p.redistributions) or "no data moves"
+        print(f"  view {s} as {shape}: {p.outputs[0]}  ({moved})")
+    print("\nOp strategies: the cheapest per mesh axis, exact over the N-D expansion:")
+    a = Sharding.parse("[dp*4, tp*4]", mesh)
+    b = Sharding.from_placements(mesh, (16, 6), ["R", "S(1)"])
+    p = propagate("mm", [a, b])
+    print(f"  mm({a}, {b}) -> {p.outputs[0]}")
+    for r in p.redistributions:
+        print(f"    input {r.tensor}: {r.kind} on {', '.join(r.axes)}, ~{r.seconds * 1e6:.1f} µs")
+    print("\nTry: shardlayout show / view / explain --help")
     return 0
 
 
