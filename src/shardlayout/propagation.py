@@ -124,4 +124,13 @@ def propagate(op: str, inputs, **params) -> Propagation:
             f"no sharding rule for op {op!r} (looked up {name!r}); known: {', '.join(sorted(RULES))}. "
             "Add one in shardlayout/ops/ with @register(\"name\")"
         )
-    return rule(name, inputs, **params)
+    out_pins = params.pop("out_pins", None)
+    if out_pins is None:
+        return rule(name, inputs, **params)
+    from .ops.strategy import OUT_PINS
+
+    token = OUT_PINS.set(tuple(out_pins))
+    try:
+        return rule(name, inputs, **params)
+    finally:
+        OUT_PINS.reset(token)

@@ -81,7 +81,7 @@ def pointwise_rule(name, inputs, cost_model=None, dtype="float32", **_):
     fm = pointwise_map(name, ins)
     if name == "div" and ins[1] is not None and any(a for a, _ in ins[1].partial):
         fm = FactorMap(fm.inputs, fm.output, linear=None)
-    return _result(name, tuple(inputs), fm, None, cost_model, dtype)
+    return _result(name, tuple(ins), fm, None, cost_model, dtype)
 
 
 # ------------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ product for the tests.
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from itertools import product as cartesian
 
@@ -57,6 +58,17 @@ class FactorMap:
 
 
 MM = FactorMap(("mk", "kn"), "mn", linear="multi")
+
+# shardings the caller wants the op's outputs in (the whole-program planner's pins): the
+# search adds the cost of moving each output there
+OUT_PINS: ContextVar = ContextVar("out_pins", default=None)
+
+
+def _out_usage(fm: FactorMap, option: tuple, out_index: int = 0):
+    if option[0] == "S":
+        L = option[1]
+        return ("S", fm.output.index(L)) if L in fm.output else ("P", fm.reduce)
+    return option
 
 
 @dataclass(frozen=True)
@@ -160,8 +172,11 @@ def _valid(fm: FactorMap, inputs: list, axis: str, option: tuple) -> bool:
         if fm.linear == "sum":
             return all(p for p, t in zip(partial, tensors) if t)
         return sum(partial) == 1
-    if option[0] == "S":
-        return any(option[1] in letters for letters in fm.inputs)
+    if option[0] == "S":  # some input must really have that index (not only broadcast size 1)
+        return any(
+            x is not None and option[1] in letters and x.shape[letters.index(option[1])] > 1
+            for x, letters in zip(inputs, fm.inputs)
+        )
     return True
 
 
@@ -195,6 +210,8 @@ def search(fm: FactorMap, inputs: list, cost_model: CostModel | None = None, dty
     itemsize = ITEMSIZE.get(str(dtype).replace("torch.", ""), 4)
     mesh = inputs_mesh(inputs)
     nbytes = [None if s is None else _local_bytes(s, itemsize) for s in inputs]
+    pins = [p for p in (OUT_PINS.get() or ())[:1] if p is not None]
+    pin_bytes = [_local_bytes(p, itemsize) for p in pins]
     chosen, considered = [], []
     inf = float("inf")
     for axis, n in zip(mesh.names, mesh.shape):
@@ -207,6 +224,10 @@ def search(fm: FactorMap, inputs: list, cost_model: CostModel | None = None, dty
                     if u is not None and u != t:
                         changed += 1
                         c += transition_seconds(u, t, axis, n, b, cm)
+                for pin, b in zip(pins, pin_bytes):
+                    ou, pu = _out_usage(fm, opt), _usage(pin, axis)
+                    if ou != pu:
+                        c += transition_seconds(ou, pu, axis, n, b, cm)
             else:
                 c, changed = inf, 0
             considered.append(Choice(axis, opt, c))
@@ -282,7 +303,7 @@ def materialize(fm: FactorMap, inputs: list, out_shapes: list, choices: list):
     for shape in out_shapes:
         dims = []
         for d, L in enumerate(fm.output):
-            axes = letter_axes.get(L, [])
+            axes = letter_axes.get(L, []) if shape[d] > 1 else []
             tmpl = structure.get(L)
             dims.append(_dim_factors(tmpl[1] if tmpl and tmpl[0] == shape[d] else None, axes, mesh))
         order = {n: i for i, n in enumerate(mesh.names)}

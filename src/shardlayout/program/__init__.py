@@ -1,0 +1,182 @@
+"""Programs: a DAG of ops over named tensors, a builder, and a JSON form that never runs code.
+
+    >>> b = ProgramBuilder()
+    >>> x = b.input("x", (4, 8)); w = b.param("w", (8, 2))
+    >>> y = b.op("mm", [x, w]); b.output(y)
+    >>> p = b.build(); [op.target for op in p.ops], p.tensors[y].shape
+    (['mm'], (4, 2))
+    >>> Program.from_json(p.to_json()) == p
+    True
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from ..errors import ShardingError
+
+
+class ProgramError(ShardingError):
+    """A malformed program (unknown tensor, duplicate name, bad JSON)."""
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A named tensor: shape, dtype and kind ("input", "param", "buffer" or "value")."""
+
+    name: str
+    shape: tuple
+    dtype: str = "float32"
+    kind: str = "value"
+
+
+@dataclass(frozen=True)
+class Op:
+    """One op: aten ``target``, tensor ``inputs`` (names), ``params`` (JSON values), ``outputs``."""
+
+    target: str
+    inputs: tuple
+    params: tuple  # sorted (name, value) pairs, values JSON-able and hashable
+    outputs: tuple
+    name: str = ""
+
+    def kwargs(self) -> dict:
+        """Params as a dict. ``Op("mm", ("a",), (), ("b",)).kwargs() -> {}``."""
+        return {k: _thaw(v) for k, v in self.params}
+
+
+def _freeze(v):
+    if isinstance(v, (list, tuple)):
+        return tuple(_freeze(x) for x in v)
+    if isinstance(v, dict):
+        return tuple(sorted((k, _freeze(x)) for k, x in v.items()))
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    raise ProgramError(f"op parameter {v!r} is not JSON-able (ints, floats, strings, lists)")
+
+
+def _thaw(v):
+    return v
+
+
+@dataclass(frozen=True)
+class Program:
+    """Tensors by name, ops in topological order, and the program's outputs."""
+
+    tensors: dict = field(default_factory=dict)
+    ops: tuple = ()
+    outputs: tuple = ()
+
+    def __eq__(self, other) -> bool:
+        return (isinstance(other, Program) and self.tensors == other.tensors and self.ops == other.ops
+                and self.outputs == other.outputs)
+
+    def __hash__(self) -> int:
+        return hash((tuple(sorted(self.tensors)), self.ops, self.outputs))
+
+    def inputs(self, kind: str | None = None) -> list:
+        """Names of tensors no op produces (optionally of one kind), in definition order."""
+        produced = {o for op in self.ops for o in op.outputs}
+        return [n for n, t in self.tensors.items() if n not in produced and (kind is None or t.kind == kind)]
+
+    def to_json(self) -> str:
+        """Deterministic JSON text. ``Program.from_json(p.to_json()) == p``."""
+        data = {
+            "tensors": [{"name": t.name, "shape": list(t.shape), "dtype": t.dtype, "kind": t.kind}
+                        for t in self.tensors.values()],
+            "ops": [{"name": op.name, "target": op.target, "inputs": list(op.inputs),
+                     "params": {k: v for k, v in op.params}, "outputs": list(op.outputs)} for op in self.ops],
+            "outputs": list(self.outputs),
+        }
+        return json.dumps(data, indent=1, sort_keys=True)
+
+    @staticmethod
+    def from_json(text: str) -> "Program":
+        """Read JSON (no code is evaluated); checks every name and shape."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ProgramError(f"program JSON is malformed: {e.msg} at line {e.lineno}") from None
+        if not isinstance(data, dict) or not {"tensors", "ops", "outputs"} <= set(data):
+            raise ProgramError("program JSON needs the keys 'tensors', 'ops' and 'outputs'")
+        b = ProgramBuilder()
+        try:
+            for t in data["tensors"]:
+                b._add(TensorSpec(str(t["name"]), tuple(int(x) for x in t["shape"]), str(t.get("dtype", "float32")),
+                                  str(t.get("kind", "value"))))
+            for op in data["ops"]:
+                params = tuple(sorted((str(k), _freeze(v)) for k, v in dict(op.get("params", {})).items()))
+                b._add_op(Op(str(op["target"]), tuple(op["inputs"]), params, tuple(op["outputs"]),
+                             str(op.get("name", ""))))
+            for o in data["outputs"]:
+                b.output(o)
+        except (KeyError, TypeError, ValueError) as e:
+            raise ProgramError(f"program JSON: bad entry ({type(e).__name__}: {e})") from None
+        return b.build()
+
+
+class ProgramBuilder:
+    """Write models in plain Python: ``x = b.input("x", (B, T, D)); y = b.op("mm", [x, w])``.
+
+    Output shapes come from the op rules' own shape logic (``shape_of``)."""
+
+    def __init__(self):
+        self._tensors: dict = {}
+        self._ops: list = []
+        self._outputs: list = []
+        self._count = 0
+
+    def _add(self, spec: TensorSpec) -> str:
+        if spec.name in self._tensors:
+            raise ProgramError(f"tensor {spec.name!r} is defined twice")
+        if any((not isinstance(n, int)) or n < 0 for n in spec.shape):
+            raise ProgramError(f"tensor {spec.name!r}: shape {spec.shape} must be non-negative ints")
+        self._tensors[spec.name] = spec
+        return spec.name
+
+    def _add_op(self, op: Op) -> None:
+        for i in op.inputs:
+            if isinstance(i, str) and i not in self._tensors:
+                raise ProgramError(f"op {op.name or op.target}: input {i!r} is not defined before it")
+        for o in op.outputs:
+            if o not in self._tensors:
+                raise ProgramError(f"op {op.name or op.target}: output {o!r} has no tensor entry")
+        self._ops.append(op)
+
+    def input(self, name: str, shape, dtype: str = "float32") -> str:
+        """A program input (activations). Returns its name."""
+        return self._add(TensorSpec(name, tuple(shape), dtype, "input"))
+
+    def param(self, name: str, shape, dtype: str = "float32") -> str:
+        """A parameter (weights). Returns its name."""
+        return self._add(TensorSpec(name, tuple(shape), dtype, "param"))
+
+    def op(self, target: str, inputs, name: str | None = None, n_out: int = 1, **params):
+        """Add an op; returns its output name (a tuple of names when ``n_out > 1``)."""
+        from .shapes import shape_of
+
+        specs = [self._tensors[i] if isinstance(i, str) else i for i in inputs]
+        shapes = shape_of(target, [s.shape if isinstance(s, TensorSpec) else s for s in specs], params)
+        dtype = next((s.dtype for s in specs if isinstance(s, TensorSpec)), "float32")
+        self._count += 1
+        base = name or f"{target.split('.')[0].replace('aten', '').strip('_:') or 'op'}_{self._count}"
+        outs = [base] if len(shapes) == 1 else [f"{base}.{k}" for k in range(len(shapes))]
+        for o, shp in zip(outs, shapes):
+            self._add(TensorSpec(o, tuple(shp), dtype, "value"))
+        frozen = tuple(sorted((k, _freeze(v)) for k, v in params.items()))
+        self._add_op(Op(target, tuple(inputs), frozen, tuple(outs), base))
+        return outs[0] if n_out == 1 else tuple(outs)
+
+    def output(self, name: str) -> None:
+        """Mark a tensor as a program output."""
+        if name not in self._tensors:
+            raise ProgramError(f"output {name!r} is not a tensor of the program")
+        self._outputs.append(name)
+
+    def build(self) -> Program:
+        """The immutable Program."""
+        return Program(dict(self._tensors), tuple(self._ops), tuple(self._outputs))
+
+
+__all__ = ["Op", "Program", "ProgramBuilder", "ProgramError", "TensorSpec"]

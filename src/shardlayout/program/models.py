@@ -1,0 +1,124 @@
+"""Built-in models written with the builder (no torch needed), and sharding styles (pin presets).
+
+    >>> prog = llama(layers=1)
+    >>> len(prog.ops) > 30, prog.tensors["x"].shape
+    (True, (2, 8, 16))
+"""
+
+from __future__ import annotations
+
+from ..errors import ShardingError
+from ..mesh import Mesh
+from ..sharding import Factor, Sharding
+from . import Program, ProgramBuilder
+
+STYLES = ("dp", "megatron", "megatron-sp", "fsdp")
+
+
+def _rms_norm(b: ProgramBuilder, x: str, w: str, prefix: str) -> str:
+    sq = b.op("pow", [x, 2.0], name=f"{prefix}.sq")
+    ms = b.op("mean", [sq], name=f"{prefix}.ms", dim=-1, keepdim=True)
+    eps = b.op("add", [ms, 1e-6], name=f"{prefix}.eps")
+    r = b.op("rsqrt", [eps], name=f"{prefix}.r")
+    n = b.op("mul", [x, r], name=f"{prefix}.n")
+    return b.op("mul", [n, w], name=f"{prefix}.out")
+
+
+def _rope(b: ProgramBuilder, z: str, cos: str, sin: str, hd: int, prefix: str) -> str:
+    z1 = b.op("slice", [z], name=f"{prefix}.lo", dim=3, start=0, end=hd // 2)
+    z2 = b.op("slice", [z], name=f"{prefix}.hi", dim=3, start=hd // 2, end=hd)
+    nz2 = b.op("neg", [z2], name=f"{prefix}.neg")
+    rot = b.op("cat", [nz2, z1], name=f"{prefix}.rot", dim=3)
+    a = b.op("mul", [z, cos], name=f"{prefix}.cos")
+    c = b.op("mul", [rot, sin], name=f"{prefix}.sin")
+    return b.op("add", [a, c], name=f"{prefix}.out")
+
+
+def llama(layers: int = 2, batch: int = 2, seq: int = 8, dim: int = 16, heads: int = 4, ffn: int = 32) -> Program:
+    """A Llama-style decoder: RMSNorm, attention with RoPE and causal SDPA, SwiGLU MLP; ``layers``
+    blocks. Weights are ``(in, out)`` and applied with ``mm`` on ``(batch*seq, dim)`` rows."""
+    if dim % heads or (dim // heads) % 2:
+        raise ShardingError(f"llama: dim {dim} must split into {heads} heads of an even size")
+    hd = dim // heads
+    b = ProgramBuilder()
+    x = b.input("x", (batch, seq, dim))
+    cos = b.input("cos", (seq, hd))
+    sin = b.input("sin", (seq, hd))
+    for i in range(layers):
+        p = f"layers.{i}"
+        w = {n: b.param(f"{p}.{n}", s) for n, s in [
+            ("attn_norm", (dim,)), ("wq", (dim, dim)), ("wk", (dim, dim)), ("wv", (dim, dim)), ("wo", (dim, dim)),
+            ("mlp_norm", (dim,)), ("w_gate", (dim, ffn)), ("w_up", (dim, ffn)), ("w_down", (ffn, dim))]}
+        h = _rms_norm(b, x, w["attn_norm"], f"{p}.attn_norm")
+        h2 = b.op("view", [h], name=f"{p}.attn_in", shape=(batch * seq, dim))
+        heads_out = []
+        for n in ("q", "k", "v"):
+            y = b.op("mm", [h2, w[f"w{n}"]], name=f"{p}.{n}")
+            y = b.op("view", [y], name=f"{p}.{n}4", shape=(batch, seq, heads, hd))
+            y = b.op("transpose", [y], name=f"{p}.{n}t", dim0=1, dim1=2)
+            if n != "v":
+                y = _rope(b, y, cos, sin, hd, f"{p}.rope_{n}")
+            heads_out.append(y)
+        a = b.op("scaled_dot_product_attention", heads_out, name=f"{p}.sdpa", is_causal=True)
+        a = b.op("transpose", [a], name=f"{p}.sdpa_t", dim0=1, dim1=2)
+        a = b.op("view", [a], name=f"{p}.attn_flat", shape=(batch * seq, dim))
+        o = b.op("mm", [a, w["wo"]], name=f"{p}.attn_out")
+        o = b.op("view", [o], name=f"{p}.attn_out3", shape=(batch, seq, dim))
+        x = b.op("add", [x, o], name=f"{p}.resid1")
+        h = _rms_norm(b, x, w["mlp_norm"], f"{p}.mlp_norm")
+        h2 = b.op("view", [h], name=f"{p}.mlp_in", shape=(batch * seq, dim))
+        g = b.op("mm", [h2, w["w_gate"]], name=f"{p}.gate")
+        u = b.op("mm", [h2, w["w_up"]], name=f"{p}.up")
+        act = b.op("mul", [b.op("silu", [g], name=f"{p}.silu"), u], name=f"{p}.swiglu")
+        d = b.op("mm", [act, w["w_down"]], name=f"{p}.mlp_out")
+        d = b.op("view", [d], name=f"{p}.mlp_out3", shape=(batch, seq, dim))
+        x = b.op("add", [x, d], name=f"{p}.resid2")
+    b.output(x)
+    return b.build()
+
+
+def _sharded(mesh: Mesh, shape: tuple, placement: dict) -> Sharding:
+    """A Sharding with ``placement = {dim: [axes, outer first]}`` (axes missing from the mesh dropped)."""
+    dims = []
+    for d in range(len(shape)):
+        axes = [a for a in placement.get(d, []) if a in mesh.names and mesh.axis_size(a) > 1]
+        dims.append([Factor(mesh.axis_size(a), a) for a in axes])
+    return Sharding(mesh, shape, dims)
+
+
+def style_pins(program: Program, mesh: Mesh, style: str) -> dict:
+    """Pins of a style for a ``llama`` program on ``mesh`` (axes ``dp`` and/or ``tp``)."""
+    if style not in STYLES:
+        raise ShardingError(f"unknown style {style!r}; choose one of {', '.join(STYLES)}")
+    t = program.tensors
+    pins: dict = {}
+    batch_dp = {0: ["dp"]}
+    act3 = {0: ["dp"]} if style != "megatron-sp" else {0: ["dp"], 1: ["tp"]}
+    pins["x"] = _sharded(mesh, t["x"].shape, act3 if style != "dp" else batch_dp)
+    layers = sorted({n.split(".")[1] for n in t if n.startswith("layers.")}, key=int)
+    for i in layers:
+        p = f"layers.{i}"
+        if style in ("megatron", "megatron-sp"):
+            for n in ("wq", "wk", "wv", "w_gate", "w_up"):
+                pins[f"{p}.{n}"] = _sharded(mesh, t[f"{p}.{n}"].shape, {1: ["tp"]})
+            for n in ("wo", "w_down"):
+                pins[f"{p}.{n}"] = _sharded(mesh, t[f"{p}.{n}"].shape, {0: ["tp"]})
+            for n in ("q", "k", "v", "gate", "up"):
+                pins[f"{p}.{n}"] = _sharded(mesh, t[f"{p}.{n}"].shape, {0: ["dp"], 1: ["tp"]})
+            for n in ("resid1", "resid2"):
+                pins[f"{p}.{n}"] = _sharded(mesh, t[f"{p}.{n}"].shape, act3)
+        elif style == "fsdp":
+            for n, spec in t.items():
+                if spec.kind == "param" and n.startswith(p + ".") and spec.shape[0] % mesh.axis_size("dp") == 0:
+                    pins[n] = _sharded(mesh, spec.shape, {0: ["dp"]})
+            for n in ("resid1", "resid2"):
+                pins[f"{p}.{n}"] = _sharded(mesh, t[f"{p}.{n}"].shape, batch_dp)
+            for n in ("q", "k", "v", "gate", "up", "attn_out", "mlp_out"):
+                pins[f"{p}.{n}"] = _sharded(mesh, t[f"{p}.{n}"].shape, batch_dp)
+        else:  # dp
+            for n in ("resid1", "resid2"):
+                pins[f"{p}.{n}"] = _sharded(mesh, t[f"{p}.{n}"].shape, batch_dp)
+    return pins
+
+
+MODELS = {"llama": llama}
