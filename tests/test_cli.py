@@ -7,10 +7,11 @@ import json
 from shardlayout.cli import main
 
 
-def test_demo_runs(capsys):
+def test_demo_plans_and_verifies_the_llama_block(capsys):
     assert main(["demo"]) == 0
     out = capsys.readouterr().out
-    assert "rank   7 (dp=1,tp=3)" in out and "[dp*tp*3 of 9]: [0, 1, 2] [3, 4] [5, 6] [7, 8]" in out
+    assert "4 x all_gather on tp, 4 x reduce_scatter on tp" in out
+    assert "verified: every rank simulated" in out
 
 
 def test_layout_command_text_and_json(capsys):
@@ -90,3 +91,26 @@ def test_explain_command(capsys):
     assert data["communication"] and data["redistributions"][0]["axes"] == ["tp"]
     assert main(["explain", "frobnicate", "--mesh", "x=2", "--inputs", "[x*2]"]) == 2
     assert "no sharding rule" in capsys.readouterr().err
+
+
+def test_plan_command(capsys, tmp_path):
+    assert main(["plan", "--mesh", "dp=2,tp=4", "--style", "megatron", "--verify"]) == 0
+    out = capsys.readouterr().out
+    assert "4 x all_reduce on tp" in out and "verified" in out
+    assert main(["plan", "--style", "megatron-sp", "--json", "--verify"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["verified"] is True and "plan_seconds" in data
+    assert sorted({(c["kind"], tuple(c["axes"])) for c in data["collectives"]}) == [
+        ("all_gather", ("tp",)), ("reduce_scatter", ("tp",))]
+    assert main(["plan", "--model", "gpt5"]) == 2
+    assert "unknown model 'gpt5'" in capsys.readouterr().err
+    assert main(["plan", "--mesh", "dp=2,", "--style", "dp"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+    bad = tmp_path / "p.json"
+    bad.write_text("{not json")
+    assert main(["plan", "--program", str(bad)]) == 2
+    assert "malformed" in capsys.readouterr().err
+    assert main(["plan", "--pin", "x=[dp*3, 8, 16]"]) == 2
+    assert "has shape (6, 8, 16), the tensor has (2, 8, 16)" in capsys.readouterr().err
+    assert main(["plan", "--pin", "nosuch=[2]"]) == 2
+    assert "no such tensor" in capsys.readouterr().err

@@ -284,6 +284,82 @@ def cmd_explain(args) -> int:
     return 0
 
 
+def _load_program(args):
+    from .program import Program
+    from .program.models import MODELS
+
+    if args.program:
+        try:
+            with open(args.program) as f:
+                return Program.from_json(f.read())
+        except OSError as e:
+            raise ShardingError(f"--program {args.program}: {e.strerror}") from None
+    if args.model not in MODELS:
+        raise ShardingError(f"unknown model {args.model!r}; built-in models: {', '.join(MODELS)}")
+    return MODELS[args.model](layers=args.layers)
+
+
+def build_plan(args):
+    """The Plan the ``plan`` command describes."""
+    from .mesh import Mesh
+    from .plan import plan
+    from .program.models import style_pins
+
+    mesh = Mesh.parse(args.mesh)
+    prog = _load_program(args)
+    pins = style_pins(prog, mesh, args.style) if args.style else {}
+    for text in args.pin or []:
+        if "=" not in text:
+            raise ShardingError(f"--pin {text!r}: write name=SHARDING, e.g. 'x=[dp, 8, 16]'")
+        name, sh = text.split("=", 1)
+        from .sharding import Sharding
+
+        pins[name.strip()] = Sharding.parse(sh, mesh)
+    return plan(prog, mesh, pins)
+
+
+def cmd_plan(args) -> int:
+    p = build_plan(args)
+    v = p.verify() if args.verify else None
+    if args.json:
+        print(p.to_json())
+        return 0 if v is None or v.ok else 1
+    print_plan(p, v, args)
+    return 0 if v is None or v.ok else 1
+
+
+def print_plan(p, v, args) -> None:
+    prog = p.program
+    shown = [n for n in prog.tensors if prog.tensors[n].kind in ("input", "param")
+             or n in prog.outputs or any(c.tensor == n for c in p.collectives)]
+    print(f"plan of {getattr(args, 'model', 'program')} ({len(prog.ops)} ops, {len(prog.tensors)} tensors) "
+          f"on mesh {p.mesh}" + (f", style {args.style}" if getattr(args, "style", None) else ""))
+    print()
+    w = max(len(n) for n in shown)
+    print(f"{'tensor'.ljust(w)}  {'shape':<14} sharding")
+    for n in shown[: args.max_rows]:
+        t = prog.tensors[n]
+        print(f"{n.ljust(w)}  {str(t.shape):<14} {p.shardings[n]}")
+    if len(shown) > args.max_rows:
+        print(f"... {len(shown) - args.max_rows} more (--json lists every tensor)")
+    print()
+    if p.collectives:
+        print(f"{'collective':<16}{'axes':<8}{'bytes':>8}{'µs':>8}  tensor (op)")
+        for c in p.collectives:
+            print(f"{c.kind:<16}{','.join(c.axes):<8}{c.bytes:>8}{c.seconds * 1e6:>8.1f}  {c.tensor} ({c.op})")
+    else:
+        print("no collectives: every op runs on the local pieces as they are")
+    counts = ", ".join(f"{n} x {k} on {','.join(a)}" for (k, a), n in sorted(p.counts().items()))
+    print()
+    print(f"total: {len(p.collectives)} collectives ({counts or 'none'}), {p.total_bytes} bytes, "
+          f"~{p.total_seconds * 1e6:.1f} µs estimated; planned in {p.plan_seconds * 1e3:.1f} ms")
+    if v is not None:
+        if v.ok:
+            print(f"verified: every rank simulated in numpy; all {v.checked} tensors equal the unsharded run")
+        else:
+            print(f"NOT verified: {v.first_mismatch} differs (max error {v.max_error:.3g})")
+
+
 def _add_sharding_args(p) -> None:
     p.add_argument("--mesh", required=True, help="mesh axes, e.g. dp=2,tp=4")
     p.add_argument("--shape", help="global shape, e.g. 8,12")
@@ -294,45 +370,20 @@ def _add_sharding_args(p) -> None:
 
 
 def cmd_demo(args) -> int:
-    import numpy as np
+    """Plan and verify the built-in Llama block on dp=2,tp=4 with megatron-sp."""
+    import argparse
 
-    from .layout import Layout, composition
-    from .mesh import Mesh
-    from .sharding import Sharding
-
-    mesh = Mesh.parse("dp=2,tp=4")
-    print("shardlayout demo: a sharding is a layout\n")
-    s = Sharding.from_placements(mesh, (8, 12), ["S(0)", "S(1)"])
-    print_sharding(s, describe(s))
-    print("\nFSDP2+TP puts tp outside dp in one dim: DTensor says [_StridedShard(0, 2), Shard(0)]")
-    t = Sharding.from_placements(Mesh.parse("dp=2,tp=2"), (8, 4), ["SS(0,2)", "S(0)"])
-    print(f"  we say {t}: plain factors in another order, no special case")
-    print("\nUneven dims follow torch.chunk at every level, exactly as DTensor:")
-    u = Sharding.from_placements(Mesh.parse("dp=2,tp=2"), (9,), ["S(0)", "S(0)"])
-    print(f"  9 elements, [S(0), S(0)] on 2x2 -> {u}: "
-          + " ".join(str(list(map(int, u.indices(r)[0]))) for r in range(4)))
-    x = np.arange(96.0).reshape(8, 12)
-    ok = np.array_equal(s.unshard(s.shard(x)), x)
-    print(f"\nshard -> unshard on every rank gives back the tensor: {ok}")
-    V = composition(Layout(96, 1), Layout((8, 12), (12, 1)))
-    print(f"A view only re-reads offsets: composition(96:1, (8,12):(12,1)) = {V}")
-
-    from .propagation import propagate
-
-    print("\nViews regroup factors; sub-axes keep them exact where DTensor gathers:")
-    for shape in [(96,), (16, 6), (3, 32)]:
-        p = propagate("view", [s], shape=shape)
-        moved = ", ".join(f"{r.kind} on {'/'.join(r.axes)}" for r in p.redistributions) or "no data moves"
-        print(f"  view {s} as {shape}: {p.outputs[0]}  ({moved})")
-    print("\nOp strategies: the cheapest per mesh axis, exact over the N-D expansion:")
-    a = Sharding.parse("[dp*4, tp*4]", mesh)
-    b = Sharding.from_placements(mesh, (16, 6), ["R", "S(1)"])
-    p = propagate("mm", [a, b])
-    print(f"  mm({a}, {b}) -> {p.outputs[0]}")
-    for r in p.redistributions:
-        print(f"    input {r.tensor}: {r.kind} on {', '.join(r.axes)}, ~{r.seconds * 1e6:.1f} µs")
-    print("\nTry: shardlayout show / view / explain --help")
-    return 0
+    ns = argparse.Namespace(model="llama", program=None, layers=2, mesh="dp=2,tp=4", style="megatron-sp",
+                            pin=None, max_rows=24)
+    print("shardlayout demo: a 2-layer Llama block on mesh dp=2,tp=4, Megatron tensor + sequence parallel\n")
+    p = build_plan(ns)
+    v = p.verify()
+    print_plan(p, v, ns)
+    print("\nThe same with --style megatron gives exactly 4 all-reduces on tp; try:")
+    print("  shardlayout plan --style megatron --verify     shardlayout show --mesh dp=2,tp=4 --shape 8,12 "
+          "--placements 'S(0),S(1)'")
+    print("  shardlayout view ... --to 16,6                 shardlayout explain mm --mesh ... --inputs ...")
+    return 0 if v.ok else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -349,6 +400,17 @@ def build_parser() -> argparse.ArgumentParser:
     vw.add_argument("--no-subaxes", action="store_true",
                     help="only outputs DTensor can express (no sub-axes; gathers instead)")
     vw.set_defaults(func=cmd_view)
+    pl = sub.add_parser("plan", help="plan a whole model: every tensor's sharding and every collective")
+    pl.add_argument("--model", default="llama", help="built-in model (llama)")
+    pl.add_argument("--program", help="a program JSON file instead of a built-in model")
+    pl.add_argument("--layers", type=int, default=2)
+    pl.add_argument("--mesh", default="dp=2,tp=4")
+    pl.add_argument("--style", choices=["dp", "megatron", "megatron-sp", "fsdp"], default=None)
+    pl.add_argument("--pin", action="append", help="name=SHARDING pins any tensor (repeatable)")
+    pl.add_argument("--verify", action="store_true", help="simulate every rank and compare with the unsharded run")
+    pl.add_argument("--json", action="store_true")
+    pl.add_argument("--max-rows", type=int, default=40, help="tensor rows to print")
+    pl.set_defaults(func=cmd_plan)
     ex = sub.add_parser("explain", help="the strategy chosen for one op, the alternatives and collectives")
     ex.add_argument("op", help="op name, short or aten (mm, aten.mm.default, _softmax, ...)")
     ex.add_argument("--mesh", required=True)

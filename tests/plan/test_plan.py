@@ -1,0 +1,94 @@
+"""Whole-program plans: styles on 1-D, 2-D and 3-D meshes verify by simulation; exact collective
+counts for Megatron; determinism; nvFuser's propagation cases in our terms."""
+
+from __future__ import annotations
+
+import pytest
+
+from shardlayout import Mesh, Sharding, ShardingError
+from shardlayout.plan import plan
+from shardlayout.program import ProgramBuilder
+from shardlayout.program.models import llama, style_pins
+
+MESHES = {
+    "dp": ["dp=4", "dp=2,tp=2", "pp=2,dp=2,tp=2"],
+    "fsdp": ["dp=4", "dp=2,tp=4", "pp=2,dp=2,tp=2"],
+    "megatron": ["tp=4", "dp=2,tp=4", "pp=2,dp=2,tp=2"],
+    "megatron-sp": ["tp=2", "dp=2,tp=4", "pp=2,dp=2,tp=2"],
+}
+
+
+@pytest.mark.parametrize("style", sorted(MESHES))
+def test_every_style_verifies_on_1d_2d_3d_meshes(style):
+    prog = llama(layers=2)
+    for text in MESHES[style]:
+        mesh = Mesh.parse(text)
+        p = plan(prog, mesh, style_pins(prog, mesh, style))
+        v = p.verify()
+        assert v.ok, (style, text, v)
+        assert p.verified is True
+
+
+def test_megatron_is_exactly_four_all_reduces_on_tp():
+    prog = llama(layers=2)
+    m = Mesh.parse("dp=2,tp=4")
+    assert plan(prog, m, style_pins(prog, m, "megatron")).counts() == {("all_reduce", ("tp",)): 4}
+    assert plan(prog, m, style_pins(prog, m, "megatron-sp")).counts() == {
+        ("all_gather", ("tp",)): 4, ("reduce_scatter", ("tp",)): 4}
+    assert plan(prog, m, style_pins(prog, m, "dp")).counts() == {}
+    # FSDP: each of the 9 weights of each layer is gathered on dp before use
+    assert plan(prog, m, style_pins(prog, m, "fsdp")).counts() == {("all_gather", ("dp",)): 18}
+
+
+def test_plans_are_deterministic():
+    prog = llama(layers=2)
+    m = Mesh.parse("dp=2,tp=4")
+    a = plan(prog, m, style_pins(prog, m, "megatron-sp")).to_json(include_timing=False)
+    b = plan(prog, m, style_pins(prog, m, "megatron-sp")).to_json(include_timing=False)
+    assert a == b
+
+
+def test_pins_are_checked_and_never_overwritten():
+    prog = llama(layers=1)
+    m = Mesh.parse("tp=2")
+    with pytest.raises(ShardingError, match="no such tensor"):
+        plan(prog, m, {"nope": Sharding(m, (2,))})
+    with pytest.raises(ShardingError, match="has shape"):
+        plan(prog, m, {"x": Sharding(m, (2, 8))})
+    pin = Sharding.parse("[2, tp*4, 16]", m)
+    p = plan(prog, m, {"layers.0.resid1": pin})
+    assert p.shardings["layers.0.resid1"] == pin and p.verify().ok
+
+
+# nvFuser propagation cases (shared/conformance/nvfuser_cases.md), a DID axis being a mesh axis
+
+
+def test_nvfuser_case1_output_follows_the_first_sharded_input():
+    b = ProgramBuilder()
+    a, c = b.input("a", (3, 4, 6)), b.input("b", (3, 4, 6))
+    b.output(b.op("add", [a, c], name="c"))
+    m = Mesh.parse("d=3")
+    # equal costs either way: ties keep input order, so c follows a (nvFuser: the same)
+    p = plan(b.build(), m, {"a": Sharding.parse("[d, 4, 6]", m), "b": Sharding.parse("[3, 4, d*2]", m)})
+    assert p.shardings["c"].dims[0][0].axis == "d" and p.verify().ok
+
+
+def test_nvfuser_case3_one_device_axis_per_tensor():
+    b = ProgramBuilder()
+    t0, t1 = b.input("t0", (4, 6)), b.input("t1", (4, 6))
+    b.output(b.op("add", [t0, t1], name="t2"))
+    m = Mesh.parse("d=2")
+    p = plan(b.build(), m, {"t0": Sharding.parse("[d*2, 6]", m), "t1": Sharding.parse("[4, d*3]", m)})
+    assert len(p.shardings["t2"].axes_used()) == 1 and p.verify().ok
+
+
+def test_nvfuser_case8_propagation_does_not_overwrite_pins():
+    b = ProgramBuilder()
+    t0, t1 = b.input("t0", (6, 4)), b.input("t1", (6, 4))
+    t2 = b.op("clone", [t1], name="t2")
+    b.output(b.op("add", [t0, t2], name="t3"))
+    m = Mesh((2, 3), ("dy", "dx"))
+    pins = {"t0": Sharding.parse("[dx*2, 4]", m), "t1": Sharding.parse("[dy*3, 4]", m),
+            "t2": Sharding.parse("[dy*3, 4]", m)}
+    p = plan(b.build(), m, pins)
+    assert p.shardings["t2"] == pins["t2"] and p.verify().ok
