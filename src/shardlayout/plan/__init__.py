@@ -200,8 +200,11 @@ def plan(program: Program, mesh: Mesh, pins: dict | None = None, cost_model: Cos
     for op in program.ops:
         args = [shard[i] if isinstance(i, str) else i for i in op.inputs]
         out_pins = [pins.get(o) for o in op.outputs]
+        kw = op.kwargs()
+        if not any(isinstance(a, Sharding) for a in args):
+            kw["mesh"] = mesh  # creation ops: replicated (consumers slice them for free)
         try:
-            p = propagate(op.target, args, out_pins=out_pins, cost_model=cm, **op.kwargs())
+            p = propagate(op.target, args, out_pins=out_pins, cost_model=cm, **kw)
         except ShardingError as e:
             raise type(e)(f"op {op.name} ({op.target}): {e}") from None
         targets = []

@@ -74,6 +74,28 @@ OPS = {
     "cat": lambda *xs, dim=0, **_: np.concatenate(xs, axis=dim),
     "slice": _slice,
     "scaled_dot_product_attention": _sdpa,
+    "_scaled_dot_product_flash_attention_for_cpu": lambda q, k, v, is_causal=False, **_: (
+        _sdpa(q, k, v, is_causal), np.zeros(q.shape[:-1])),
+    "_to_copy": lambda a, **_: a.copy(),
+    "detach": lambda a, **_: a,
+    "eq": lambda a, b, **_: (a == b).astype(float),
+    "ne": lambda a, b, **_: (a != b).astype(float),
+    "le": lambda a, b, **_: (a <= b).astype(float),
+    "lt": lambda a, b, **_: (a < b).astype(float),
+    "ge": lambda a, b, **_: (a >= b).astype(float),
+    "gt": lambda a, b, **_: (a > b).astype(float),
+    "logical_and": lambda a, b, **_: ((a != 0) & (b != 0)).astype(float),
+    "logical_not": lambda a, **_: (a == 0).astype(float),
+    "any": lambda a, dim=None, keepdim=False, **_: (a != 0).any(
+        axis=None if dim is None else tuple([dim] if isinstance(dim, int) else dim), keepdims=keepdim).astype(float),
+    "full_like": lambda a, fill_value=0.0, **_: np.full(a.shape, float(fill_value)),
+    "zeros_like": lambda a, **_: np.zeros(a.shape),
+    "ones_like": lambda a, **_: np.ones(a.shape),
+    "arange": lambda start=0, end=None, step=1, **_: np.arange(start, end, step, dtype=float),
+    "full": lambda size=(), fill_value=0.0, **_: np.full(tuple(size), float(fill_value)),
+    "zeros": lambda size=(), **_: np.zeros(tuple(size)),
+    "ones": lambda size=(), **_: np.ones(tuple(size)),
+    "scalar_tensor": lambda s=0.0, **_: np.asarray(float(s)),
 }
 
 VIEWS = {"view", "_unsafe_view", "reshape", "flatten", "unflatten", "squeeze", "unsqueeze"}

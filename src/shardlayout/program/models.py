@@ -86,38 +86,81 @@ def _sharded(mesh: Mesh, shape: tuple, placement: dict) -> Sharding:
     return Sharding(mesh, shape, dims)
 
 
+COLUMN = ("wq", "wk", "wv", "w_gate", "w_up")
+ROW = ("wo", "w_down")
+
+
+def _consumers(program: Program) -> dict:
+    out: dict = {}
+    for op in program.ops:
+        for i in op.inputs:
+            if isinstance(i, str):
+                out.setdefault(i, []).append(op)
+    return out
+
+
+def _residuals(program: Program, row_mm_outputs: set) -> list:
+    """The adds that close a residual branch: add(x, view(mm(.., row-parallel weight)))."""
+    cons = _consumers(program)
+    found = []
+    for t in sorted(row_mm_outputs):
+        frontier = [t]
+        for _ in range(3):  # through views / reshapes to the add
+            nxt = []
+            for name in frontier:
+                for op in cons.get(name, []):
+                    base = op.target.split(".")[-2] if op.target.startswith("aten.") else op.target
+                    if base in ("add",):
+                        found.append(op.outputs[0])
+                    elif base in ("view", "_unsafe_view", "reshape"):
+                        nxt.extend(op.outputs)
+            frontier = nxt
+    return found
+
+
 def style_pins(program: Program, mesh: Mesh, style: str) -> dict:
-    """Pins of a style for a ``llama`` program on ``mesh`` (axes ``dp`` and/or ``tp``)."""
+    """Pins of a style for a Llama-style program (built-in or from ``torch.export``) on ``mesh``
+    (axes ``dp`` and/or ``tp``; others replicate). Weights are found by their names
+    (``...wq``, ``...w_down``), the activations they produce by following the ops."""
     if style not in STYLES:
         raise ShardingError(f"unknown style {style!r}; choose one of {', '.join(STYLES)}")
     t = program.tensors
     pins: dict = {}
     batch_dp = {0: ["dp"]}
     act3 = {0: ["dp"]} if style != "megatron-sp" else {0: ["dp"], 1: ["tp"]}
-    pins["x"] = _sharded(mesh, t["x"].shape, act3 if style != "dp" else batch_dp)
-    layers = sorted({n.split(".")[1] for n in t if n.startswith("layers.")}, key=int)
-    for i in layers:
-        p = f"layers.{i}"
-        if style in ("megatron", "megatron-sp"):
-            for n in ("wq", "wk", "wv", "w_gate", "w_up"):
-                pins[f"{p}.{n}"] = _sharded(mesh, t[f"{p}.{n}"].shape, {1: ["tp"]})
-            for n in ("wo", "w_down"):
-                pins[f"{p}.{n}"] = _sharded(mesh, t[f"{p}.{n}"].shape, {0: ["tp"]})
-            for n in ("q", "k", "v", "gate", "up"):
-                pins[f"{p}.{n}"] = _sharded(mesh, t[f"{p}.{n}"].shape, {0: ["dp"], 1: ["tp"]})
-            for n in ("resid1", "resid2"):
-                pins[f"{p}.{n}"] = _sharded(mesh, t[f"{p}.{n}"].shape, act3)
-        elif style == "fsdp":
-            for n, spec in t.items():
-                if spec.kind == "param" and n.startswith(p + ".") and spec.shape[0] % mesh.axis_size("dp") == 0:
-                    pins[n] = _sharded(mesh, spec.shape, {0: ["dp"]})
-            for n in ("resid1", "resid2"):
-                pins[f"{p}.{n}"] = _sharded(mesh, t[f"{p}.{n}"].shape, batch_dp)
-            for n in ("q", "k", "v", "gate", "up", "attn_out", "mlp_out"):
-                pins[f"{p}.{n}"] = _sharded(mesh, t[f"{p}.{n}"].shape, batch_dp)
-        else:  # dp
-            for n in ("resid1", "resid2"):
-                pins[f"{p}.{n}"] = _sharded(mesh, t[f"{p}.{n}"].shape, batch_dp)
+    user = program.inputs("input")
+    x = user[0]
+    pins[x] = _sharded(mesh, t[x].shape, act3 if style != "dp" else batch_dp)
+    mm_out: dict = {}
+    for op in program.ops:
+        base = op.target.split(".")[-2] if op.target.startswith("aten.") else op.target
+        if base == "mm" and len(op.inputs) == 2 and isinstance(op.inputs[1], str):
+            mm_out[op.outputs[0]] = op.inputs[1].rsplit(".", 1)[-1]
+    row_outputs = {o for o, w in mm_out.items() if w in ROW}
+    residuals = _residuals(program, row_outputs)
+    if style in ("megatron", "megatron-sp"):
+        for n, spec in t.items():
+            leaf = n.rsplit(".", 1)[-1]
+            if spec.kind == "param" and leaf in COLUMN:
+                pins[n] = _sharded(mesh, spec.shape, {1: ["tp"]})
+            elif spec.kind == "param" and leaf in ROW:
+                pins[n] = _sharded(mesh, spec.shape, {0: ["tp"]})
+        for o, w in mm_out.items():
+            if w in COLUMN:
+                pins[o] = _sharded(mesh, t[o].shape, {0: ["dp"], 1: ["tp"]})
+        for r in residuals:
+            pins[r] = _sharded(mesh, t[r].shape, act3)
+    elif style == "fsdp":
+        for n, spec in t.items():
+            if spec.kind == "param" and spec.shape and "dp" in mesh.names and spec.shape[0] % mesh.axis_size("dp") == 0:
+                pins[n] = _sharded(mesh, spec.shape, {0: ["dp"]})
+        for o in mm_out:
+            pins[o] = _sharded(mesh, t[o].shape, batch_dp)
+        for r in residuals:
+            pins[r] = _sharded(mesh, t[r].shape, batch_dp)
+    else:  # dp
+        for r in residuals:
+            pins[r] = _sharded(mesh, t[r].shape, batch_dp)
     return pins
 
 
