@@ -114,3 +114,25 @@ def test_plan_command(capsys, tmp_path):
     assert "has shape (6, 8, 16), the tensor has (2, 8, 16)" in capsys.readouterr().err
     assert main(["plan", "--pin", "nosuch=[2]"]) == 2
     assert "no such tensor" in capsys.readouterr().err
+
+
+def test_plan_user_module_and_export(capsys, tmp_path, monkeypatch):
+    import pytest
+
+    torch = pytest.importorskip("torch")
+    (tmp_path / "usermodel.py").write_text(
+        "import torch\nfrom shardlayout.program.torch_models import LlamaTorch\n"
+        "def make():\n    return LlamaTorch(1), (torch.randn(2, 8, 16), torch.randn(8, 4), torch.randn(8, 4))\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["plan", "--module", "usermodel:make", "--mesh", "tp=4", "--style", "megatron", "--verify"]) == 0
+    assert "2 x all_reduce on tp" in capsys.readouterr().out
+    from shardlayout.program.torch_models import LlamaTorch
+
+    ep = torch.export.export(LlamaTorch(1), (torch.randn(2, 8, 16), torch.randn(8, 4), torch.randn(8, 4)))
+    torch.export.save(ep, str(tmp_path / "m.pt2"))
+    assert main(["plan", "--export", str(tmp_path / "m.pt2"), "--mesh", "tp=2", "--style", "megatron-sp",
+                 "--verify"]) == 0
+    assert "verified" in capsys.readouterr().out
+    assert main(["plan", "--module", "nosuchmod:make"]) == 2
+    assert "No module named" in capsys.readouterr().err

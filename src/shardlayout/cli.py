@@ -288,6 +288,27 @@ def _load_program(args):
     from .program import Program
     from .program.models import MODELS
 
+    if getattr(args, "module", None):
+        import importlib
+
+        from .program.torch_import import from_torch
+
+        mod_name, _, attr = args.module.partition(":")
+        try:
+            factory = getattr(importlib.import_module(mod_name), attr or "make")
+        except (ImportError, AttributeError) as e:
+            raise ShardingError(f"--module {args.module}: {e}") from None
+        module, example_args = factory()
+        return from_torch(module, example_args)
+    if getattr(args, "export", None):
+        import torch
+
+        from .program.torch_import import from_exported
+
+        try:
+            return from_exported(torch.export.load(args.export))
+        except (OSError, RuntimeError) as e:
+            raise ShardingError(f"--export {args.export}: {e}") from None
     if args.program:
         try:
             with open(args.program) as f:
@@ -403,6 +424,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("plan", help="plan a whole model: every tensor's sharding and every collective")
     pl.add_argument("--model", default="llama", help="built-in model (llama)")
     pl.add_argument("--program", help="a program JSON file instead of a built-in model")
+    pl.add_argument("--module", help="pkg.mod:factory returning (torch module, example args); via torch.export")
+    pl.add_argument("--export", help="a torch.export .pt2 file")
     pl.add_argument("--layers", type=int, default=2)
     pl.add_argument("--mesh", default="dp=2,tp=4")
     pl.add_argument("--style", choices=["dp", "megatron", "megatron-sp", "fsdp"], default=None)

@@ -39,8 +39,18 @@ def from_torch(module, example_args, decompose: bool = True) -> Program:
     from ..ops.registry import RULES, load_rules
     from ..propagation import canonical_op_name
 
-    load_rules()
     ep = torch.export.export(module, tuple(example_args))
+    return from_exported(ep, decompose)
+
+
+def from_exported(ep, decompose: bool = True) -> Program:
+    """A Program from an ``ExportedProgram`` (e.g. ``torch.export.load("model.pt2")``)."""
+    import torch
+
+    from ..ops.registry import RULES, load_rules
+    from ..propagation import canonical_op_name
+
+    load_rules()
     if decompose:
         ep = ep.run_decompositions()
     sig = ep.graph_signature

@@ -1,0 +1,49 @@
+"""from_torch: the exported Llama block plans like the builder model and verifies on every rank."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from shardlayout import Mesh, UnsupportedOp  # noqa: E402
+from shardlayout.plan import plan  # noqa: E402
+from shardlayout.program.models import llama, style_pins  # noqa: E402
+from shardlayout.program.torch_import import from_torch  # noqa: E402
+from shardlayout.program.torch_models import LlamaTorch  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def exported():
+    warnings.filterwarnings("ignore")
+    torch.manual_seed(0)
+    return from_torch(LlamaTorch(2), (torch.randn(2, 8, 16), torch.randn(8, 4), torch.randn(8, 4)))
+
+
+def test_parameters_keep_their_qualified_names(exported):
+    params = exported.inputs("param")
+    assert "layers.0.wq" in params and "layers.1.w_down" in params
+    assert exported.inputs("input") == ["x", "cos", "sin"]
+
+
+@pytest.mark.parametrize("style", ["megatron", "megatron-sp", "dp", "fsdp"])
+def test_exported_and_builder_models_plan_the_same_collectives(exported, style):
+    m = Mesh.parse("dp=2,tp=4")
+    built = llama(layers=2)
+    a = plan(exported, m, style_pins(exported, m, style))
+    b = plan(built, m, style_pins(built, m, style))
+    assert a.counts() == b.counts()
+    assert sorted((c.kind, c.axes, c.bytes) for c in a.collectives) == sorted(
+        (c.kind, c.axes, c.bytes) for c in b.collectives)
+    assert a.verify().ok
+
+
+def test_unsupported_op_names_the_node():
+    class Odd(torch.nn.Module):
+        def forward(self, x):
+            return torch.linalg.qr(x)[0]
+
+    with pytest.raises(UnsupportedOp, match="has no sharding rule"):
+        from_torch(Odd(), (torch.randn(4, 4),))
