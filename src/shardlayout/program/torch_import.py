@@ -36,8 +36,6 @@ def from_torch(module, example_args, decompose: bool = True) -> Program:
     """
     import torch
 
-    from ..ops.registry import RULES, load_rules
-    from ..propagation import canonical_op_name
 
     ep = torch.export.export(module, tuple(example_args))
     return from_exported(ep, decompose)
