@@ -92,3 +92,38 @@ def test_nvfuser_case8_propagation_does_not_overwrite_pins():
             "t2": Sharding.parse("[dy*3, 4]", m)}
     p = plan(b.build(), m, pins)
     assert p.shardings["t2"] == pins["t2"] and p.verify().ok
+
+
+def test_nvfuser_case7_reshape_with_independent_splits_in_a_program():
+    b = ProgramBuilder()
+    x = b.input("x", (9, 5, 14, 9))
+    b.output(b.op("reshape", [x], name="y", shape=(45, 126)))
+    m = Mesh((2, 3), ("dy", "dx"))
+    p = plan(b.build(), m, {"x": Sharding.parse("[dx*3, 5, dy*7, 9]", m)})
+    assert str(p.shardings["y"]) == "[dx*15, dy*63]" and not p.collectives and p.verify().ok
+
+
+def test_nvfuser_case17_column_and_sequence_parallel_linear():
+    # in [t, h] sequence-parallel, w [4h, h] column-parallel; out = linear(in, w): the weight's
+    # sharding wins (out features on d) and the input's sequence shards are gathered
+    b = ProgramBuilder()
+    x, w = b.input("in", (8, 4)), b.param("w", (16, 4))
+    b.output(b.op("linear", [x, w], name="out"))
+    m = Mesh.parse("d=2")
+    p = plan(b.build(), m, {"in": Sharding.parse("[d*4, 4]", m), "w": Sharding.parse("[d*8, 4]", m)})
+    assert str(p.shardings["out"]) == "[8, d*8]"
+    assert [(c.kind, c.tensor) for c in p.collectives] == [("all_gather", "in")]
+    assert p.verify().ok
+
+
+@pytest.mark.parametrize("mesh", ["ep=4", "dp=2,tp=2", "ep=2,dp=2,tp=2"])
+def test_moe_expert_parallel_dispatches_and_combines(mesh):
+    from shardlayout.program.models import moe
+
+    prog = moe()
+    m = Mesh.parse(mesh)
+    p = plan(prog, m, style_pins(prog, m, "ep"))
+    axis = "ep" if "ep" in m.names else "dp"
+    assert p.counts() == {("all_gather", (axis,)): 1, ("all_to_all", (axis,)): 1}  # dispatch, combine
+    assert p.shardings["experts.w1"].dims[0][0].axis == axis
+    assert p.verify().ok

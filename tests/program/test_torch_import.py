@@ -47,3 +47,12 @@ def test_unsupported_op_names_the_node():
 
     with pytest.raises(UnsupportedOp, match="has no sharding rule"):
         from_torch(Odd(), (torch.randn(4, 4),))
+
+
+def test_exported_moe_plans_expert_parallel_and_verifies():
+    from shardlayout.program.torch_models import MoETorch
+
+    prog = from_torch(MoETorch(), (torch.randn(16, 16),))
+    m = Mesh.parse("ep=4")
+    p = plan(prog, m, style_pins(prog, m, "ep"))
+    assert p.verify().ok and p.shardings["experts.w1"].dims[0][0].axis == "ep"

@@ -96,7 +96,15 @@ OPS = {
     "zeros": lambda size=(), **_: np.zeros(tuple(size)),
     "ones": lambda size=(), **_: np.ones(tuple(size)),
     "scalar_tensor": lambda s=0.0, **_: np.asarray(float(s)),
+    "einsum": lambda *ops, equation=None, **_: np.einsum(equation, *ops),
+    "topk": lambda a, k=1, dim=-1, **_: _topk(a, k, dim),
 }
+
+
+def _topk(a, k, dim):
+    idx = np.flip(np.argsort(a, axis=dim, kind="stable"), axis=dim)
+    idx = np.take(idx, range(k), axis=dim)
+    return np.take_along_axis(a, idx, dim), idx.astype(float)
 
 VIEWS = {"view", "_unsafe_view", "reshape", "flatten", "unflatten", "squeeze", "unsqueeze"}
 

@@ -12,7 +12,7 @@ from ..mesh import Mesh
 from ..sharding import Factor, Sharding
 from . import Program, ProgramBuilder
 
-STYLES = ("dp", "megatron", "megatron-sp", "fsdp")
+STYLES = ("dp", "megatron", "megatron-sp", "fsdp", "ep")
 
 
 def _rms_norm(b: ProgramBuilder, x: str, w: str, prefix: str) -> str:
@@ -77,6 +77,29 @@ def llama(layers: int = 2, batch: int = 2, seq: int = 8, dim: int = 16, heads: i
     return b.build()
 
 
+def moe(tokens: int = 16, dim: int = 16, experts: int = 4, ffn: int = 32, top_k: int = 2) -> Program:
+    """A mixture-of-experts layer: router, top-k gates, SiLU experts, weighted combine. Experts are
+    stacked ``(E, D, F)`` weights applied with einsum (dense routing: every expert sees every token
+    it is sharded with; the gate zeroes the others)."""
+    b = ProgramBuilder()
+    x = b.input("x", (tokens, dim))
+    wr = b.param("router", (dim, experts))
+    w1 = b.param("experts.w1", (experts, dim, ffn))
+    w2 = b.param("experts.w2", (experts, ffn, dim))
+    logits = b.op("mm", [x, wr], name="router_logits")
+    probs = b.op("_softmax", [logits], name="router_probs", dim=1)
+    vals, _ = b.op("topk", [probs], name="topk", n_out=2, k=top_k, dim=1)
+    thr = b.op("slice", [vals], name="kth", dim=1, start=top_k - 1, end=top_k)
+    mask = b.op("ge", [probs, thr], name="chosen")
+    gate = b.op("mul", [probs, mask], name="gate")
+    h = b.op("einsum", [x, w1], name="expert_in", equation="td,edf->etf")
+    a = b.op("silu", [h], name="expert_act")
+    o = b.op("einsum", [a, w2], name="expert_out", equation="etf,efd->etd")
+    y = b.op("einsum", [gate, o], name="combine", equation="te,etd->td")
+    b.output(y)
+    return b.build()
+
+
 def _sharded(mesh: Mesh, shape: tuple, placement: dict) -> Sharding:
     """A Sharding with ``placement = {dim: [axes, outer first]}`` (axes missing from the mesh dropped)."""
     dims = []
@@ -130,6 +153,15 @@ def style_pins(program: Program, mesh: Mesh, style: str) -> dict:
     act3 = {0: ["dp"]} if style != "megatron-sp" else {0: ["dp"], 1: ["tp"]}
     user = program.inputs("input")
     x = user[0]
+    if style == "ep":
+        axis = "ep" if "ep" in mesh.names else "dp"
+        for n, spec in t.items():
+            if spec.kind == "param" and n.startswith("experts."):
+                pins[n] = _sharded(mesh, spec.shape, {0: [axis]})
+        pins[x] = _sharded(mesh, t[x].shape, {0: [axis]})
+        for o in program.outputs:
+            pins[o] = _sharded(mesh, t[o].shape, {0: [axis]})
+        return pins
     pins[x] = _sharded(mesh, t[x].shape, act3 if style != "dp" else batch_dp)
     mm_out: dict = {}
     for op in program.ops:
@@ -164,4 +196,4 @@ def style_pins(program: Program, mesh: Mesh, style: str) -> dict:
     return pins
 
 
-MODELS = {"llama": llama}
+MODELS = {"llama": llama, "moe": lambda layers=1: moe()}

@@ -56,3 +56,23 @@ class LlamaTorch(nn.Module):
         for blk in self.layers:
             x = blk(x, cos, sin)
         return x
+
+
+class MoETorch(nn.Module):
+    """The MoE layer of ``models.moe`` as a torch module (router, top-k gates, stacked experts)."""
+
+    def __init__(self, dim: int = 16, experts: int = 4, ffn: int = 32, top_k: int = 2):
+        super().__init__()
+        self.top_k = top_k
+        self.router = nn.Parameter(torch.randn(dim, experts) / dim ** 0.5)
+        self.experts = nn.ParameterDict({
+            "w1": nn.Parameter(torch.randn(experts, dim, ffn) / dim ** 0.5),
+            "w2": nn.Parameter(torch.randn(experts, ffn, dim) / ffn ** 0.5),
+        })
+
+    def forward(self, x):
+        probs = torch.softmax(x @ self.router, dim=1)
+        vals, _ = torch.topk(probs, self.top_k, dim=1)
+        gate = probs * (probs >= vals[:, self.top_k - 1: self.top_k])
+        h = F.silu(torch.einsum("td,edf->etf", x, self.experts["w1"]))
+        return torch.einsum("te,etd->td", gate, torch.einsum("etf,efd->etd", h, self.experts["w2"]))
