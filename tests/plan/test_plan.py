@@ -127,3 +127,39 @@ def test_moe_expert_parallel_dispatches_and_combines(mesh):
     assert p.counts() == {("all_gather", (axis,)): 1, ("all_to_all", (axis,)): 1}  # dispatch, combine
     assert p.shardings["experts.w1"].dims[0][0].axis == axis
     assert p.verify().ok
+
+
+def test_nvfuser_case13_forward_from_a_sharded_weight():
+    # in [M,K], w [K,N] with w split on N (nvFuser: Stream; here a mesh axis): out follows w
+    b = ProgramBuilder()
+    x, w = b.input("in", (4, 6)), b.param("w", (6, 8))
+    b.output(b.op("mm", [x, w], name="out"))
+    m = Mesh.parse("s=2")
+    p = plan(b.build(), m, {"w": Sharding.parse("[6, s*4]", m)})
+    assert str(p.shardings["out"]) == "[4, s*4]" and not p.collectives and p.verify().ok
+
+
+def test_nvfuser_case14_backward_pass_shards_what_forward_left_unsharded():
+    # tv1 = add(tv0, 1.0); tv2 = add(tv1, tv1); only tv2 is split: the backward pass gives tv0
+    # (a program input) and tv1 the same split, for free
+    b = ProgramBuilder()
+    t0 = b.input("tv0", (8, 4))
+    t1 = b.op("add", [t0, 1.0], name="tv1")
+    b.output(b.op("add", [t1, t1], name="tv2"))
+    m = Mesh.parse("s=2")
+    pin = Sharding.parse("[s*4, 4]", m)
+    p = plan(b.build(), m, {"tv2": pin})
+    assert p.shardings["tv0"] == p.shardings["tv1"] == p.shardings["tv2"] == pin
+    assert not p.collectives and p.verify().ok
+    q = plan(b.build(), m, {"tv2": pin}, backward=False)
+    assert q.shardings["tv0"] == Sharding(m, (8, 4))  # forward alone leaves the input replicated
+
+
+def test_creation_ops_take_their_sharding_from_consumers():
+    b = ProgramBuilder()
+    x = b.input("x", (8, 4))
+    z = b.op("full", [], name="z", size=(8, 4), fill_value=2.0)
+    b.output(b.op("mul", [x, z], name="y"))
+    m = Mesh.parse("d=2")
+    p = plan(b.build(), m, {"x": Sharding.parse("[d*4, 4]", m)})
+    assert str(p.shardings["z"]) == "[d*4, 4]" and not p.collectives and p.verify().ok

@@ -218,6 +218,7 @@ def search(fm: FactorMap, inputs: list, cost_model: CostModel | None = None, dty
         best = None
         usage = [None if x is None else _usage(x, axis) for x in inputs]
         for opt in _options(fm, inputs, axis):
+            mismatch = 0
             if _valid(fm, inputs, axis, opt):
                 c, changed = 0.0, 0
                 for u, t, b in zip(usage, _targets_for(fm, inputs, axis, opt), nbytes):
@@ -227,11 +228,13 @@ def search(fm: FactorMap, inputs: list, cost_model: CostModel | None = None, dty
                 for pin, b in zip(pins, pin_bytes):
                     ou, pu = _out_usage(fm, opt), _usage(pin, axis)
                     if ou != pu:
+                        mismatch += 1
                         c += transition_seconds(ou, pu, axis, n, b, cm)
             else:
                 c, changed = inf, 0
             considered.append(Choice(axis, opt, c))
-            key = (c, changed, _rank(opt), str(opt))
+            # ties: produce the pinned output directly, then change the fewest inputs
+            key = (c, mismatch, changed, _rank(opt), str(opt))
             if best is None or key < best[0]:
                 best = (key, Choice(axis, opt, c))
         chosen.append(best[1])

@@ -167,11 +167,33 @@ class Plan:
         return Verification(True, checked)
 
 
-def plan(program: Program, mesh: Mesh, pins: dict | None = None, cost_model: CostModel | None = None) -> Plan:
-    """Plan ``program`` on ``mesh``; ``pins`` maps tensor names to Shardings (or their text)."""
+def plan(program: Program, mesh: Mesh, pins: dict | None = None, cost_model: CostModel | None = None,
+         backward: bool = True) -> Plan:
+    """Plan ``program`` on ``mesh``; ``pins`` maps tensor names to Shardings (or their text).
+
+    A forward pass chooses every op's strategy; then a backward pass gives each still
+    unconstrained tensor (unpinned inputs, creation ops, intermediates) the sharding all its
+    consumers slice it to, when that costs nothing, and the forward pass runs again with those
+    inferred pins (nvFuser's propagation order: forward, then backward for what is left).
+    """
     t0 = time.perf_counter()
     cm = cost_model or DEFAULT_COST_MODEL
-    pins = {k: (Sharding.parse(v, mesh) if isinstance(v, str) else v) for k, v in (pins or {}).items()}
+    user = {k: (Sharding.parse(v, mesh) if isinstance(v, str) else v) for k, v in (pins or {}).items()}
+    _check_pins(program, user)
+    inferred: dict = {}
+    for _ in range(8 if backward else 1):
+        p = _forward(program, mesh, {**inferred, **user}, cm)
+        if not backward:
+            break
+        new = _infer_backward(program, p, set(user) | set(inferred))
+        if not new:
+            break
+        inferred.update(new)
+    p.plan_seconds = time.perf_counter() - t0
+    return p
+
+
+def _check_pins(program: Program, pins: dict) -> None:
     for name, s in pins.items():
         if name not in program.tensors:
             raise ShardingError(f"pin {name!r}: the program has no such tensor")
@@ -179,6 +201,28 @@ def plan(program: Program, mesh: Mesh, pins: dict | None = None, cost_model: Cos
             raise ShardingError(
                 f"pin {name!r}: sharding {s} has shape {s.shape}, the tensor has {program.tensors[name].shape}"
             )
+
+
+def _infer_backward(program: Program, p: "Plan", pinned: set) -> dict:
+    """Unpinned tensors whose consumers all slice them (for free) to one sharding."""
+    wanted: dict = {}
+    for po in reversed(p.ops):
+        for i, tgt in zip(po.inputs, po.input_targets):
+            if isinstance(i, str) and isinstance(tgt, Sharding):
+                wanted.setdefault(i, set()).add(tgt)
+    out = {}
+    for name, targets in wanted.items():
+        if name in pinned or len(targets) != 1:
+            continue
+        (tgt,) = targets
+        cur = p.shardings[name]
+        if tgt != cur and all(st.kind == "local" for st in p.steps.get((name, tgt), [])) and not tgt.partial:
+            out[name] = tgt
+    return out
+
+
+def _forward(program: Program, mesh: Mesh, pins: dict, cm: CostModel) -> "Plan":
+    t0 = time.perf_counter()
     shard: dict = {}
     for name in program.inputs():
         shard[name] = pins.get(name) or Sharding(mesh, program.tensors[name].shape)
