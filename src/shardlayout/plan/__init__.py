@@ -118,6 +118,20 @@ class Plan:
             data["plan_seconds"] = self.plan_seconds
         return json.dumps(data, indent=1, sort_keys=True)
 
+    def summary_json(self) -> str:
+        """What a user sets up and pays for: the shardings of inputs, parameters and outputs, and the
+        collectives (kind, axes, bytes), sorted. Equal for a builder model and its torch.export twin,
+        whose graphs differ in how ops decompose."""
+        prog = self.program
+        data = {
+            "mesh": str(self.mesh),
+            "inputs": {n: str(self.shardings[n]) for n in sorted(prog.inputs())},
+            "outputs": [str(self.shardings[n]) for n in prog.outputs],
+            "collectives": sorted([c.kind, list(c.axes), c.bytes] for c in self.collectives),
+            "total_seconds": round(self.total_seconds, 12),
+        }
+        return json.dumps(data, indent=1, sort_keys=True)
+
     def verify(self, seed: int = 0, rtol: float = 1e-6, atol: float = 1e-6) -> Verification:
         """Run the program on every rank (numpy) and compare every tensor with the unsharded run."""
         from .execute import run_op
