@@ -37,6 +37,7 @@ __all__ = [
 ]
 
 _CACHE = 1 << 16
+_COALESCED: dict = {}
 
 
 def _tiler(t, where: str):
@@ -111,7 +112,41 @@ def coalesce(layout, profile=None) -> Layout:
     ``coalesce(Layout((2, (1, 6)), (1, (6, 2)))) -> 12:1``
     """
     if profile is None and type(layout) is Layout:
-        return _coalesce_whole(layout)
+        shape, stride = layout.shape, layout.stride
+        key = (shape, stride)  # hashed in C: no Layout.__hash__ call on the hot path
+        hit = _COALESCED.get(key)
+        if hit is not None:
+            return hit
+        if len(_COALESCED) >= _CACHE:
+            _COALESCED.clear()
+        if type(shape) is int:
+            hit = layout if shape != 1 else Layout._make(1, 0)
+        else:
+            for x in shape:
+                if type(x) is tuple:  # nested: the general path
+                    hit = _coalesce_whole.__wrapped__(layout)
+                    break
+            else:  # flat: _coalesce_lists inlined
+                shapes: list = []
+                strides: list = []
+                for s, d in zip(shape, stride):
+                    if s != 1:
+                        if shapes and shapes[-1] * strides[-1] == d:
+                            shapes[-1] *= s
+                        else:
+                            shapes.append(s)
+                            strides.append(d)
+                n = len(shapes)
+                if n == len(shape) and n > 1:
+                    hit = layout  # nothing to merge or drop: already coalesced (immutable, so shared)
+                elif n > 1:
+                    hit = Layout._make(tuple(shapes), tuple(strides))
+                elif n:
+                    hit = Layout._make(shapes[0], strides[0])
+                else:
+                    hit = Layout._make(1, 0)
+        _COALESCED[key] = hit
+        return hit
     if type(layout) is not Layout:
         layout = _layout(layout, "coalesce")
     return _coalesce(layout, _tiler(profile, "coalesce"))
@@ -660,6 +695,7 @@ def describe(layout: Layout) -> str:
 
 def clear_caches() -> None:
     """Forget every memoised result (for benchmarks of first calls). ``clear_caches()``."""
+    _COALESCED.clear()
     for f in (
         _coalesce,
         _coalesce_whole,
