@@ -186,7 +186,20 @@ def _same_program_chunks(prog, n: int, q: int) -> bool:
 
 
 def _refine(toks: list, out_shape: tuple, subaxes: bool) -> list:
-    toks = list(toks)
+    # tails of extent 1 (all-or-nothing shards) sit anywhere: take them out, so that the local
+    # factors around them merge, and place them at the end
+    floating = [t for t in toks if t.kind in ("u", "p") and t.size == 1]
+    rest: list = []
+    for t in toks:
+        if t.kind in ("u", "p") and t.size == 1:
+            continue
+        if rest and t.kind == "f" and rest[-1].kind == "f" and t.factors[0].axis is None \
+                and rest[-1].factors[0].axis is None:
+            size = rest[-1].size * t.size
+            rest[-1] = _Tok("f", (Factor(size),), size, -1, -1)
+        else:
+            rest.append(t)
+    toks = rest
     out: list = [[] for _ in out_shape]
     k, acc = 0, 1
     nout = len(out_shape)
@@ -198,25 +211,6 @@ def _refine(toks: list, out_shape: tuple, subaxes: bool) -> list:
             acc = 1
 
     for i, t in enumerate(toks):
-        if t.kind == "p" and t.size == 1:
-            # a DTensor chunk program of extent 1 lives in any empty size-1 output dim
-            free = [j for j in range(nout) if out_shape[j] == 1 and not out[j] and (j != k or acc == 1)]
-            if not free:
-                raise _Gather(toks[i], 1, "a chunk program of extent 1 needs an empty size-1 output dim")
-            out[free[0]] = t.factors[0]
-            continue
-        if t.kind == "u" and t.size == 1:
-            # an uneven tail of extent 1 adds nothing: it takes an empty size-1 output dim,
-            # or closes the last completed one
-            free = [j for j in range(nout) if out_shape[j] == 1 and not out[j] and (j != k or acc == 1)]
-            if free:
-                out[free[0]] = list(t.factors)
-                continue
-            j = k if k < nout and acc == out_shape[k] else k - 1 if k == nout and acc == 1 else -1
-            if j < 0 or (j == k - 1 and k == 0) or type(out[j]) is ChunkProgram:
-                raise _Gather(toks[i], 1, "an uneven dim of extent 1 must close an output dim")
-            out[j].extend(t.factors)
-            continue
         skip()
         if t.kind in ("u", "p"):
             if k == nout:
@@ -267,6 +261,26 @@ def _refine(toks: list, out_shape: tuple, subaxes: bool) -> list:
                 acc = out_shape[k]
                 _consume(toks, taken)
                 continue
+            # general case: the tail and the local factors after it form a region of R
+            # elements; the output dim takes ``need`` blocks of it where the chunks line up
+            follow, q = [], 1
+            for j in range(i + 1, len(toks)):
+                u = toks[j]
+                if u.kind != "f" or not u.factors[0].local:
+                    break
+                follow.append(j)
+                q *= u.size
+            region = t.size * q
+            if region % need == 0 and _same_chunks(body, t.size, need, q, region // need):
+                out[k].extend(body)
+                acc = out_shape[k]
+                for j in follow:
+                    u = toks[j]
+                    toks[j] = _Tok("f", (Factor(1),), 1, u.dim, u.index)
+                rest = region // need
+                if rest > 1:
+                    toks.insert(i + 1, _Tok("f", (Factor(rest),), rest, -1, -1))
+                continue
             raise _Gather(toks[i], 1, "an uneven dim must end an output dim and stay whole")
         piece, psize = t.factors[0], t.size
         while True:
@@ -291,6 +305,14 @@ def _refine(toks: list, out_shape: tuple, subaxes: bool) -> list:
             acc *= need
             psize //= need
     skip()
+    for t in floating:
+        free = [j for j in range(nout) if out_shape[j] == 1 and not out[j]]
+        if free:
+            out[free[0]] = t.factors[0] if t.kind == "p" else list(t.factors)
+        elif t.kind == "u" and nout and type(out[-1]) is not ChunkProgram:
+            out[-1] = list(out[-1]) + list(t.factors)  # innermost: extent 1 changes no chunk
+        else:
+            raise _Gather(t, 1, "a shard of extent 1 needs an output dim to live in")
     return out
 
 
