@@ -188,9 +188,9 @@ def _same_program_chunks(prog, n: int, q: int) -> bool:
 def _refine(toks: list, out_shape: tuple, subaxes: bool) -> list:
     # tails of extent 1 (all-or-nothing shards) sit anywhere: take them out, so that the local
     # factors around them merge, and place them at the end
-    floating = [t for t in toks if t.kind in ("u", "p") and t.size == 1]
-    rest: list = []
-    for t in toks:
+    floating = [t for t in toks if t.size == 1 and t.kind != "f"]
+    rest: list = [] if floating else list(toks)
+    for t in toks if floating else ():
         if t.kind in ("u", "p") and t.size == 1:
             continue
         if rest and t.kind == "f" and rest[-1].kind == "f" and t.factors[0].axis is None \
