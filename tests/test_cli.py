@@ -102,6 +102,8 @@ def test_plan_command(capsys, tmp_path):
     assert data["verified"] is True and "plan_seconds" in data
     assert sorted({(c["kind"], tuple(c["axes"])) for c in data["collectives"]}) == [
         ("all_gather", ("tp",)), ("reduce_scatter", ("tp",))]
+    assert main(["plan", "--layers", "0"]) == 2
+    assert "layers" in capsys.readouterr().err
     assert main(["plan", "--model", "gpt5"]) == 2
     assert "unknown model 'gpt5'" in capsys.readouterr().err
     assert main(["plan", "--mesh", "dp=2,", "--style", "dp"]) == 2

@@ -37,6 +37,8 @@ def _rope(b: ProgramBuilder, z: str, cos: str, sin: str, hd: int, prefix: str) -
 def llama(layers: int = 2, batch: int = 2, seq: int = 8, dim: int = 16, heads: int = 4, ffn: int = 32) -> Program:
     """A Llama-style decoder: RMSNorm, attention with RoPE and causal SDPA, SwiGLU MLP; ``layers``
     blocks. Weights are ``(in, out)`` and applied with ``mm`` on ``(batch*seq, dim)`` rows."""
+    if layers < 1 or min(batch, seq, dim, heads, ffn) < 1:
+        raise ShardingError(f"llama: layers, batch, seq, dim, heads and ffn must be >= 1 (got layers={layers})")
     if dim % heads or (dim // heads) % 2:
         raise ShardingError(f"llama: dim {dim} must split into {heads} heads of an even size")
     hd = dim // heads
