@@ -1,0 +1,78 @@
+"""Random small programs with random pins: every plan verifies on every rank (hypothesis)."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from shardlayout import Mesh, Sharding
+from shardlayout.plan import plan
+from shardlayout.program import ProgramBuilder
+
+
+def factorizations(n):
+    out, p = [], 2
+    while n > 1:
+        while n % p == 0:
+            out.append(p)
+            n //= p
+        p += 1
+    return out
+
+
+@st.composite
+def programs(draw):
+    nd = draw(st.integers(1, 3))
+    mesh = Mesh(tuple(draw(st.sampled_from([2, 2, 3, 4])) for _ in range(nd)), ("a", "b", "c")[:nd])
+    shape = tuple(draw(st.sampled_from([2, 3, 4, 6, 8])) for _ in range(draw(st.integers(1, 3))))
+    b = ProgramBuilder()
+    cur = b.input("x", shape)
+    pins = {}
+
+    def rand_pin(name, shp):
+        pl = []
+        for _ in range(mesh.ndim):
+            k = draw(st.integers(0, 9))
+            pl.append("R" if k < 3 or not shp else f"S({draw(st.integers(0, len(shp) - 1))})" if k < 9 else "P")
+        return Sharding.from_placements(mesh, shp, pl)
+
+    pins["x"] = rand_pin("x", shape)
+    for i in range(draw(st.integers(1, 6))):
+        shp = b._tensors[cur].shape
+        kind = draw(st.sampled_from(["add", "mul", "mm", "sum", "view", "transpose", "softmax", "silu"]))
+        if kind in ("add", "mul"):
+            other = b.param(f"p{i}", shp[draw(st.integers(0, len(shp) - 1)):] if shp else ())
+            pins[other] = rand_pin(other, b._tensors[other].shape)
+            cur = b.op(kind, [cur, other])
+        elif kind == "mm" and len(shp) == 2:
+            w = b.param(f"w{i}", (shp[1], draw(st.sampled_from([2, 4, 6]))))
+            pins[w] = rand_pin(w, b._tensors[w].shape)
+            cur = b.op("mm", [cur, w])
+        elif kind == "sum" and len(shp) >= 2:
+            cur = b.op("sum", [cur], dim=draw(st.integers(0, len(shp) - 1)))
+        elif kind == "view" and shp:
+            dims = [1] * draw(st.integers(1, 3))
+            for p in factorizations(int(__import__("math").prod(shp))):
+                dims[draw(st.integers(0, len(dims) - 1))] *= p
+            cur = b.op("view", [cur], shape=tuple(dims))
+        elif kind == "transpose" and len(shp) >= 2:
+            cur = b.op("transpose", [cur], dim0=0, dim1=len(shp) - 1)
+        elif kind == "softmax" and shp:
+            cur = b.op("_softmax", [cur], dim=len(shp) - 1)
+        elif kind == "silu":
+            cur = b.op("silu", [cur])
+    b.output(cur)
+    if draw(st.booleans()):
+        out = cur
+        pins[out] = rand_pin(out, b._tensors[out].shape)
+        if pins[out].partial:
+            del pins[out]
+    return b.build(), mesh, pins
+
+
+@given(programs())
+def test_random_programs_plan_and_verify(case):
+    prog, mesh, pins = case
+    p = plan(prog, mesh, pins)
+    v = p.verify(rtol=1e-5, atol=1e-6)
+    assert v.ok, (v, [str(o.target) for o in prog.ops], {k: str(s) for k, s in pins.items()})
