@@ -281,3 +281,64 @@ def test_where_scatter_add_index_put_one_hot_histc():
                      [labels], lambda v: np.eye(5)[v.astype(int)])
         simulate_all(propagate("histc", [s], bins=4), [x],
                      lambda v: np.histogram(v, bins=4, range=(-4, 4))[0].astype(float))
+
+
+def test_more_contractions_and_index_add_by_simulation():
+    rng = random.Random(12)
+    for _ in range(40):
+        mesh = rand_mesh(rng)
+        # einsum with two contracted indices and a batch index
+        A = rand_sharding(rng, mesh, (4, 6, 2))
+        B = rand_sharding(rng, mesh, (6, 2, 3))
+        a = np.random.default_rng(0).standard_normal((4, 6, 2))
+        b = np.random.default_rng(1).standard_normal((6, 2, 3))
+        simulate_all(propagate("einsum", [A, B], equation="bhk,hkd->bd"), [a, b],
+                     lambda u, v: np.einsum("bhk,hkd->bd", u, v))
+        # addmm: bias + a @ b, the bias broadcast over rows
+        S = rand_sharding(rng, mesh, (3,), allow_partial=False)
+        M1, M2 = rand_sharding(rng, mesh, (4, 6)), rand_sharding(rng, mesh, (6, 3))
+        bias = np.random.default_rng(2).standard_normal(3)
+        m1 = np.random.default_rng(3).standard_normal((4, 6))
+        m2 = np.random.default_rng(4).standard_normal((6, 3))
+        simulate_all(propagate("addmm", [S, M1, M2]), [bias, m1, m2], lambda c, u, v: c + u @ v)
+        # matmul with broadcasting batch dims and a matrix-vector product
+        X, Y = rand_sharding(rng, mesh, (2, 4, 6)), rand_sharding(rng, mesh, (6, 3))
+        x = np.random.default_rng(5).standard_normal((2, 4, 6))
+        y = np.random.default_rng(6).standard_normal((6, 3))
+        simulate_all(propagate("matmul", [X, Y]), [x, y], np.matmul)
+        V = rand_sharding(rng, mesh, (6,))
+        vv = np.random.default_rng(7).standard_normal(6)
+        simulate_all(propagate("matmul", [M1, V]), [m1, vv], np.matmul)
+        # index_add(self, dim, index, src)
+        sx = rand_sharding(rng, mesh, (5, 4), allow_partial=False)
+        si = rand_sharding(rng, mesh, (3,), allow_partial=False)
+        ss = rand_sharding(rng, mesh, (3, 4), allow_partial=False)
+        base = np.random.default_rng(8).standard_normal((5, 4))
+        idx = np.array([0, 2, 2])
+        src = np.random.default_rng(9).standard_normal((3, 4))
+
+        def index_add(t, i, v):
+            out = t.copy()
+            np.add.at(out, i.astype(int), v)
+            return out
+
+        simulate_all(propagate("index_add", [sx, si, ss], dim=0), [base, idx, src], index_add)
+
+
+def test_chunk_unbind_log_softmax_by_simulation():
+    for rng, mesh, shape, s in cases(13, dims=(2, 3)):
+        d = rng.randrange(len(shape))
+        x = np.random.default_rng(0).standard_normal(shape)
+        n = shape[d]
+        c = -(-n // 2)
+        simulate_all(propagate("chunk", [s], chunks=2, dim=d), [x],
+                     lambda a, d=d, c=c, n=n: tuple(np.split(a, [c], axis=d)) if c < n else a)
+        simulate_all(propagate("unbind", [s], dim=d), [x],
+                     lambda a, d=d: tuple(np.moveaxis(a, d, 0)) if a.shape[d] > 1 else np.take(a, 0, axis=d))
+        t = rand_sharding(rng, mesh, shape, allow_partial=False)
+
+        def log_softmax(a, d=d):
+            m = a.max(axis=d, keepdims=True)
+            return a - m - np.log(np.exp(a - m).sum(axis=d, keepdims=True))
+
+        simulate_all(propagate("_log_softmax", [t], dim=d), [x], log_softmax)

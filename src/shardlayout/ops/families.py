@@ -142,7 +142,9 @@ def linear_rule(name, inputs, cost_model=None, dtype="float32", **_):
     bias = inputs[2] if len(inputs) > 2 else None
     lead = LETTERS[: x.ndim - 1]
     ins = (lead + "k", "nk") + (("n",) if bias is not None else ())
-    fm = FactorMap(ins, lead + "n", linear="multi" if bias is None else None)
+    # with a bias, a partial product plus a replicated bias would add the bias n times: k stays whole
+    fm = FactorMap(ins, lead + "n", linear="multi" if bias is None else None,
+                   whole=frozenset("k" if bias is not None else ""))
     return _result(name, tuple(inputs[: len(ins)]), fm, None, cost_model, dtype)
 
 
@@ -151,7 +153,8 @@ def addmm_rule(name, inputs, cost_model=None, dtype="float32", **_):
     """``addmm(bias, a, b)``: ``bias + a @ b``; bias broadcast over rows."""
     bias = inputs[0]
     lb = "mn"[2 - bias.ndim:]
-    fm = FactorMap((lb, "mk", "kn"), "mn", linear=None)
+    # bias + partial(a @ b) would add the bias once per rank: the contraction stays whole
+    fm = FactorMap((lb, "mk", "kn"), "mn", linear=None, whole=frozenset("k"))
     return _result(name, tuple(inputs), fm, None, cost_model, dtype)
 
 
@@ -386,7 +389,11 @@ def index_rule(name, inputs, dim=0, cost_model=None, dtype="float32", **_):
                     whole.add(ch)
             letters.append(lo)
         return _whole(name, [s] + others, letters, lx, whole, None, cost_model, dtype)
-    # index_add (self, dim, index, src) and anything else: only self's other dims shard
+    if name == "index_add" and len(others) == 2 and others[0].ndim == 1 and others[1].ndim == s.ndim:
+        # src lines up with self on the other dims; the added-into dim and the index stay whole
+        lsrc = lx[:d] + "Z" + lx[d + 1:]
+        return _whole(name, [s] + others, [lx, "Z", lsrc], lx, {lx[d], "Z"}, None, cost_model, dtype)
+    # anything else: only self's other dims shard
     letters = [lx] + [LETTERS[: o.ndim].upper() for o in others]
     whole = set(lx[d]) | {ch for lt in letters[1:] for ch in lt}
     return _whole(name, [s] + others, letters, lx, whole, None, cost_model, dtype)
