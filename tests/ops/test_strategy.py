@@ -182,6 +182,11 @@ def test_partial_rules():
     out = propagate("add", [P, R])  # partial + replicated is not linear: reduced first
     assert not out.outputs[0].partial and out.needs_communication
     assert propagate("mul", [P, R]).outputs[0].partial == (("tp", "sum"),)
+    assert propagate("mul", [P, 3.0]).outputs[0].partial == (("tp", "sum"),)  # scaling is linear
+    shifted = propagate("add", [P, 1.0])  # a shift is not: the partial is reduced first
+    assert not shifted.outputs[0].partial and shifted.needs_communication
+    x = np.arange(96.0).reshape(8, 12)
+    simulate_op(shifted, [x], lambda v: v + 1.0, lambda v: v + 1.0)
     assert not propagate("rsqrt", [P]).outputs[0].partial
     mm = propagate("mm", [Sharding.parse("[8, tp*3]", m), Sharding.parse("[tp*3, 6]", m)])
     assert str(mm.outputs[0]) == "[8, 6] +sum(tp)" and not mm.needs_communication

@@ -39,7 +39,8 @@ def programs(draw):
     pins["x"] = rand_pin("x", shape)
     for i in range(draw(st.integers(1, 6))):
         shp = b._tensors[cur].shape
-        kind = draw(st.sampled_from(["add", "mul", "mm", "sum", "view", "transpose", "softmax", "silu"]))
+        kind = draw(st.sampled_from(["add", "mul", "mm", "sum", "mean", "view", "transpose", "softmax", "silu",
+                                     "add_const", "mul_const", "neg"]))
         if kind in ("add", "mul"):
             other = b.param(f"p{i}", shp[draw(st.integers(0, len(shp) - 1)):] if shp else ())
             pins[other] = rand_pin(other, b._tensors[other].shape)
@@ -48,8 +49,12 @@ def programs(draw):
             w = b.param(f"w{i}", (shp[1], draw(st.sampled_from([2, 4, 6]))))
             pins[w] = rand_pin(w, b._tensors[w].shape)
             cur = b.op("mm", [cur, w])
-        elif kind == "sum" and len(shp) >= 2:
-            cur = b.op("sum", [cur], dim=draw(st.integers(0, len(shp) - 1)))
+        elif kind in ("sum", "mean") and len(shp) >= 2:
+            cur = b.op(kind, [cur], dim=draw(st.integers(0, len(shp) - 1)))
+        elif kind in ("add_const", "mul_const"):
+            cur = b.op(kind[:3], [cur, draw(st.sampled_from([0.5, 2.0, -1.0]))])
+        elif kind == "neg":
+            cur = b.op("neg", [cur])
         elif kind == "view" and shp:
             dims = [1] * draw(st.integers(1, 3))
             for p in factorizations(int(__import__("math").prod(shp))):

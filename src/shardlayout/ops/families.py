@@ -71,6 +71,8 @@ def pointwise_map(name: str, inputs: list) -> FactorMap:
         linear = "multi" if inputs[0] is not None else None
     if name in ("sub",):
         linear = "sum"
+    if linear == "sum" and any(s is None for s in inputs):
+        linear = None  # partial + a constant would add the constant once per rank
     return FactorMap(ins, out, linear=linear)
 
 
