@@ -40,7 +40,8 @@ def programs(draw):
     for i in range(draw(st.integers(1, 6))):
         shp = b._tensors[cur].shape
         kind = draw(st.sampled_from(["add", "mul", "mm", "sum", "mean", "view", "transpose", "softmax", "silu",
-                                     "add_const", "mul_const", "neg"]))
+                                     "add_const", "mul_const", "neg", "slice", "cat", "pow", "expand",
+                                     "permute", "amax", "where", "layer_norm"]))
         if kind in ("add", "mul"):
             other = b.param(f"p{i}", shp[draw(st.integers(0, len(shp) - 1)):] if shp else ())
             pins[other] = rand_pin(other, b._tensors[other].shape)
@@ -55,6 +56,27 @@ def programs(draw):
             cur = b.op(kind[:3], [cur, draw(st.sampled_from([0.5, 2.0, -1.0]))])
         elif kind == "neg":
             cur = b.op("neg", [cur])
+        elif kind == "slice" and shp and max(shp) > 1:
+            d = max(range(len(shp)), key=lambda k: shp[k])
+            cur = b.op("slice", [cur], dim=d, start=1, end=shp[d])
+        elif kind == "cat" and shp:
+            cur = b.op("cat", [cur, cur], dim=draw(st.integers(0, len(shp) - 1)))
+        elif kind == "pow":
+            cur = b.op("pow", [cur, 2.0])
+        elif kind == "expand" and len(shp) < 3:
+            u = b.op("unsqueeze", [cur], dim=0)
+            cur = b.op("expand", [u], size=(2,) + shp)
+        elif kind == "permute" and len(shp) >= 2:
+            cur = b.op("permute", [cur], dims=tuple(reversed(range(len(shp)))))
+        elif kind == "amax" and len(shp) >= 2:
+            cur = b.op("amax", [cur], dim=draw(st.integers(0, len(shp) - 1)))
+        elif kind == "where" and shp:
+            mask = b.op("gt", [cur, 0.0])
+            cur = b.op("where", [mask, cur, b.op("neg", [cur])])
+        elif kind == "layer_norm" and shp and shp[-1] > 1:
+            w = b.param(f"ln{i}", shp[-1:])
+            pins[w] = rand_pin(w, shp[-1:])
+            cur = b.op("layer_norm", [cur, w], normalized_shape=shp[-1:])
         elif kind == "view" and shp:
             dims = [1] * draw(st.integers(1, 3))
             for p in factorizations(int(__import__("math").prod(shp))):

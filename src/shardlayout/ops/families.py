@@ -185,9 +185,10 @@ def reduction_map(name: str, s: Sharding, dim, keepdim: bool) -> tuple:
             shape.append(s.shape[d])
     linear = "sum" if name in ("sum", "mean") else None
     whole = frozenset()
-    if name == "mean":
-        # the average of unequal chunks' means is not the mean: shard a reduced dim only where
-        # every assignment of the mesh cuts it evenly
+    if name != "sum":
+        # the average of unequal chunks' means is not the mean, and max/min/any/all of an empty
+        # chunk has no value (torch raises): shard a reduced dim only where every assignment of
+        # the mesh cuts it evenly
         whole = frozenset(ins[d] for d in dims if s.shape[d] % s.mesh.size)
     return FactorMap((ins,), out, reduce=REDUCE_OP[name], whole=whole, linear=linear), tuple(shape)
 

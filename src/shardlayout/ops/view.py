@@ -549,8 +549,14 @@ def expand_rule(name, inputs, size=None, shape=None, **_):
             raise ShardingSpecError(
                 f"expand: dim {d} has size {s.shape[d]}; only size-1 dims expand (to {n})"
             )
+    # an expanded size-1 dim that carries a shard (all on some devices, nothing on others) is
+    # gathered first: every device must hold the broadcast values
+    target = s
+    busy = [d for d in range(s.ndim) if s.shape[d] == 1 and size[d + lead] not in (-1, 1) and s.dims[d]]
+    if busy:
+        target = Sharding(s.mesh, s.shape, [[] if d in busy else s.dims[d] for d in range(s.ndim)], s.partial)
     out = Sharding(s.mesh, tuple(shape_out), dims, s.partial)
-    return Propagation(name, (s,), (s,), (out,))
+    return Propagation(name, (s,), (target,), (out,), gathers(s, target))
 
 
 @register("view_as_real")

@@ -74,6 +74,7 @@ OPS = {
     "cat": lambda *xs, dim=0, **_: np.concatenate(xs, axis=dim),
     "slice": _slice,
     "scaled_dot_product_attention": _sdpa,
+    "layer_norm": lambda x, w=None, b=None, normalized_shape=None, eps=1e-5, **_: _layer_norm(x, w, b, eps),
     "_scaled_dot_product_flash_attention_for_cpu": lambda q, k, v, is_causal=False, **_: (
         _sdpa(q, k, v, is_causal), np.zeros(q.shape[:-1])),
     "_to_copy": lambda a, **_: a.copy(),
@@ -99,6 +100,12 @@ OPS = {
     "einsum": lambda *ops, equation=None, **_: np.einsum(equation, *ops),
     "topk": lambda a, k=1, dim=-1, **_: _topk(a, k, dim),
 }
+
+
+def _layer_norm(x, w, b, eps):
+    mu = x.mean(-1, keepdims=True)
+    y = (x - mu) / np.sqrt(x.var(-1, keepdims=True) + eps)
+    return y * (1 if w is None else w) + (0 if b is None else b)
 
 
 def _topk(a, k, dim):
