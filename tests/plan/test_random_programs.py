@@ -41,7 +41,8 @@ def programs(draw):
         shp = b._tensors[cur].shape
         kind = draw(st.sampled_from(["add", "mul", "mm", "sum", "mean", "view", "transpose", "softmax", "silu",
                                      "add_const", "mul_const", "neg", "slice", "cat", "pow", "expand",
-                                     "permute", "amax", "where", "layer_norm"]))
+                                     "permute", "amax", "where", "layer_norm", "cumsum", "topk",
+                                     "index_select"]))
         if kind in ("add", "mul"):
             other = b.param(f"p{i}", shp[draw(st.integers(0, len(shp) - 1)):] if shp else ())
             pins[other] = rand_pin(other, b._tensors[other].shape)
@@ -73,6 +74,14 @@ def programs(draw):
         elif kind == "where" and shp:
             mask = b.op("gt", [cur, 0.0])
             cur = b.op("where", [mask, cur, b.op("neg", [cur])])
+        elif kind == "cumsum" and shp:
+            cur = b.op("cumsum", [cur], dim=draw(st.integers(0, len(shp) - 1)))
+        elif kind == "topk" and shp and shp[-1] > 1:
+            cur = b.op("topk", [cur], n_out=2, k=shp[-1] - 1, dim=len(shp) - 1)[0]
+        elif kind == "index_select" and shp:
+            d = draw(st.integers(0, len(shp) - 1))
+            idx = b.op("arange", [], end=shp[d], start=0)
+            cur = b.op("index_select", [cur, idx], dim=d)
         elif kind == "layer_norm" and shp and shp[-1] > 1:
             w = b.param(f"ln{i}", shp[-1:])
             pins[w] = rand_pin(w, shp[-1:])

@@ -142,7 +142,8 @@ def _options(fm: FactorMap, inputs: list, axis: str) -> list:
             continue
         opts.append(("S", L))
     partial_ops = {_usage(s, axis)[1] for s in inputs if s is not None and _usage(s, axis)[0] == "P"}
-    if fm.linear and len(partial_ops) == 1:
+    # linear ops commute with sums and averages, not with max/min
+    if fm.linear and len(partial_ops) == 1 and next(iter(partial_ops)) in ("sum", "avg"):
         opts.append(("P", partial_ops.pop()))
     return opts
 

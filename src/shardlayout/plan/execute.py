@@ -99,6 +99,9 @@ OPS = {
     "scalar_tensor": lambda s=0.0, **_: np.asarray(float(s)),
     "einsum": lambda *ops, equation=None, **_: np.einsum(equation, *ops),
     "topk": lambda a, k=1, dim=-1, **_: _topk(a, k, dim),
+    "cumsum": lambda a, dim=0, **_: np.cumsum(a, axis=dim),
+    "index_select": lambda a, i, dim=0, **_: np.take(a, np.asarray(i).astype(int), axis=dim),
+    "sort": lambda a, dim=-1, **_: (np.sort(a, axis=dim), np.argsort(a, axis=dim, kind="stable").astype(float)),
 }
 
 
