@@ -42,7 +42,7 @@ def programs(draw):
         kind = draw(st.sampled_from(["add", "mul", "mm", "sum", "mean", "view", "transpose", "softmax", "silu",
                                      "add_const", "mul_const", "neg", "slice", "cat", "pow", "expand",
                                      "permute", "amax", "where", "layer_norm", "cumsum", "topk",
-                                     "index_select"]))
+                                     "index_select", "einsum"]))
         if kind in ("add", "mul"):
             other = b.param(f"p{i}", shp[draw(st.integers(0, len(shp) - 1)):] if shp else ())
             pins[other] = rand_pin(other, b._tensors[other].shape)
@@ -74,6 +74,12 @@ def programs(draw):
         elif kind == "where" and shp:
             mask = b.op("gt", [cur, 0.0])
             cur = b.op("where", [mask, cur, b.op("neg", [cur])])
+        elif kind == "einsum" and len(shp) == 2:
+            eq, other_shape = draw(st.sampled_from([
+                ("ij,jk->ik", (shp[1], 3)), ("ij,ij->i", shp), ("ij,kj->ik", (2, shp[1])), ("ij,i->j", shp[:1])]))
+            other = b.param(f"e{i}", other_shape)
+            pins[other] = rand_pin(other, other_shape)
+            cur = b.op("einsum", [cur, other], equation=eq)
         elif kind == "cumsum" and shp:
             cur = b.op("cumsum", [cur], dim=draw(st.integers(0, len(shp) - 1)))
         elif kind == "topk" and shp and shp[-1] > 1:
