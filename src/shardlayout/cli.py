@@ -14,23 +14,14 @@ import sys
 
 from .errors import ShardingError
 
-LAYOUT_OPS = (
-    "coalesce",
-    "filter",
-    "composition",
-    "complement",
-    "right_inverse",
-    "left_inverse",
-    "logical_divide",
-    "zipped_divide",
-    "tiled_divide",
-    "flat_divide",
-    "logical_product",
-    "zipped_product",
-    "tiled_product",
-    "blocked_product",
-    "raked_product",
-)
+
+def _layout_ops() -> tuple:
+    from .layout.algebra import __all__ as ops
+
+    return tuple(ops)
+
+
+LAYOUT_OPS = _layout_ops()
 
 
 def _parse_operand(text: str):

@@ -9,15 +9,7 @@ from shardlayout import Mesh, Sharding
 from shardlayout.plan import plan
 from shardlayout.program import ProgramBuilder
 
-
-def factorizations(n):
-    out, p = [], 2
-    while n > 1:
-        while n % p == 0:
-            out.append(p)
-            n //= p
-        p += 1
-    return out
+from ..ops.test_view import prime_factors as factorizations
 
 
 @st.composite
