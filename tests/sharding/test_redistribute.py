@@ -102,3 +102,24 @@ def test_random_plans_with_dtensor_programs():
         shape = (rng.randint(1, 13), rng.randint(1, 9))
         pl = lambda: [rng.choice(["R", "S(0)", "S(1)", "SS(0,2)", "SS(0,4)", "P"]) for _ in range(2)]  # noqa: E731
         check_plan(Sharding.from_placements(mesh, shape, pl()), Sharding.from_placements(mesh, shape, pl()))
+
+
+@given(st.data())
+def test_plans_between_sub_axis_strided_uneven_and_placement_shardings(data):
+    from .strategies import shardings
+
+    a = data.draw(shardings())
+    pl = []
+    for _ in range(a.mesh.ndim):
+        k = data.draw(st.integers(0, 9))
+        if k < 3:
+            pl.append("R")
+        elif k < 8:
+            pl.append(f"S({data.draw(st.integers(0, a.ndim - 1))})")
+        elif k < 9:
+            pl.append(f"SS({data.draw(st.integers(0, a.ndim - 1))},2)")
+        else:
+            pl.append("P")
+    b = Sharding.from_placements(a.mesh, a.shape, pl)
+    check_plan(a, b)
+    check_plan(b, a)
