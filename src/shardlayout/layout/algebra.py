@@ -119,14 +119,13 @@ def coalesce(layout, profile=None) -> Layout:
             return hit
         if len(_COALESCED) >= _CACHE:
             _COALESCED.clear()
-        if type(shape) is int:
-            hit = layout if shape != 1 else Layout._make(1, 0)
-        else:
+        if type(shape) is tuple:
             for x in shape:
-                if type(x) is tuple:  # nested: the general path
-                    hit = _coalesce_whole.__wrapped__(layout)
+                if type(x) is tuple:
                     break
-            else:  # flat: _coalesce_lists inlined
+            else:
+                # flat: _coalesce_body inlined — this is the tightest first-call row of
+                # bench_layout.py (a function call is ~5% of it)
                 shapes: list = []
                 strides: list = []
                 for s, d in zip(shape, stride):
@@ -137,15 +136,13 @@ def coalesce(layout, profile=None) -> Layout:
                             shapes.append(s)
                             strides.append(d)
                 n = len(shapes)
-                if n == len(shape) and n > 1:
-                    hit = layout  # nothing to merge or drop: already coalesced (immutable, so shared)
-                elif n > 1:
-                    hit = Layout._make(tuple(shapes), tuple(strides))
-                elif n:
-                    hit = Layout._make(shapes[0], strides[0])
+                if n > 1:
+                    hit = layout if n == len(shape) else Layout._make(tuple(shapes), tuple(strides))
                 else:
-                    hit = Layout._make(1, 0)
-        _COALESCED[key] = hit
+                    hit = Layout._make(shapes[0], strides[0]) if n else Layout._make(1, 0)
+                _COALESCED[key] = hit
+                return hit
+        hit = _COALESCED[key] = _coalesce_body(layout)
         return hit
     if type(layout) is not Layout:
         layout = _layout(layout, "coalesce")
@@ -159,15 +156,15 @@ def _coalesce(L: Layout, profile) -> Layout:
     return _coalesce_whole(L)
 
 
-@lru_cache(maxsize=_CACHE)
-def _coalesce_whole(L: Layout) -> Layout:
-    fs = L.shape
-    if type(fs) is int:
-        return L if fs != 1 else Layout._make(1, 0)
-    # _coalesce_lists inlined: this is the hottest first-call path (bench_layout.py)
+def _coalesce_body(L: Layout) -> Layout:
+    """Coalesce a whole layout; an already coalesced flat layout is returned as is (shared)."""
+    shape = L.shape
+    if type(shape) is int:
+        return L if shape != 1 else Layout._make(1, 0)
+    fs = L.flat_shape
     shapes: list = []
     strides: list = []
-    for s, d in zip(L.flat_shape, L.flat_stride):
+    for s, d in zip(fs, L.flat_stride):
         if s != 1:
             if shapes and shapes[-1] * strides[-1] == d:
                 shapes[-1] *= s
@@ -176,8 +173,11 @@ def _coalesce_whole(L: Layout) -> Layout:
                 strides.append(d)
     n = len(shapes)
     if n > 1:
-        return Layout._make(tuple(shapes), tuple(strides))
+        return L if fs is shape and n == len(shape) else Layout._make(tuple(shapes), tuple(strides))
     return Layout._make(shapes[0], strides[0]) if n else Layout._make(1, 0)
+
+
+_coalesce_whole = lru_cache(maxsize=_CACHE)(_coalesce_body)
 
 
 def filter(layout, profile=None) -> Layout:  # noqa: A001 - CuTe's name

@@ -363,12 +363,11 @@ def _dtensor_expressible(target: Sharding, out: Sharding, out_shape) -> Sharding
 
     try:
         out.to_placements()
-        return None
     except NotRepresentable:
-        pass
-    toks = _tokens(target)
-    sharded = [i for i, t in enumerate(toks) if not (t.kind == "f" and t.factors[0].local)]
-    return _gather_token(target, toks[sharded[-1]], 1)
+        toks = _tokens(target)
+        sharded = [i for i, t in enumerate(toks) if not (t.kind == "f" and t.factors[0].local)]
+        return _gather_token(target, toks[sharded[-1]], 1)
+    return None
 
 
 def _infer_shape(shape: tuple, out_shape) -> tuple:

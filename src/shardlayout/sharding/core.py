@@ -317,15 +317,13 @@ def _check_shape(shape) -> tuple:
 def _as_factors(mesh: Mesh, factors, d: int) -> list:
     out = []
     for f in factors:
-        if type(f) is Factor:
-            pass
-        elif isinstance(f, int) and not isinstance(f, bool):
+        if type(f) is not Factor and isinstance(f, int) and not isinstance(f, bool):
             f = Factor(f)
-        elif isinstance(f, str):
+        elif type(f) is not Factor and isinstance(f, str):
             f = Factor(mesh.axis_size(f), f) if f in mesh.names else parse_factor(f, mesh)
-        elif isinstance(f, tuple) and len(f) in (2, 3):
+        elif type(f) is not Factor and isinstance(f, tuple) and len(f) in (2, 3):
             f = Factor(*f)
-        else:
+        elif type(f) is not Factor:
             raise ShardingSpecError(f"dim {d}: {f!r} is not a factor (an int, an axis name or a Factor)")
         if isinstance(f.size, bool) or not isinstance(f.size, int) or f.size < 1:
             raise ShardingSpecError(f"dim {d}: factor size {f.size!r} is not a positive int")
