@@ -14,24 +14,14 @@ from dataclasses import dataclass, field
 from .errors import UnsupportedOp
 from .sharding import Sharding
 
-# DTensor's default alpha-beta model (torch/distributed/tensor/_collective_utils.py)
-LATENCY_S = 6.6e-6
-HOP_LATENCY_S = 0.6e-6
-BANDWIDTH_BPS = 87.7e9
-
-ITEMSIZE = {  # bytes per element
-    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4,
-    "int16": 2, "int8": 1, "uint8": 1, "bool": 1, "complex64": 8, "complex128": 16,
-}
-
 
 @dataclass(frozen=True)
 class Redistribution:
     """One collective that moves (part of) input ``tensor`` before the op runs.
 
     ``kind`` is all_gather, reduce_scatter, all_reduce or all_to_all; ``axes`` the mesh axes
-    (sub-axes in Shardy notation); ``bytes`` what each device receives; ``seconds`` the
-    alpha-beta estimate."""
+    (sub-axes in Shardy notation); ``bytes`` what the cost model counts; ``seconds`` its
+    alpha-beta estimate (``sharding.redistribute.CostModel``)."""
 
     tensor: int
     kind: str
@@ -81,17 +71,6 @@ class Propagation:
             "notes": list(self.notes),
             "alternatives": [{"axis": a, "option": list(o), "seconds": c} for a, o, c in self.alternatives],
         }
-
-
-def collective_seconds(kind: str, nbytes: int, group: int) -> float:
-    """Alpha-beta estimate of one collective over ``group`` devices (ring).
-
-    ``collective_seconds("all_gather", 0, 4) -> 8.4e-06`` (latency only)
-    """
-    if group <= 1:
-        return 0.0
-    hops = group - 1
-    return LATENCY_S + HOP_LATENCY_S * hops + nbytes / BANDWIDTH_BPS
 
 
 def canonical_op_name(op: str) -> str:

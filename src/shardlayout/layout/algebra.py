@@ -15,7 +15,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from ..errors import LayoutError
-from .core import Layout, _fmt, as_layout, make_layout
+from .core import Layout, as_layout, make_layout
 from .inttuple import ceil_div
 
 __all__ = [
@@ -686,11 +686,6 @@ def raked_product(a, b) -> Layout:
     ``raked_product(Layout((2, 2)), Layout((3, 4)))`` rakes a 2x2 block over 3x4.
     """
     return _zip_product(a, b, "raked_product", False)
-
-
-def describe(layout: Layout) -> str:
-    """Text form; the inverse of ``Layout.parse``. ``describe(Layout((4, 2))) -> '(4,2):(1,4)'``."""
-    return f"{_fmt(layout.shape)}:{_fmt(layout.stride)}"
 
 
 def clear_caches() -> None:

@@ -165,10 +165,6 @@ def from_placements(mesh: Mesh, shape, placements) -> Sharding:
     return Sharding(mesh, shape, dims, partial)
 
 
-def _show(lv, mesh) -> str:
-    return "*".join(_fmt_factor(f, mesh) for f in lv) or "1"
-
-
 def _absorb(levels: list, sf: int, n: int, axis: str):
     """Bind the ``n`` local digits that follow the top ``sf`` local digits to ``axis``.
 
