@@ -16,6 +16,7 @@ pieces with ``run_step`` (each rank uses only its group's pieces).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 
@@ -119,11 +120,18 @@ def _localize(s: Sharding, keep) -> Sharding:
 
 
 def plan_redistribution(src: Sharding, dst: Sharding, cost_model: CostModel | None = None,
-                        dtype: str = "float32") -> list:
+                        dtype: str = "float32") -> tuple:
     """The steps from ``src`` to ``dst`` (same mesh and shape), cheapest kinds first.
 
-    Raises ``ShardingSpecError`` when the two are not shardings of the same tensor.
+    Memoised (shardings and cost models are immutable): an op rule and the whole-program
+    planner asking for the same move share one plan. Raises ``ShardingSpecError`` when the two
+    are not shardings of the same tensor.
     """
+    return _plan_redistribution(src, dst, cost_model or DEFAULT_COST_MODEL, str(dtype))
+
+
+@lru_cache(maxsize=1 << 14)
+def _plan_redistribution(src: Sharding, dst: Sharding, cost_model: CostModel, dtype: str) -> tuple:
     if src.mesh != dst.mesh or src.shape != dst.shape:
         raise ShardingSpecError(
             f"redistribute: {src} (shape {src.shape}, mesh {src.mesh}) and {dst} (shape "
@@ -132,7 +140,7 @@ def plan_redistribution(src: Sharding, dst: Sharding, cost_model: CostModel | No
     cm = cost_model or DEFAULT_COST_MODEL
     itemsize = ITEMSIZE.get(str(dtype).replace("torch.", ""), 4)
     if src == dst:
-        return []
+        return ()
     a_place, b_place = _placed(src), _placed(dst)
     same_dims = {d for d in range(src.ndim) if src.dims[d] == dst.dims[d]}
 
@@ -195,7 +203,7 @@ def plan_redistribution(src: Sharding, dst: Sharding, cost_model: CostModel | No
     # 3. local: slice the target's new pieces, partition onto new partial axes
     if cur != dst:
         steps.append(Step("local", ("slice",), cur, dst, 0, 0.0, 1))
-    return steps
+    return tuple(steps)
 
 
 def _program_keys(s: Sharding) -> set:
