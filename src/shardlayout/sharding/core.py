@@ -19,6 +19,7 @@ import re
 from typing import NamedTuple
 
 from ..errors import ShardingSpecError
+from ..layout.inttuple import ceil_div
 from ..mesh import Mesh
 
 REDUCE_OPS = ("sum", "avg", "max", "min")
@@ -62,11 +63,6 @@ class ChunkProgram(tuple):
 
     def __repr__(self) -> str:
         return f"ChunkProgram({tuple(self)!r})"
-
-
-def ceil_div(a: int, b: int) -> int:
-    """``ceil_div(9, 2) -> 5``."""
-    return -(-a // b)
 
 
 def chain_extent(n: int, sizes) -> int:
