@@ -74,7 +74,7 @@ def test_view_command(capsys):
     assert "no data moves" in out and "[dp*4*tp:(1)2, tp:(2)2*3]" in out
     assert main(argv + ["--no-subaxes", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["communication"] and data["redistributions"][0]["kind"] == "all_gather"
+    assert data["communication"] and data["collectives"][0]["kind"] == "all_gather"
     assert data["output"]["placements"] == ["S(0)", "R"]
     assert main(["view", "--mesh", "x=2", "--shape", "24", "--placements", "SS(0,3)", "--to", "5,5"]) == 2
     assert "keeps the number of elements" in capsys.readouterr().err
@@ -84,11 +84,15 @@ def test_explain_command(capsys):
     assert main(["explain", "mm", "--mesh", "dp=2,tp=4", "--inputs", "[dp*4, tp*4]", "[tp*4, 6]"]) == 0
     out = capsys.readouterr().out
     assert "output 0: [dp*4, 6] +sum(tp)" in out and "collectives: none" in out
-    assert "alternatives considered" in out and "tp: replicate" in out
+    assert "candidates (" in out and "tp: replicate" in out and " *      0.00 µs" in out
+    assert main(["explain", "mm", "--mesh", "dp=2,tp=4", "--inputs", "[dp*4, tp*4]", "[tp*4, 6]", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["cost_seconds"] == 0 and len(data["candidates"]) > 4
+    assert all("collectives" in c and "cost_seconds" in c for c in data["candidates"])
     assert main(["explain", "aten._softmax.default", "--mesh", "dp=2,tp=4", "--inputs", "8,12:S(0),S(1)",
                  "--param", "dim=1", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["communication"] and data["redistributions"][0]["axes"] == ["tp"]
+    assert data["communication"] and data["collectives"][0]["axes_text"] == "tp"
     assert main(["explain", "frobnicate", "--mesh", "x=2", "--inputs", "[x*2]"]) == 2
     assert "no sharding rule" in capsys.readouterr().err
 
@@ -100,7 +104,7 @@ def test_plan_command(capsys, tmp_path):
     assert main(["plan", "--style", "megatron-sp", "--json", "--verify"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["verified"] is True and "plan_seconds" in data
-    assert sorted({(c["kind"], tuple(c["axes"])) for c in data["collectives"]}) == [
+    assert sorted({(c["kind"], (c["axes_text"],)) for c in data["collectives"]}) == [
         ("all_gather", ("tp",)), ("reduce_scatter", ("tp",))]
     assert main(["plan", "--layers", "0"]) == 2
     assert "layers" in capsys.readouterr().err

@@ -9,6 +9,7 @@ from .errors import (
     LayoutError,
     MeshError,
     NotRepresentable,
+    OpError,
     ShardingError,
     ShardingSpecError,
     ShardMismatch,
@@ -16,16 +17,27 @@ from .errors import (
 )
 from .layout import Layout
 from .mesh import Mesh
-from .propagation import Propagation, Redistribution, propagate
+from .ops import register_op
+from .propagation import Propagation, propagate
 from .sharding import Factor, Sharding
+from .sharding.collective import AxisPiece, Collective, CollectiveKind
+from .sharding.cost import CostModel, cost
+from .sharding.move import plan_move
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AxisPiece",
+    "Collective",
+    "CollectiveKind",
+    "CostModel",
     "Factor",
+    "OpError",
     "Propagation",
-    "Redistribution",
+    "cost",
+    "plan_move",
     "propagate",
+    "register_op",
     "Layout",
     "LayoutError",
     "Mesh",

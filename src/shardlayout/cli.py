@@ -190,7 +190,7 @@ def cmd_view(args) -> int:
         "input_target": str(p.input_targets[0]),
         "output": describe(out),
         "communication": p.needs_communication,
-        "redistributions": [r.to_json() for r in p.redistributions],
+        "collectives": [c.to_json(p.cost_model) for c in p.collectives],
         "cost_seconds": p.cost,
     }
     if args.json:
@@ -199,8 +199,9 @@ def cmd_view(args) -> int:
     print(f"view {s} {s.shape} -> {out.shape} on mesh {s.mesh}")
     if p.needs_communication:
         print(f"data moves: the input is first redistributed to {p.input_targets[0]}")
-        for r in p.redistributions:
-            print(f"  {r.kind} on {', '.join(r.axes)}: {r.bytes} bytes per device, ~{r.seconds * 1e6:.1f} µs")
+        for c in p.collectives:
+            print(f"  {c.kind.value} on {c.axes_text()}: {c.bytes} bytes per device, "
+                  f"~{p.cost_model.seconds(c) * 1e6:.1f} µs")
     else:
         print("no data moves: the view only regroups factors")
     print()
@@ -254,25 +255,36 @@ def cmd_explain(args) -> int:
         print(f"  input {i}: {s}{arrow}")
     for i, o in enumerate(p.outputs):
         print(f"  output {i}: {o}")
-    from .ops.families import fmt_option
-
+    cm = p.cost_model
     if p.notes:
         print("strategy (per mesh axis):")
         for n in p.notes:
             print(f"  {n}")
-    if p.alternatives:
-        print("alternatives considered (per mesh axis; the total is their sum):")
-        for axis, opt, cost in p.alternatives:
-            print(f"  {axis}: {fmt_option(opt)} = {cost * 1e6:.2f} µs")
-    if p.redistributions:
+    if p.collectives:
         print("collectives:")
-        for r in p.redistributions:
-            axes = ", ".join(r.axes)
-            print(f"  input {r.tensor}: {r.kind} on {axes}, {r.bytes} bytes, ~{r.seconds * 1e6:.1f} µs")
+        for c in p.collectives:
+            print(f"  {_collective_line(c, cm)}")
     else:
         print("collectives: none")
-    print(f"total estimated cost: {p.cost * 1e6:.1f} µs")
+    print(f"total estimated cost: {p.cost * 1e6:.2f} µs")
+    if p.candidates:
+        ranked = sorted(p.candidates, key=lambda c: c.cost)
+        shown = ranked if args.all else ranked[: args.top]
+        print(f"candidates ({len(p.candidates)} priced by the collectives each would emit; "
+              f"{'all' if len(shown) == len(ranked) else f'cheapest {len(shown)}, --all for every one'}):")
+        for c in shown:
+            chosen = all(t is None or t == pt for t, pt in zip(c.input_targets, p.input_targets)) \
+                and c.outputs == p.outputs[: len(c.outputs)]
+            mark = "*" if chosen else " "
+            print(f" {mark} {c.cost * 1e6:9.2f} µs  {c.describe()}")
+            for x in c.collectives:
+                print(f"               {_collective_line(x, cm)}")
     return 0
+
+
+def _collective_line(c, cm) -> str:
+    return (f"{c.tensor}: {c.kind.value} on {c.axes_text()} (group of {c.group_size}), {c.bytes} bytes, "
+            f"~{cm.seconds(c) * 1e6:.2f} µs")
 
 
 def _load_program(args):
@@ -358,7 +370,7 @@ def print_plan(p, v, args) -> None:
     if p.collectives:
         print(f"{'collective':<16}{'axes':<8}{'bytes':>8}{'µs':>8}  tensor (op)")
         for c in p.collectives:
-            print(f"{c.kind:<16}{','.join(c.axes):<8}{c.bytes:>8}{c.seconds * 1e6:>8.1f}  {c.tensor} ({c.op})")
+            print(f"{c.kind.value:<16}{c.axes_text():<8}{c.bytes:>8}{p.seconds(c) * 1e6:>8.1f}  {c.tensor} ({c.op})")
     else:
         print("no collectives: every op runs on the local pieces as they are")
     counts = ", ".join(f"{n} x {k} on {','.join(a)}" for (k, a), n in sorted(p.counts().items()))
@@ -431,6 +443,8 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--inputs", nargs="+", required=True,
                     help="one per tensor input: '[dp*4, tp*3]' or 'SHAPE:PLACEMENTS' like '8,12:S(0),R'")
     ex.add_argument("--param", action="append", help="op parameter name=value (dim=1, equation=mk,kn->mn)")
+    ex.add_argument("--top", type=int, default=8, help="candidates to list, cheapest first (default 8)")
+    ex.add_argument("--all", action="store_true", help="list every candidate strategy")
     ex.add_argument("--json", action="store_true")
     ex.set_defaults(func=cmd_explain)
     lay = sub.add_parser("layout", help="run one CuTe layout-algebra operation")

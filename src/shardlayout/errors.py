@@ -36,3 +36,11 @@ class ShardMismatch(ShardingError):
 
 class UnsupportedOp(ShardingError):
     """An op with no sharding rule."""
+
+
+class OpError(ShardingSpecError):
+    """A call of an op that does not fit its signature (tensors, params, dims, shapes)."""
+
+
+class SimulationUnsupported(ShardingError):
+    """An op the numpy simulator cannot run (random, undefined or data-dependent values)."""

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from shardlayout import Mesh, Sharding, ShardingError, propagate
-from shardlayout.sharding.redistribute import plan_redistribution, run_plan
+from shardlayout.execute import run_moves
+from shardlayout.sharding.move import plan_move
 
 from .test_strategy import rand_mesh, rand_sharding
 
@@ -18,7 +19,7 @@ def simulate_all(p, arrays, global_fn, local_fn=None):
     local_fn = local_fn or global_fn
     pieces = []
     for s, t, x in zip(p.inputs, p.input_targets, arrays):
-        pieces.append(run_plan(plan_redistribution(s, t), s.shard(x)))
+        pieces.append(run_moves(plan_move(s, t), s.shard(x)))
     mesh = p.outputs[0].mesh
     per_rank = {r: local_fn(*(pc[r] for pc in pieces)) for r in mesh.ranks()}
     wants = global_fn(*arrays)
@@ -159,7 +160,7 @@ def test_grouped_mm():
 def test_creation_and_counting():
     m = Mesh.parse("dp=2,tp=4")
     assert str(propagate("arange", [], mesh=m, end=10).outputs[0]) == "[10]"
-    assert str(propagate("full", [], mesh=m, size=(2, 3)).outputs[0]) == "[2, 3]"
+    assert str(propagate("full", [], mesh=m, size=(2, 3), fill_value=0.0).outputs[0]) == "[2, 3]"
     with pytest.raises(ShardingError, match="pass mesh="):
         propagate("zeros", [], size=(2,))
     h = propagate("histc", [Sharding.parse("[dp*4, tp*3]", m)], bins=5)
@@ -216,11 +217,10 @@ LLAMA_MOE_OPS = [  # torch 2.13 core ATen of a Llama block and a MoE layer, forw
 
 
 def test_every_op_of_an_exported_llama_block_and_moe_layer_has_a_rule():
-    from shardlayout.ops.registry import RULES, load_rules
+    from shardlayout.ops import registered
     from shardlayout.propagation import canonical_op_name
 
-    load_rules()
-    assert [o for o in LLAMA_MOE_OPS if canonical_op_name(o) not in RULES] == []
+    assert [o for o in LLAMA_MOE_OPS if canonical_op_name(o) not in registered()] == []
 
 
 def test_fused_attention_and_slice_backward():

@@ -1,7 +1,8 @@
 """Our chosen cost is never higher than the cost of DTensor's choice, under the same model.
 
 DTensor 2.13's ``propagate_op_sharding_non_cached`` runs in this process over a fake process
-group; its chosen input targets are priced with the same per-axis alpha-beta model ours uses.
+group; its chosen input targets are priced by the collectives ``plan_move`` emits to reach
+them, with DTensor's own formulas (``tests/ops/pricing.py``), as ours are.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 
 from shardlayout import Mesh, Sharding, propagate  # noqa: E402
-from shardlayout.ops.families import pointwise_map, reduction_map  # noqa: E402
-from shardlayout.ops.strategy import DEFAULT_COST_MODEL, FactorMap, _usage, search, transition_seconds  # noqa: E402
+from shardlayout.sharding.move import plan_move  # noqa: E402
+
+from .pricing import price_collectives  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -31,15 +33,7 @@ def dtensor():
 
 
 def price(inputs, targets) -> float:
-    total = 0.0
-    for s, t in zip(inputs, targets):
-        nbytes = 4
-        for n in s.local_shape(0):
-            nbytes *= n
-        for a in s.mesh.names:
-            total += transition_seconds(_usage(s, a), _usage(t, a), a, s.mesh.axis_size(a), nbytes,
-                                        DEFAULT_COST_MODEL)
-    return total
+    return price_collectives([c for s, t in zip(inputs, targets) for c in plan_move(s, t)])
 
 
 def test_never_costlier_than_dtensor(dtensor):
@@ -84,21 +78,9 @@ def test_never_costlier_than_dtensor(dtensor):
         dt_targets = [Sharding.from_placements(mesh, sh, t.placements)
                       for sh, t in zip(shapes, targets_specs)]
         dt_cost = price(ours_in, dt_targets)
-        if op in ("mm", "bmm"):
-            fm = FactorMap(("mk", "kn") if op == "mm" else ("bmk", "bkn"), "mn" if op == "mm" else "bmn",
-                           linear="multi")
-        elif op == "add":
-            fm = pointwise_map("add", ours_in)
-        elif op == "sum":
-            fm = reduction_map("sum", ours_in[0], 1, False)[0]
-        else:
-            fm = FactorMap(("ab",), "ab", whole=frozenset("b"))
-        chosen, _ = search(fm, ours_in)
-        ours_cost = sum(c.cost for c in chosen)
-        assert ours_cost <= dt_cost + 1e-12, (op, shape, pls, ours_cost, dt_cost)
-        # and the result simulates (the other tests check it); propagate agrees with search
         params = {"dim": 1} if op in ("sum", "softmax") else {}
         p = propagate({"softmax": "_softmax"}.get(op, op), ours_in, **params)
-        assert p.outputs
+        assert p.cost == pytest.approx(price(ours_in, p.input_targets), rel=1e-12, abs=1e-15)
+        assert p.cost <= dt_cost * (1 + 1e-9) + 1e-15, (op, shape, pls, p.cost, dt_cost)
         compared += 1
     assert compared == 120

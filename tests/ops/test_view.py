@@ -117,7 +117,7 @@ def test_view_chains_are_exact_on_every_rank(chain, subaxes):
         if not subaxes and _expressible(cur):
             p.outputs[0].to_placements()  # DTensor can say it
         if p.input_targets[0] == cur:
-            assert not p.redistributions
+            assert not p.collectives
         x = apply_global(kind, params, x)
         cur = p.outputs[0]
 
@@ -143,7 +143,7 @@ def test_design_example_needs_sub_axes():
     p = check_view(s, (16, 6))
     assert str(p.outputs[0]) == "[dp*4*tp:(1)2, tp:(2)2*3]" and not p.needs_communication
     p = check_view(s, (16, 6), subaxes=False)
-    assert p.needs_communication and [r.axes for r in p.redistributions] == [("tp",)]
+    assert p.needs_communication and [c.axes_text() for c in p.collectives] == ["tp"]
     assert p.outputs[0].to_placements()
     with options(subaxes=False):
         assert propagate("view", [s], shape=(16, 6)).needs_communication
@@ -156,7 +156,7 @@ def test_dtensor_wrong_numbers_strided_24():
     s = Sharding.from_placements(Mesh.parse("x=2"), (24,), ["SS(0,3)"])
     p = check_view(s, (4, 6))  # DTensor claims SS(1,3) and computes wrong numbers
     assert p.outputs[0].to_placements() == ("R",)  # no exact sharding exists: gather x
-    assert [r.kind for r in p.redistributions] == ["all_gather"]
+    assert [c.kind for c in p.collectives] == ["all_gather"]
 
 
 def test_dtensor_wrong_numbers_chain():

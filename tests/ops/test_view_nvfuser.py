@@ -22,7 +22,7 @@ def test_case5_sharded_non_divisible_reshape():
     # exists (device 0 would hold row 0 and half of row 1): we gather d, and say so.
     s = Sharding.parse("[d*3]", Mesh.parse("d=2"))
     p = run(s, (3, 2))
-    assert p.needs_communication and [r.axes for r in p.redistributions] == [("d",)]
+    assert p.needs_communication and [c.axes_text() for c in p.collectives] == ["d"]
     assert str(p.outputs[0]) == "[3, 2]"
 
 

@@ -1,4 +1,7 @@
-"""Op families as factor maps: pointwise (with broadcasting), matmul/einsum, reductions, softmax.
+"""Op families: pointwise (with broadcasting), matmul/einsum, reductions, softmax, norms,
+cat/split/slice, index ops, scans and sorts, attention, MoE, creation ops. Each op is declared
+once with ``register_op``: its signature, its sharding rule (mostly a factor map searched by
+``strategy``), and its numpy implementation, side by side.
 
     >>> from shardlayout import Mesh, Sharding, propagate
     >>> m = Mesh.parse("dp=2,tp=4")
@@ -9,82 +12,114 @@
 
 from __future__ import annotations
 
-from ..errors import ShardingSpecError
-from ..propagation import Propagation, Redistribution
+import math
+from dataclasses import replace
+
+import numpy as np
+
+from ..errors import OpError
 from ..sharding import Sharding
-from .registry import register
-from .strategy import FactorMap, choose
+from ..sharding.move import communicating, plan_move
+from .registry import register_op
+from .result import Propagation
+from .strategy import FactorMap, factor_map_result, factor_rule
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
-
-def _result(name: str, inputs: tuple, fm: FactorMap, out_shapes=None, cost_model=None, dtype="float32",
-            n_out: int = 1) -> Propagation:
-    st = choose(fm, list(inputs), out_shapes, cost_model, dtype)
-    reds = tuple(
-        Redistribution(i, s.kind, s.axes, s.bytes, s.seconds, f"input {i}")
-        for i, s in st.redistributions
-    )
-    notes = tuple(f"{c.axis}: {fmt_option(c.option)}" for c in st.choices)
-    alts = tuple((c.axis, c.option, c.cost) for c in st.alternatives)
-    targets = tuple(t if t is not None else s for s, t in zip(inputs, st.input_targets))
-    outs = st.outputs * n_out if n_out > 1 else st.outputs
-    return Propagation(name, tuple(inputs), targets, outs, reds, notes, alts)
+_erf = np.vectorize(math.erf)
 
 
-def fmt_option(opt) -> str:
-    """``fmt_option(("S", "k")) -> "shard index 'k'"``."""
-    if opt[0] == "R":
-        return "replicate"
-    if opt[0] == "S":
-        return f"shard index {opt[1]!r}"
-    return f"keep partial({opt[1]})"
-
-
-def _tensors(inputs) -> list:
-    return [s if isinstance(s, Sharding) else None for s in inputs]
+def _moves_to(name, s: Sharding, target: Sharding, tensor_dtype, cost_model) -> tuple:
+    return tuple(c.attributed("input 0") for c in communicating(plan_move(s, target, tensor_dtype)))
 
 
 # ------------------------------------------------------------------------------------------
 # pointwise
 # ------------------------------------------------------------------------------------------
 
-SUM_LINEAR = ("add", "sub", "neg", "clone", "_to_copy", "alias", "contiguous", "detach")
-MULTI_LINEAR = ("mul", "div")
-NONLINEAR = ("rsqrt", "sqrt", "sigmoid", "silu", "relu", "gelu", "exp", "log", "tanh", "pow",
-             "where", "eq", "ne", "le", "lt", "ge", "gt", "logical_and", "logical_or", "logical_not",
-             "abs", "cos", "sin", "reciprocal", "full_like", "zeros_like", "ones_like", "scalar_tensor",
-             "maximum", "minimum", "clamp", "masked_fill", "bitwise_not", "empty_like", "fill",
-             "new_zeros", "new_ones", "new_empty", "new_full", "sign", "erf", "floor", "ceil", "round")
-
-
-def pointwise_map(name: str, inputs: list) -> FactorMap:
+def _pointwise_map(name: str, inputs: list, linear: str | None) -> FactorMap:
     """Broadcasting factor map: inputs aligned on their last dims."""
     tensors = [s for s in inputs if s is not None]
-    if not tensors:
-        raise ShardingSpecError(f"{name}: needs at least one tensor input")
     rank = max(s.ndim for s in tensors)
     out = LETTERS[:rank]
     ins = tuple("" if s is None else out[rank - s.ndim:] for s in inputs)
-    linear = "sum" if name in SUM_LINEAR else "multi" if name in MULTI_LINEAR else None
-    if name == "div":  # only the numerator may be partial
-        linear = "multi" if inputs[0] is not None else None
-    if name in ("sub",):
-        linear = "sum"
     if linear == "sum" and any(s is None for s in inputs):
         linear = None  # partial + a constant would add the constant once per rank
+    if linear == "first" and inputs[0] is None:
+        linear = None
     return FactorMap(ins, out, linear=linear)
 
 
-@register(*SUM_LINEAR, *MULTI_LINEAR, *NONLINEAR)
-def pointwise_rule(name, inputs, cost_model=None, dtype="float32", **_):
-    """Pointwise ops: every dim may be sharded as the inputs are; linear ops keep partials."""
-    ins = _tensors(inputs)
-    fm = pointwise_map(name, ins)
-    if name == "div" and ins[1] is not None and any(a for a, _ in ins[1].partial):
-        fm = FactorMap(fm.inputs, fm.output, linear=None)
-    return _result(name, tuple(ins), fm, None, cost_model, dtype)
+def pointwise_map(name: str, inputs: list) -> FactorMap:
+    """The factor map of a registered pointwise op on ``inputs`` (None for constants)."""
+    return _pointwise_map(name, inputs, _LINEARITY.get(name))
 
+
+_LINEARITY: dict = {}
+
+
+def _check_pointwise(name, inputs, params):
+    if not any(isinstance(s, Sharding) for s in inputs):
+        raise OpError(f"op {name}: needs at least one tensor input (got only constants {list(inputs)})")
+
+
+def pointwise(name: str, signature: str, fn, linear: str | None = None, aliases=()) -> None:
+    """Declare a pointwise op: every dim may be sharded as the inputs are; ``linear`` says how
+    partial inputs pass (``"sum"``, ``"multi"``, ``"first"``)."""
+    for n in (name, *aliases):
+        _LINEARITY[n] = linear
+    rule = factor_rule(lambda nm, ins, params: _pointwise_map(nm, ins, _LINEARITY.get(nm)))
+    register_op(name, signature, rule, fn, check=_check_pointwise, aliases=aliases)
+
+
+def _f(x):
+    return np.asarray(x, dtype=float)
+
+
+_UNARY = {
+    "rsqrt": lambda a: 1 / np.sqrt(a), "sqrt": np.sqrt, "exp": np.exp, "log": np.log, "abs": np.abs,
+    "sigmoid": lambda a: 1 / (1 + np.exp(-a)), "silu": lambda a: a / (1 + np.exp(-a)),
+    "relu": lambda a: np.maximum(a, 0), "tanh": np.tanh, "cos": np.cos, "sin": np.sin, "erf": _erf,
+    "reciprocal": lambda a: 1 / a, "sign": np.sign, "floor": np.floor, "ceil": np.ceil,
+    "logical_not": lambda a: (a == 0).astype(float), "bitwise_not": lambda a: (a == 0).astype(float),
+}
+for _n, _fn in _UNARY.items():
+    pointwise(_n, "x", (lambda g: lambda a: g(_f(a)))(_fn))
+pointwise("neg", "x", lambda a: -_f(a), linear="sum")
+pointwise("detach", "x", lambda a: a, linear="sum")
+pointwise("_to_copy", "x ; dtype: dtype? = None, layout: ignored = None, device: ignored = None, "
+          "pin_memory: ignored = None, non_blocking: ignored = False, memory_format: ignored = None",
+          lambda a, **_: np.array(a, dtype=float), linear="sum")
+pointwise("gelu", "x ; approximate: str = 'none'",
+          lambda a, approximate="none": a * 0.5 * (1 + _erf(_f(a) / np.sqrt(2))) if approximate == "none"
+          else 0.5 * a * (1 + np.tanh(np.sqrt(2 / np.pi) * (a + 0.044715 * a ** 3))))
+pointwise("round", "x ; decimals: int = 0", lambda a, decimals=0: np.round(a, decimals))
+pointwise("add", "x|scalar, y|scalar ; alpha: scalar = 1", lambda a, b, alpha=1: _f(a) + alpha * _f(b), linear="sum")
+pointwise("sub", "x|scalar, y|scalar ; alpha: scalar = 1", lambda a, b, alpha=1: _f(a) - alpha * _f(b), linear="sum")
+pointwise("mul", "x|scalar, y|scalar", lambda a, b: _f(a) * _f(b), linear="multi")
+pointwise("div", "x|scalar, y|scalar ; rounding_mode: str? = None",
+          lambda a, b, rounding_mode=None: {None: np.divide, "floor": np.floor_divide,
+                                            "trunc": lambda u, v: np.trunc(u / v)}[rounding_mode](_f(a), _f(b)),
+          linear="first")
+pointwise("pow", "x|scalar, exponent|scalar", lambda a, b: _f(a) ** _f(b))
+for _n, _fn in {"eq": np.equal, "ne": np.not_equal, "le": np.less_equal, "lt": np.less,
+                "ge": np.greater_equal, "gt": np.greater}.items():
+    pointwise(_n, "x|scalar, y|scalar", (lambda g: lambda a, b: g(a, b).astype(float))(_fn))
+pointwise("logical_and", "x, y", lambda a, b: ((a != 0) & (b != 0)).astype(float))
+pointwise("logical_or", "x, y", lambda a, b: ((a != 0) | (b != 0)).astype(float))
+pointwise("maximum", "x, y", lambda a, b: np.maximum(a, b))
+pointwise("minimum", "x, y", lambda a, b: np.minimum(a, b))
+pointwise("clamp", "x ; min: scalar? = None, max: scalar? = None", lambda a, min=None, max=None: np.clip(a, min, max))
+pointwise("where", "cond, x|scalar, y|scalar", lambda c, a, b: np.where(np.asarray(c) != 0, a, b))
+pointwise("masked_fill", "x, mask, value|scalar", lambda a, m, v: np.where(np.asarray(m) != 0, v, a))
+pointwise("fill", "x, value|scalar", lambda a, v: np.full(np.shape(a), float(v)))
+_LIKE = ("dtype: dtype? = None, layout: ignored = None, device: ignored = None, pin_memory: ignored = None, "
+         "memory_format: ignored = None")
+pointwise("full_like", "x ; fill_value: scalar, " + _LIKE, lambda a, fill_value, **_: np.full(np.shape(a),
+                                                                                            float(fill_value)))
+pointwise("zeros_like", "x ; " + _LIKE, lambda a, **_: np.zeros(np.shape(a)))
+pointwise("ones_like", "x ; " + _LIKE, lambda a, **_: np.ones(np.shape(a)))
+pointwise("empty_like", "x ; " + _LIKE, lambda a, **_: np.zeros(np.shape(a)))
 
 # ------------------------------------------------------------------------------------------
 # matmul family and einsum
@@ -93,86 +128,100 @@ def pointwise_rule(name, inputs, cost_model=None, dtype="float32", **_):
 
 def parse_einsum(equation: str, n: int) -> FactorMap:
     """``parse_einsum("mk,kn->mn", 2)``; contracted indices reduce with sum."""
-    eq = equation.replace(" ", "")
+    eq = str(equation).replace(" ", "")
     if "->" not in eq or "." in eq:
-        raise ShardingSpecError(f"einsum: {equation!r} needs an explicit '->' output and no '...'")
+        raise OpError(f"einsum: {equation!r} needs an explicit '->' output and no '...'")
     lhs, out = eq.split("->")
     ins = tuple(lhs.split(","))
     if len(ins) != n:
-        raise ShardingSpecError(f"einsum: {equation!r} names {len(ins)} operands, {n} given")
+        raise OpError(f"einsum: {equation!r} names {len(ins)} operands, {n} given")
+    for term in ins + (out,):
+        if not term.isalpha() or len(set(term)) != len(term):
+            raise OpError(f"einsum: {equation!r}: term {term!r} must be distinct letters (no repeats, no '...')")
+    missing = set(out) - set("".join(ins))
+    if missing:
+        raise OpError(f"einsum: {equation!r}: output letters {sorted(missing)} appear in no operand")
     return FactorMap(ins, out, linear="multi")
 
 
-@register("mm")
-def mm_rule(name, inputs, cost_model=None, dtype="float32", **_):
-    fm = FactorMap(("mk", "kn"), "mn", linear="multi")
-    return _result(name, tuple(inputs), fm, None, cost_model, dtype)
+def _check_ranks(name, inputs, params, want):
+    for k, (x, r) in enumerate(zip(inputs, want)):
+        if isinstance(x, Sharding) and r is not None and x.ndim not in ((r,) if isinstance(r, int) else r):
+            raise OpError(f"op {name}: input {k} has {x.ndim} dims (shape {x.shape}); expects {r}")
 
 
-@register("bmm")
-def bmm_rule(name, inputs, cost_model=None, dtype="float32", **_):
-    return _result(name, tuple(inputs), FactorMap(("bmk", "bkn"), "bmn", linear="multi"), None, cost_model,
-                   dtype)
+def _check_einsum(name, inputs, params):
+    fm = parse_einsum(params["equation"], len(inputs))
+    for k, (x, t) in enumerate(zip(inputs, fm.inputs)):
+        if x.ndim != len(t):
+            raise OpError(f"einsum: operand {k} has {x.ndim} dims (shape {x.shape}), term {t!r} names {len(t)}")
 
 
-@register("einsum")
-def einsum_rule(name, inputs, equation=None, cost_model=None, dtype="float32", **_):
-    return _result(name, tuple(inputs), parse_einsum(equation, len(inputs)), None, cost_model, dtype)
+register_op("mm", "a, b ; out_dtype: dtype? = None", factor_rule(lambda n, i, p: FactorMap(("mk", "kn"), "mn",
+                                                                                             linear="multi")),
+            lambda a, b, **_: a @ b, check=lambda n, i, p: _check_ranks(n, i, p, (2, 2)))
+register_op("bmm", "a, b ; out_dtype: dtype? = None",
+            factor_rule(lambda n, i, p: FactorMap(("bmk", "bkn"), "bmn", linear="multi")),
+            lambda a, b, **_: a @ b, check=lambda n, i, p: _check_ranks(n, i, p, (3, 3)))
+register_op("einsum", "*operands ; equation: str, path: any = None",
+            factor_rule(lambda n, i, p: parse_einsum(p["equation"], len(i))),
+            lambda *xs, equation, path=None: np.einsum(equation, *xs), check=_check_einsum)
 
 
-@register("matmul")
-def matmul_rule(name, inputs, cost_model=None, dtype="float32", **_):
+def _matmul_map(name, inputs, params) -> FactorMap:
     a, b = inputs
     if a.ndim == 1 or b.ndim == 1:
         la = "k" if a.ndim == 1 else LETTERS[: a.ndim - 2] + "mk"
         lb = "k" if b.ndim == 1 else LETTERS[: b.ndim - 2] + "kn"
         out = (la[:-1] if a.ndim > 1 else "") + ("n" if b.ndim > 1 else "")
         out = (LETTERS[: b.ndim - 2] if a.ndim == 1 and b.ndim > 2 else "") + out if a.ndim == 1 else out
-        return _result(name, tuple(inputs), FactorMap((la, lb), out, linear="multi"), None, cost_model, dtype)
+        return FactorMap((la, lb), out, linear="multi")
     batch = max(a.ndim, b.ndim) - 2
     bl = LETTERS[:batch]
-    la = bl[batch - (a.ndim - 2):] + "mk"
-    lb = bl[batch - (b.ndim - 2):] + "kn"
-    return _result(name, tuple(inputs), FactorMap((la, lb), bl + "mn", linear="multi"), None, cost_model,
-                   dtype)
+    return FactorMap((bl[batch - (a.ndim - 2):] + "mk", bl[batch - (b.ndim - 2):] + "kn"), bl + "mn",
+                     linear="multi")
 
 
-@register("linear")
-def linear_rule(name, inputs, cost_model=None, dtype="float32", **_):
-    """``linear(x, w, b=None)``: ``...k, nk (, n) -> ...n``."""
-    x = inputs[0]
-    bias = inputs[2] if len(inputs) > 2 else None
+register_op("matmul", "a, b", factor_rule(_matmul_map), lambda a, b: np.matmul(a, b),
+            check=lambda n, i, p: _check_ranks(n, i, p, (range(1, 9), range(1, 9))))
+
+
+def _linear_map(name, inputs, params) -> FactorMap:
+    """``linear(x, w, b=None)``: ``...k, nk (, n) -> ...n``. With a bias, a partial product plus
+    a replicated bias would add the bias n times: k stays whole."""
+    x, bias = inputs[0], inputs[2] if len(inputs) > 2 else None
     lead = LETTERS[: x.ndim - 1]
-    ins = (lead + "k", "nk") + (("n",) if bias is not None else ())
-    # with a bias, a partial product plus a replicated bias would add the bias n times: k stays whole
-    fm = FactorMap(ins, lead + "n", linear="multi" if bias is None else None,
-                   whole=frozenset("k" if bias is not None else ""))
-    return _result(name, tuple(inputs[: len(ins)]), fm, None, cost_model, dtype)
+    ins = (lead + "k", "nk") + (("n",) if len(inputs) > 2 else ())
+    return FactorMap(ins, lead + "n", linear="multi" if bias is None else None,
+                     whole=frozenset("k" if bias is not None else ""))
 
 
-@register("addmm")
-def addmm_rule(name, inputs, cost_model=None, dtype="float32", **_):
-    """``addmm(bias, a, b)``: ``bias + a @ b``; bias broadcast over rows."""
+register_op("linear", "x, w, bias?", factor_rule(_linear_map),
+            lambda x, w, b=None: x @ w.T + (0 if b is None else b),
+            check=lambda n, i, p: _check_ranks(n, i, p, (range(1, 9), 2, 1)))
+
+
+def _addmm_map(name, inputs, params) -> FactorMap:
+    """``addmm(bias, a, b)``: ``bias + a @ b``; bias + partial(a @ b) would add the bias once
+    per rank, so the contraction stays whole."""
     bias = inputs[0]
-    lb = "mn"[2 - bias.ndim:]
-    # bias + partial(a @ b) would add the bias once per rank: the contraction stays whole
-    fm = FactorMap((lb, "mk", "kn"), "mn", linear=None, whole=frozenset("k"))
-    return _result(name, tuple(inputs), fm, None, cost_model, dtype)
+    return FactorMap(("mn"[2 - bias.ndim:], "mk", "kn"), "mn", linear=None, whole=frozenset("k"))
 
+
+register_op("addmm", "bias, a, b ; beta: scalar = 1, alpha: scalar = 1, out_dtype: dtype? = None",
+            factor_rule(_addmm_map), lambda c, a, b, beta=1, alpha=1, **_: beta * c + alpha * (a @ b),
+            check=lambda n, i, p: _check_ranks(n, i, p, ((1, 2), 2, 2)))
 
 # ------------------------------------------------------------------------------------------
 # reductions and softmax
 # ------------------------------------------------------------------------------------------
 
-REDUCE_OP = {"sum": "sum", "mean": "avg", "amax": "max", "max": "max", "amin": "min", "min": "min",
-             "any": "max", "all": "min"}
+REDUCE_OP = {"sum": "sum", "mean": "avg", "amax": "max", "amin": "min", "any": "max", "all": "min"}
 
 
 def reduction_map(name: str, s: Sharding, dim, keepdim: bool) -> tuple:
-    if dim is None or dim == [] or dim == ():
-        dims = list(range(s.ndim))
-    else:
-        dims = [d % s.ndim for d in ([dim] if isinstance(dim, int) else dim)]
+    """``(FactorMap, out_shape)`` of a reduction over ``dim`` (a dim, dims, or None: all)."""
+    dims = list(range(s.ndim)) if dim is None or dim == () else ([dim] if isinstance(dim, int) else list(dim))
     ins = LETTERS[: s.ndim]
     out, shape = "", []
     for d in range(s.ndim):
@@ -187,205 +236,384 @@ def reduction_map(name: str, s: Sharding, dim, keepdim: bool) -> tuple:
     whole = frozenset()
     if name != "sum":
         # the average of unequal chunks' means is not the mean, and max/min/any/all of an empty
-        # chunk has no value (torch raises): shard a reduced dim only where every assignment of
-        # the mesh cuts it evenly
+        # chunk has no value: shard a reduced dim only where every mesh assignment cuts it evenly
         whole = frozenset(ins[d] for d in dims if s.shape[d] % s.mesh.size)
     return FactorMap((ins,), out, reduce=REDUCE_OP[name], whole=whole, linear=linear), tuple(shape)
 
 
-@register("sum", "mean", "amax", "amin", "any", "all")
-def reduction_rule(name, inputs, dim=None, keepdim=False, cost_model=None, dtype="float32", **_):
-    """Reductions over ``dim``: a sharded reduced dim gives a partial output (sum, avg, max, min)."""
-    s = inputs[0]
-    fm, shape = reduction_map(name, s, dim, keepdim)
-    return _result(name, (s,), fm, [shape], cost_model, dtype)
+def _reduction(name, inputs, params):
+    fm, shape = reduction_map(name, inputs[0], params.get("dim"), params.get("keepdim", False))
+    return fm, [shape]
 
 
-@register("_softmax", "softmax", "_log_softmax", "log_softmax")
-def softmax_rule(name, inputs, dim=-1, cost_model=None, dtype="float32", **_):
+def _np_reduce(fn):
+    def run(x, dim=None, keepdim=False, **_):
+        axis = None if dim is None or dim == () else (dim if isinstance(dim, int) else tuple(dim))
+        return np.asarray(fn(x, axis=axis, keepdims=keepdim), dtype=float)
+
+    return run
+
+
+for _n, _fn in {"sum": np.sum, "mean": np.mean, "amax": np.max, "amin": np.min,
+                "any": lambda a, **k: np.any(a != 0, **k), "all": lambda a, **k: np.all(a != 0, **k)}.items():
+    register_op(_n, "x ; dim: dims? = None, keepdim: bool = False, dtype: dtype? = None",
+                factor_rule(_reduction), _np_reduce(_fn))
+
+
+def _softmax_map(name, inputs, params) -> FactorMap:
     """Softmax needs whole rows along ``dim``: that dim is never sharded (gathered if it is)."""
-    s = inputs[0]
-    letters = LETTERS[: s.ndim]
-    fm = FactorMap((letters,), letters, whole=frozenset(letters[dim % s.ndim]))
-    return _result(name, (s,), fm, None, cost_model, dtype)
+    letters = LETTERS[: inputs[0].ndim]
+    return FactorMap((letters,), letters, whole=frozenset(letters[params["dim"]]))
 
+
+def _np_softmax(x, dim=-1, **_):
+    e = np.exp(x - x.max(axis=dim, keepdims=True))
+    return e / e.sum(axis=dim, keepdims=True)
+
+
+def _np_log_softmax(x, dim=-1, **_):
+    m = x.max(axis=dim, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(axis=dim, keepdims=True))
+
+
+register_op("_softmax", "x ; dim: dim, half_to_float: bool = False", factor_rule(_softmax_map), _np_softmax)
+register_op("softmax", "x ; dim: dim = -1, dtype: dtype? = None", factor_rule(_softmax_map), _np_softmax)
+register_op("_log_softmax", "x ; dim: dim, half_to_float: bool = False", factor_rule(_softmax_map), _np_log_softmax)
+register_op("log_softmax", "x ; dim: dim = -1, dtype: dtype? = None", factor_rule(_softmax_map), _np_log_softmax)
+
+
+def _softmax_backward_map(name, inputs, params) -> FactorMap:
+    """``(grad_output, output, dim)``: the softmax dim is whole in both."""
+    lx = LETTERS[: inputs[0].ndim]
+    return FactorMap((lx, lx), lx, whole=frozenset(lx[params["dim"]]))
+
+
+register_op("_softmax_backward_data", "grad, y ; dim: dim, input_dtype: dtype? = None",
+            factor_rule(_softmax_backward_map),
+            lambda g, y, dim, **_: y * (g - (g * y).sum(axis=dim, keepdims=True)))
+register_op("_log_softmax_backward_data", "grad, y ; dim: dim, input_dtype: dtype? = None",
+            factor_rule(_softmax_backward_map),
+            lambda g, y, dim, **_: g - np.exp(y) * g.sum(axis=dim, keepdims=True))
 
 # ------------------------------------------------------------------------------------------
 # data-dependent output sizes
 # ------------------------------------------------------------------------------------------
 
 
-@register("nonzero", "masked_select", "unique", "_unique2", "argwhere")
-def data_dependent_rule(name, inputs, out_shape=None, cost_model=None, dtype="float32", **_):
+def data_dependent_rule(name, inputs, out_shape=None, cost_model=None, tensor_dtype="float32", out_pins=(), **_):
     """Ops whose output size depends on the data: every rank needs the whole input, and the
     output (replicated) has the shape the caller names with ``out_shape=``."""
     s = inputs[0]
     if out_shape is None:
-        raise ShardingSpecError(
+        raise OpError(
             f"{name}: its output size depends on the values of the input, which sharding "
             f"propagation does not see; pass out_shape=(...) (e.g. the bound torch.export "
             f"records) to plan it — the input {s} is then gathered and the output replicated"
         )
     target = Sharding(s.mesh, s.shape)
-    from .view import gathers
-
     return Propagation(name, (s,), (target,), (Sharding(s.mesh, tuple(out_shape)),),
-                       gathers(s, target, 0, dtype), (f"{name}: data-dependent output size",))
+                       _moves_to(name, s, target, tensor_dtype, cost_model), (f"{name}: data-dependent output size",))
 
+
+for _n in ("nonzero", "masked_select", "unique", "_unique2", "argwhere"):
+    register_op(_n, "x, mask? ; out_shape: ints? = None, sorted: bool = True, return_inverse: bool = False, "
+                "return_counts: bool = False", data_dependent_rule,
+                not_simulated="its output size depends on the data")
 
 # ------------------------------------------------------------------------------------------
 # ops that need a dim whole: norms, cat/split/slice/select, index ops, scans, sort, attention
 # ------------------------------------------------------------------------------------------
 
 
-def _norm_dims(s: Sharding, dims) -> list:
-    if dims is None:
-        return []
-    if isinstance(dims, int):
-        dims = [dims]
-    return [d % s.ndim for d in dims]
-
-
-def _whole(name, inputs, letters_in, letters_out, whole, out_shapes=None, cost_model=None, dtype="float32",
-           n_out=1, linear=None, reduce="sum"):
+def _whole(name, inputs, letters_in, letters_out, whole, out_shapes=None, cost_model=None, tensor_dtype="float32",
+           out_pins=(), n_out=1, linear=None, reduce="sum"):
     fm = FactorMap(tuple(letters_in), letters_out, reduce=reduce, whole=frozenset(whole), linear=linear)
-    return _result(name, tuple(inputs), fm, out_shapes, cost_model, dtype, n_out)
+    return factor_map_result(name, tuple(inputs), fm, out_shapes, cost_model, tensor_dtype, out_pins, n_out)
 
 
-@register("layer_norm", "native_layer_norm", "rms_norm", "_fused_rms_norm")
-def norm_rule(name, inputs, normalized_shape=None, cost_model=None, dtype="float32", **_):
-    """``(x, normalized_shape, weight=None, bias=None)``: the normalized (last) dims stay whole;
+def _check_normalized(name, inputs, params):
+    x = inputs[0]
+    ns = tuple(params["normalized_shape"])
+    if not ns or x.shape[x.ndim - len(ns):] != ns:
+        raise OpError(f"op {name}: normalized_shape {list(ns)} must be the last dims of the input {x.shape}")
+    for k, w in enumerate(inputs[1:], 1):
+        if isinstance(w, Sharding) and w.shape != ns[len(ns) - w.ndim:]:
+            raise OpError(f"op {name}: weight/bias {k} has shape {w.shape}; expects {ns}")
+
+
+def norm_rule(name, inputs, normalized_shape=None, cost_model=None, tensor_dtype="float32", out_pins=(), **_):
+    """``(x, weight=None, bias=None; normalized_shape)``: the normalized (last) dims stay whole;
     weight and bias cover them. native_layer_norm also returns mean and rstd (keepdim)."""
     x = inputs[0]
-    k = len(normalized_shape) if normalized_shape is not None else 1
+    k = len(normalized_shape)
     lx = LETTERS[: x.ndim]
     norm = lx[x.ndim - k:]
     params = [s for s in inputs[1:] if isinstance(s, Sharding)]
     ins = [lx] + [norm[len(norm) - p.ndim:] for p in params]
-    out = _whole(name, [x] + params, ins, lx, norm, None, cost_model, dtype)
+    out = _whole(name, [x] + params, ins, lx, norm, None, cost_model, tensor_dtype, out_pins[:1])
     if name != "native_layer_norm":
         return out
     stat_shape = x.shape[: x.ndim - k] + (1,) * k
-    stats = Sharding(x.mesh, stat_shape, [list(f) for f in out.outputs[0].dims[: x.ndim - k]] + [[]] * k)
-    return Propagation(name, out.inputs, out.input_targets, (out.outputs[0], stats, stats),
-                       out.redistributions, out.notes, out.alternatives)
+    stats = Sharding(x.mesh, stat_shape, list(out.outputs[0].dims[: x.ndim - k]) + [[]] * k)
+    return replace(out, outputs=(out.outputs[0], stats, stats))
 
 
-@register("cat", "concat", "concatenate")
-def cat_rule(name, inputs, dim=0, cost_model=None, dtype="float32", **_):
+def _np_layer_norm(x, w=None, b=None, normalized_shape=(), eps=1e-5, **_):
+    axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
+    mu = x.mean(axes, keepdims=True)
+    r = 1 / np.sqrt(x.var(axes, keepdims=True) + eps)
+    return (x - mu) * r * (1 if w is None else w) + (0 if b is None else b), mu, r
+
+
+def _np_rms_norm(x, w=None, normalized_shape=(), eps=None, **_):
+    axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
+    y = x / np.sqrt((x * x).mean(axes, keepdims=True) + (eps if eps is not None else 1e-6))
+    return y * (1 if w is None else w)
+
+
+register_op("layer_norm", "x, weight?, bias? ; normalized_shape: ints, eps: float = 1e-5, cudnn_enable: ignored = True",
+            norm_rule, lambda *a, **k: _np_layer_norm(*a, **k)[0], check=_check_normalized)
+register_op("native_layer_norm", "x, weight?, bias? ; normalized_shape: ints, eps: float = 1e-5", norm_rule,
+            _np_layer_norm, check=_check_normalized)
+register_op("rms_norm", "x, weight? ; normalized_shape: ints, eps: float? = None", norm_rule, _np_rms_norm,
+            check=_check_normalized, aliases=("_fused_rms_norm",))
+
+
+def _np_layer_norm_backward(g, x, mean=None, rstd=None, w=None, b=None, normalized_shape=(), eps=1e-5, **_):
+    axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
+    mu = x.mean(axes, keepdims=True)
+    r = 1 / np.sqrt(x.var(axes, keepdims=True) + eps)
+    xh = (x - mu) * r
+    n = int(np.prod([x.shape[a] for a in axes]))
+    gw = g * (1 if w is None else w)
+    gi = r / n * (n * gw - gw.sum(axes, keepdims=True) - xh * (gw * xh).sum(axes, keepdims=True))
+    lead = tuple(range(x.ndim - len(normalized_shape)))
+    return gi, (g * xh).sum(axis=lead), g.sum(axis=lead)
+
+
+def layer_norm_backward_rule(name, inputs, normalized_shape=None, cost_model=None, tensor_dtype="float32",
+                             out_pins=(), **_):
+    """``(grad_out, input, mean, rstd, weight, bias)`` -> (grad_input, grad_weight, grad_bias):
+    normalized dims whole; grad_weight/bias sum over the other dims, so sharding those gives
+    partial(sum) parameter gradients."""
+    g, x = inputs[0], inputs[1]
+    k = len(normalized_shape)
+    lx = LETTERS[: x.ndim]
+    base = _whole(name, [g, x], [lx, lx], lx, lx[x.ndim - k:], None, cost_model, tensor_dtype, out_pins[:1])
+    gi = base.outputs[0]
+    reduce_axes = [(f.axis, "sum") for fs in gi.dims[: x.ndim - k] for f in fs if f.axis] + list(gi.partial)
+    order = {n: i for i, n in enumerate(x.mesh.names)}
+    pshape = x.shape[x.ndim - k:]
+    gw = Sharding(x.mesh, pshape, [[] for _ in pshape], sorted(set(reduce_axes), key=lambda p: order[p[0]]))
+    return replace(base, inputs=tuple(inputs), input_targets=base.input_targets + tuple(inputs[2:]),
+                   outputs=(gi, gw, gw))
+
+
+register_op("native_layer_norm_backward",
+            "grad, x, mean?, rstd?, weight?, bias? ; normalized_shape: ints, output_mask: any = None, eps: float = 1e-5",
+            layer_norm_backward_rule, _np_layer_norm_backward)
+
+
+def _cat_rule(name, inputs, dim=0, cost_model=None, tensor_dtype="float32", out_pins=(), **_):
     """The cat dim is gathered (whole) in every input; other dims shard freely."""
-    ins = [s for s in inputs if isinstance(s, Sharding)]
-    ref = ins[0]
-    d = dim % ref.ndim
+    ref = inputs[0]
     lx = LETTERS[: ref.ndim]
-    letters = [lx[:d] + f"{LETTERS[20 + i].upper()}" + lx[d + 1:] for i in range(len(ins))]
-    out_letters = lx[:d] + "Z" + lx[d + 1:]
+    letters = [lx[:dim] + f"{LETTERS[20 + i % 6].upper()}" + lx[dim + 1:] for i in range(len(inputs))]
     shape = list(ref.shape)
-    shape[d] = sum(s.shape[d] for s in ins)
-    whole = {l[d] for l in letters} | {"Z"}
-    return _whole(name, ins, letters, out_letters, whole, [tuple(shape)], cost_model, dtype)
+    shape[dim] = sum(s.shape[dim] for s in inputs)
+    whole = {lt[dim] for lt in letters} | {"Z"}
+    return _whole(name, inputs, letters, lx[:dim] + "Z" + lx[dim + 1:], whole, [tuple(shape)], cost_model,
+                  tensor_dtype, out_pins)
 
 
-@register("split_with_sizes", "split", "chunk", "unbind")
-def split_rule(name, inputs, split_sizes=None, split_size=None, chunks=None, dim=0, cost_model=None,
-               dtype="float32", **_):
-    """The split dim is whole; one output per piece, other dims as the input."""
-    s = inputs[0]
-    d = dim % s.ndim
-    n = s.shape[d]
+def _check_cat(name, inputs, params):
+    ref, d = inputs[0], params["dim"]
+    for k, s in enumerate(inputs[1:], 1):
+        if s.ndim != ref.ndim or any(a != b for i, (a, b) in enumerate(zip(s.shape, ref.shape)) if i != d):
+            raise OpError(f"op {name}: input {k} has shape {s.shape}, input 0 has {ref.shape}; all dims but the "
+                          f"cat dim {d} must match")
+
+
+register_op("cat", "*xs ; dim: dim = 0", _cat_rule, lambda *xs, dim=0: np.concatenate(xs, axis=dim),
+            check=_check_cat, aliases=("concat", "concatenate"))
+
+
+def split_sizes_of(name: str, n: int, params: dict) -> list:
+    """The piece sizes of a split of a dim of ``n`` (split_with_sizes / split / chunk / unbind)."""
     if name == "unbind":
-        sizes = [1] * n
-    elif split_sizes is not None:
-        sizes = list(split_sizes)
-    elif chunks is not None:
-        c = -(-n // chunks)
+        return [1] * n
+    if params.get("split_sizes") is not None:
+        sizes = list(params["split_sizes"])
+    elif name == "chunk":
+        c = -(-n // params["chunks"])
         sizes = [min(c, n - i) for i in range(0, n, c)]
     else:
-        step = split_size or n
-        sizes = [min(step, n - i) for i in range(0, n, step)]
-    if sum(sizes) != n:
-        raise ShardingSpecError(f"{name}: sizes {sizes} do not add up to dim {d} of size {n}")
+        step = params["split_size"]
+        sizes = [min(step, n - i) for i in range(0, n, step)] if n else [0]
+    if sum(sizes) != n or any(k < 0 for k in sizes):
+        raise OpError(f"op {name}: sizes {sizes} do not add up to dim {params['dim']} of size {n}; make them")
+    return sizes
+
+
+def _split_rule(name, inputs, dim=0, cost_model=None, tensor_dtype="float32", out_pins=(), **params):
+    """The split dim is whole; one output per piece, other dims as the input."""
+    s = inputs[0]
+    sizes = split_sizes_of(name, s.shape[dim], {**params, "dim": dim})
     lx = LETTERS[: s.ndim]
-    outs = []
-    base = _whole(name, [s], [lx], lx, {lx[d]}, None, cost_model, dtype)
+    base = _whole(name, [s], [lx], lx, {lx[dim]}, None, cost_model, tensor_dtype)
     o = base.outputs[0]
+    outs = []
     for k in sizes:
         if name == "unbind":
-            dims = list(o.dims[:d]) + list(o.dims[d + 1:])
-            outs.append(Sharding(s.mesh, s.shape[:d] + s.shape[d + 1:], dims, o.partial))
+            outs.append(Sharding(s.mesh, s.shape[:dim] + s.shape[dim + 1:], list(o.dims[:dim]) + list(o.dims[dim + 1:]),
+                                 o.partial))
         else:
-            shape = s.shape[:d] + (k,) + s.shape[d + 1:]
-            outs.append(Sharding(s.mesh, shape, list(o.dims[:d]) + [[]] + list(o.dims[d + 1:]), o.partial))
-    return Propagation(name, base.inputs, base.input_targets, tuple(outs), base.redistributions, base.notes,
-                       base.alternatives)
+            outs.append(Sharding(s.mesh, s.shape[:dim] + (k,) + s.shape[dim + 1:],
+                                 list(o.dims[:dim]) + [[]] + list(o.dims[dim + 1:]), o.partial))
+    return replace(base, outputs=tuple(outs))
 
 
-@register("slice", "narrow", "select", "cumsum", "cumprod", "flip", "roll")
-def along_dim_rule(name, inputs, dim=0, start=None, end=None, step=1, length=None, index=None,
-                   cost_model=None, dtype="float32", **_):
+def _np_split(a, dim=0, **params):
+    name = "chunk" if params.get("chunks") else "split"
+    sizes = split_sizes_of(name, a.shape[dim], {**params, "dim": dim})
+    return tuple(np.split(a, np.cumsum(sizes)[:-1], axis=dim))
+
+
+register_op("split_with_sizes", "x ; split_sizes: ints, dim: dim = 0", _split_rule, _np_split)
+register_op("split", "x ; split_size: int[1..], dim: dim = 0", _split_rule, _np_split)
+register_op("chunk", "x ; chunks: int[1..], dim: dim = 0", _split_rule, _np_split)
+register_op("unbind", "x ; dim: dim = 0", _split_rule, lambda a, dim=0: tuple(np.moveaxis(a, dim, 0)))
+
+
+def slice_bounds(n: int, start, end, step) -> tuple:
+    """``(start, end, size)`` of ``x[start:end:step]`` on a dim of ``n`` (torch's clamping)."""
+    a = 0 if start is None else (start + n if start < 0 else start)
+    b = n if end is None else (end + n if end < 0 else end)
+    a, b = max(0, min(a, n)), max(0, min(b, n))
+    return a, b, max(0, -(-(b - a) // step))
+
+
+def _along_dim_rule(name, inputs, dim=0, start=None, end=None, step=1, length=None, cost_model=None,
+                    tensor_dtype="float32", out_pins=(), **_):
     """Ops reading a whole dim (slice/narrow/select/scans): that dim is gathered, others free."""
     s = inputs[0]
-    d = dim % s.ndim if isinstance(dim, int) else dim[0] % s.ndim
+    d = dim if isinstance(dim, int) else dim[0]
     lx = LETTERS[: s.ndim]
-    n = s.shape[d]
     if name in ("slice", "narrow"):
-        a = 0 if start is None else (start + n if start < 0 else start)
         if name == "narrow":
-            b = a + length
-        else:
-            b = n if end is None else min(n, end + n if end < 0 else end)
-        size = max(0, -(-(b - a) // (step or 1)))
+            start, end, step = start, start + length, 1
+        size = slice_bounds(s.shape[d], start, end, step)[2]
         shape = s.shape[:d] + (size,) + s.shape[d + 1:]
-        out = lx[:d] + "Z" + lx[d + 1:]
-        return _whole(name, [s], [lx], out, {lx[d], "Z"}, [shape], cost_model, dtype)
+        return _whole(name, [s], [lx], lx[:d] + "Z" + lx[d + 1:], {lx[d], "Z"}, [shape], cost_model, tensor_dtype,
+                      out_pins)
     if name == "select":
-        shape = s.shape[:d] + s.shape[d + 1:]
-        return _whole(name, [s], [lx], lx[:d] + lx[d + 1:], {lx[d]}, [shape], cost_model, dtype)
+        return _whole(name, [s], [lx], lx[:d] + lx[d + 1:], {lx[d]}, [s.shape[:d] + s.shape[d + 1:]], cost_model,
+                      tensor_dtype, out_pins)
+    dims = [dim] if isinstance(dim, int) else list(dim)
     linear = "sum" if name in ("cumsum", "flip", "roll") else None
-    return _whole(name, [s], [lx], lx, {lx[d]}, None, cost_model, dtype, linear=linear)
+    return _whole(name, [s], [lx], lx, {lx[k] for k in dims}, None, cost_model, tensor_dtype, out_pins,
+                  linear=linear)
 
 
-@register("sort", "argsort", "topk")
-def sort_rule(name, inputs, dim=-1, k=None, cost_model=None, dtype="float32", **_):
+def _np_slice(x, dim=0, start=None, end=None, step=1):
+    idx = [slice(None)] * x.ndim
+    idx[dim] = slice(start, end, step)
+    return x[tuple(idx)]
+
+
+def _check_index(name, inputs, params):
+    n = inputs[0].shape[params["dim"]]
+    if name == "select" and not -n <= params["index"] < n:
+        raise OpError(f"op select: index {params['index']} is out of range for dim {params['dim']} of size {n}")
+    if name == "narrow" and not (0 <= (params["start"] % n if n else 0) and params["start"] + params["length"] <= n
+                                 and params["start"] >= -n):
+        raise OpError(f"op narrow: start {params['start']} + length {params['length']} exceeds dim "
+                      f"{params['dim']} of size {n}")
+
+
+register_op("slice", "x ; dim: dim = 0, start: int? = None, end: int? = None, step: int[1..] = 1", _along_dim_rule,
+            _np_slice)
+register_op("narrow", "x ; dim: dim, start: int, length: int[0..]", _along_dim_rule,
+            lambda a, dim, start, length: _np_slice(a, dim, start, start + length), check=_check_index)
+register_op("select", "x ; dim: dim, index: int", _along_dim_rule, lambda a, dim, index: np.take(a, index, axis=dim),
+            check=_check_index)
+register_op("cumsum", "x ; dim: dim, dtype: dtype? = None", _along_dim_rule,
+            lambda a, dim, **_: np.cumsum(a, axis=dim))
+register_op("cumprod", "x ; dim: dim, dtype: dtype? = None", _along_dim_rule,
+            lambda a, dim, **_: np.cumprod(a, axis=dim))
+
+
+def _flip_roll_rule(name, inputs, dims=(), cost_model=None, tensor_dtype="float32", out_pins=(), **_):
+    """flip/roll read their ``dims`` whole (roll without dims: every dim)."""
+    dims = (dims,) if isinstance(dims, int) else tuple(dims)
+    return _along_dim_rule(name, inputs, dim=dims or tuple(range(inputs[0].ndim)), cost_model=cost_model,
+                           tensor_dtype=tensor_dtype, out_pins=out_pins)
+
+
+register_op("flip", "x ; dims: dims", _flip_roll_rule, lambda a, dims: np.flip(a, axis=tuple(dims)))
+register_op("roll", "x ; shifts: ints, dims: dims = ()", _flip_roll_rule,
+            lambda a, shifts, dims=(): np.roll(a, shifts, axis=tuple(dims) or None))
+
+
+def _sort_rule(name, inputs, dim=-1, k=None, cost_model=None, tensor_dtype="float32", out_pins=(), **_):
     """Sorting needs the whole dim; topk's output dim has size k. sort/topk return (values, indices)."""
     s = inputs[0]
-    d = dim % s.ndim
     lx = LETTERS[: s.ndim]
-    shape = s.shape if name != "topk" else s.shape[:d] + (k,) + s.shape[d + 1:]
-    n_out = 1 if name == "argsort" else 2
-    return _whole(name, [s], [lx], lx, {lx[d]}, [shape], cost_model, dtype, n_out=n_out)
+    shape = s.shape if name != "topk" else s.shape[:dim] + (k,) + s.shape[dim + 1:]
+    return _whole(name, [s], [lx], lx, {lx[dim]}, [shape], cost_model, tensor_dtype, out_pins,
+                  n_out=1 if name == "argsort" else 2)
 
 
-@register("index_select", "gather", "scatter", "scatter_add", "index_add", "embedding")
-def index_rule(name, inputs, dim=0, cost_model=None, dtype="float32", **_):
+def _np_topk(a, k, dim=-1, largest=True, sorted=True):
+    order = np.argsort(a, axis=dim, kind="stable")
+    idx = np.take(np.flip(order, axis=dim) if largest else order, range(k), axis=dim)
+    return np.take_along_axis(a, idx, dim), idx.astype(float)
+
+
+def _np_sort(a, dim=-1, descending=False, stable=None):
+    idx = np.argsort(-a if descending else a, axis=dim, kind="stable")
+    return np.take_along_axis(a, idx, dim), idx.astype(float)
+
+
+def _check_topk(name, inputs, params):
+    n = inputs[0].shape[params["dim"]]
+    if not 0 <= params["k"] <= n:
+        raise OpError(f"op topk: k = {params['k']} is out of range for dim {params['dim']} of size {n}; "
+                      f"give 0 <= k <= {n}")
+
+
+register_op("sort", "x ; dim: dim = -1, descending: bool = False, stable: bool? = None", _sort_rule, _np_sort)
+register_op("argsort", "x ; dim: dim = -1, descending: bool = False, stable: bool? = None", _sort_rule,
+            lambda a, dim=-1, descending=False, stable=None: _np_sort(a, dim, descending)[1])
+register_op("topk", "x ; k: int[0..], dim: dim = -1, largest: bool = True, sorted: bool = True", _sort_rule,
+            _np_topk, check=_check_topk)
+
+
+def _index_rule(name, inputs, dim=0, cost_model=None, tensor_dtype="float32", out_pins=(), **_):
     """Indexed dims are whole in the indexed tensor; the index tensor's dims shard freely.
 
     embedding(weight, indices): vocab rows whole, the embedding dim free (tp on hidden).
     """
+    args = (cost_model, tensor_dtype, out_pins)
     if name == "embedding":
         w, idx = inputs[0], inputs[1]
         li = LETTERS[: idx.ndim]
-        return _whole(name, [w, idx], ["VD", li], li + "D", {"V"}, [idx.shape + (w.shape[1],)], cost_model,
-                      dtype)
+        return _whole(name, [w, idx], ["VD", li], li + "D", {"V"}, [idx.shape + (w.shape[1],)], *args)
     s = inputs[0]
-    d = dim % s.ndim
     lx = LETTERS[: s.ndim]
+    d = dim
     if name == "index_select":
         idx = inputs[1]
-        out = lx[:d] + "Z" + lx[d + 1:]
         shape = s.shape[:d] + (idx.shape[0],) + s.shape[d + 1:]
-        return _whole(name, [s, idx], [lx, "Z"], out, {lx[d]}, [shape], cost_model, dtype)
+        return _whole(name, [s, idx], [lx, "Z"], lx[:d] + "Z" + lx[d + 1:], {lx[d]}, [shape], *args)
     if name == "gather":
         idx = inputs[1]
-        # out[i][j] = x[i][idx[i][j]] (dim=1): the gathered dim of x is whole; idx's follow out
-        lidx = lx[:d] + "Z" + lx[d + 1:]
-        return _whole(name, [s, idx], [lx, lidx], lidx, {lx[d]}, [idx.shape], cost_model, dtype)
-    # scatter / scatter_add (self, dim, index, src): index and src line up with self on the
-    # other dims where their sizes agree (those shard together); the scatter dim is whole
+        lidx = lx[:d] + "Z" + lx[d + 1:]  # out[i][j] = x[i][idx[i][j]] (dim=1): idx's dims follow out
+        return _whole(name, [s, idx], [lx, lidx], lidx, {lx[d]}, [idx.shape], *args)
     others = [x for x in inputs[1:] if isinstance(x, Sharding)]
     if name in ("scatter", "scatter_add") and all(o.ndim == s.ndim for o in others):
-        letters = [lx]
-        whole = {lx[d]}
+        # index and src line up with self on the other dims where their sizes agree
+        letters, whole = [lx], {lx[d]}
         for _ in others:
             lo = ""
             for k in range(s.ndim):
@@ -396,162 +624,302 @@ def index_rule(name, inputs, dim=0, cost_model=None, dtype="float32", **_):
                     lo += ch
                     whole.add(ch)
             letters.append(lo)
-        return _whole(name, [s] + others, letters, lx, whole, None, cost_model, dtype)
+        return _whole(name, [s] + others, letters, lx, whole, None, *args)
     if name == "index_add" and len(others) == 2 and others[0].ndim == 1 and others[1].ndim == s.ndim:
-        # src lines up with self on the other dims; the added-into dim and the index stay whole
-        lsrc = lx[:d] + "Z" + lx[d + 1:]
-        return _whole(name, [s] + others, [lx, "Z", lsrc], lx, {lx[d], "Z"}, None, cost_model, dtype)
-    # anything else: only self's other dims shard
+        lsrc = lx[:d] + "Z" + lx[d + 1:]  # src lines up with self on the other dims
+        return _whole(name, [s] + others, [lx, "Z", lsrc], lx, {lx[d], "Z"}, None, *args)
     letters = [lx] + [LETTERS[: o.ndim].upper() for o in others]
     whole = set(lx[d]) | {ch for lt in letters[1:] for ch in lt}
-    return _whole(name, [s] + others, letters, lx, whole, None, cost_model, dtype)
+    return _whole(name, [s] + others, letters, lx, whole, None, *args)
 
 
-@register("one_hot")
-def one_hot_rule(name, inputs, num_classes=None, cost_model=None, dtype="float32", **_):
+def _np_scatter(a, i, src=None, dim=0, add=False, value=None, reduce=None):
+    out = np.array(a, dtype=float)
+    i = np.asarray(i).astype(int)
+    where = tuple(i if k == dim else np.indices(i.shape)[k] for k in range(a.ndim))
+    vals = value if src is None else np.asarray(src)[tuple(slice(0, n) for n in i.shape)]
+    if add:
+        np.add.at(out, where, vals)
+    else:
+        out[where] = vals
+    return out
+
+
+def _np_index_add(a, i, src, dim=0, alpha=1):
+    out = np.moveaxis(np.array(a, dtype=float), dim, 0)
+    np.add.at(out, np.asarray(i).astype(int), alpha * np.moveaxis(src, dim, 0))
+    return np.moveaxis(out, 0, dim)
+
+
+register_op("index_select", "x, index ; dim: dim", _index_rule,
+            lambda a, i, dim: np.take(a, np.asarray(i).astype(int), axis=dim))
+register_op("gather", "x, index ; dim: dim, sparse_grad: bool = False", _index_rule,
+            lambda a, i, dim, sparse_grad=False: np.take_along_axis(a, np.asarray(i).astype(int), dim))
+register_op("scatter", "x, index, src? ; dim: dim, value: scalar? = None, reduce: str? = None", _index_rule,
+            lambda a, i, src=None, dim=0, value=None, reduce=None: _np_scatter(a, i, src, dim, False, value))
+register_op("scatter_add", "x, index, src ; dim: dim", _index_rule,
+            lambda a, i, src, dim: _np_scatter(a, i, src, dim, True))
+register_op("index_add", "x, index, source ; dim: dim, alpha: scalar = 1", _index_rule, _np_index_add)
+register_op("embedding", "weight, indices ; padding_idx: int = -1, scale_grad_by_freq: bool = False, "
+            "sparse: bool = False", _index_rule, lambda w, i, **_: w[np.asarray(i).astype(int)],
+            check=lambda n, i, p: _check_ranks(n, i, p, (2, None)))
+
+
+def _one_hot_rule(name, inputs, num_classes=None, cost_model=None, tensor_dtype="float32", out_pins=(), **_):
     s = inputs[0]
     if num_classes is None or num_classes < 1:
-        raise ShardingSpecError("one_hot: give num_classes= (the class count is data-dependent otherwise)")
+        raise OpError("one_hot: give num_classes >= 1 (the class count is data-dependent otherwise)")
     lx = LETTERS[: s.ndim]
-    return _whole(name, [s], [lx], lx + "Z", {"Z"}, [s.shape + (num_classes,)], cost_model, dtype)
+    return _whole(name, [s], [lx], lx + "Z", {"Z"}, [s.shape + (num_classes,)], cost_model, tensor_dtype, out_pins)
 
 
-@register("histc", "bincount")
-def histc_rule(name, inputs, bins=100, cost_model=None, dtype="float32", **_):
+register_op("one_hot", "x ; num_classes: int = -1", _one_hot_rule,
+            lambda a, num_classes: np.eye(num_classes)[np.asarray(a).astype(int)])
+
+
+def _histc_rule(name, inputs, bins=100, cost_model=None, tensor_dtype="float32", out_pins=(), **_):
     """Counting is linear: a sharded input gives a partial(sum) histogram."""
     s = inputs[0]
     lx = LETTERS[: s.ndim]
-    return _whole(name, [s], [lx], "Z", {"Z"}, [(bins,)], cost_model, dtype)
+    return _whole(name, [s], [lx], "Z", {"Z"}, [(bins,)], cost_model, tensor_dtype, out_pins)
 
 
-@register("scaled_dot_product_attention", "_scaled_dot_product_flash_attention",
-          "_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention_for_cpu")
-def sdpa_rule(name, inputs, is_causal=False, cost_model=None, dtype="float32", **_):
+def _np_histc(a, bins=100, min=0, max=0):
+    lo, hi = (min, max) if max > min else (float(np.min(a)), float(np.max(a)))
+    return np.histogram(a, bins=bins, range=(lo, hi))[0].astype(float)
+
+
+register_op("histc", "x ; bins: int[1..] = 100, min: scalar = 0, max: scalar = 0", _histc_rule, _np_histc)
+register_op("bincount", "x, weights? ; minlength: int[0..] = 0, bins: int[1..] = 100", _histc_rule,
+            not_simulated="its output size depends on the data")
+
+# ------------------------------------------------------------------------------------------
+# attention
+# ------------------------------------------------------------------------------------------
+
+
+def _sdpa_rule(name, inputs, is_causal=False, cost_model=None, tensor_dtype="float32", out_pins=(), **_):
     """q [b,h,s,d], k [b,h,t,d], v [b,h,t,e] -> [b,h,s,e]. Batch and heads shard freely; the
     query sequence shards exactly (each rank attends its queries to all keys) unless causal
     (the local mask would use local positions); keys/values sequence and d stay whole."""
     q, k, v = inputs[0], inputs[1], inputs[2]
     whole = {"t", "d"} | ({"s"} if is_causal else set())
     out_shape = q.shape[:-1] + (v.shape[-1],)
-    p = _whole(name, [q, k, v], ["bhsd", "bhtd", "bhte"], "bhse", whole, [out_shape], cost_model, dtype)
+    p = _whole(name, [q, k, v], ["bhsd", "bhtd", "bhte"], "bhse", whole, [out_shape], cost_model, tensor_dtype,
+               out_pins[:1])
     if name == "scaled_dot_product_attention":
         return p
     o = p.outputs[0]  # the fused kernels also return the log-sum-exp [b, h, s]
     lse = Sharding(o.mesh, o.shape[:-1], list(o.dims[:-1]), o.partial)
-    return Propagation(name, p.inputs, p.input_targets, (o, lse), p.redistributions, p.notes, p.alternatives)
+    return replace(p, outputs=(o, lse))
 
 
-@register("_scaled_dot_product_flash_attention_for_cpu_backward",
-          "_scaled_dot_product_flash_attention_backward", "_scaled_dot_product_efficient_attention_backward")
-def sdpa_backward_rule(name, inputs, cost_model=None, dtype="float32", **_):
+def _np_sdpa(q, k, v, is_causal=False, scale=None, **_):
+    s = q @ np.swapaxes(k, -1, -2) * (scale if scale is not None else 1 / np.sqrt(q.shape[-1]))
+    if is_causal:
+        s = s + np.triu(np.full(s.shape[-2:], -np.inf), 1)
+    e = np.exp(s - s.max(-1, keepdims=True))
+    return (e / e.sum(-1, keepdims=True)) @ v
+
+
+def _check_sdpa(name, inputs, params):
+    _check_ranks(name, inputs, params, (4, 4, 4))
+    q, k, v = inputs[:3]
+    if q.shape[:2] != k.shape[:2] or k.shape[:3] != v.shape[:3] or q.shape[3] != k.shape[3]:
+        raise OpError(f"op {name}: q {q.shape}, k {k.shape}, v {v.shape} do not fit [b,h,s,d], [b,h,t,d], [b,h,t,e]")
+    if params.get("dropout_p"):
+        raise OpError(f"op {name}: dropout_p = {params['dropout_p']} makes values random; plan with dropout_p=0")
+
+
+_SDPA = "q, k, v ; dropout_p: float = 0.0, is_causal: bool = False, scale: float? = None"
+register_op("scaled_dot_product_attention", "q, k, v, attn_mask? ; dropout_p: float = 0.0, is_causal: bool = False, "
+            "scale: float? = None, enable_gqa: bool = False", _sdpa_rule, _np_sdpa, check=_check_sdpa)
+register_op("_scaled_dot_product_flash_attention_for_cpu", "q, k, v, attn_mask? ; dropout_p: float = 0.0, "
+            "is_causal: bool = False, scale: float? = None", _sdpa_rule,
+            lambda q, k, v, attn_mask=None, **kw: (_np_sdpa(q, k, v, **kw), np.zeros(q.shape[:-1])), check=_check_sdpa)
+register_op("_scaled_dot_product_flash_attention", _SDPA + ", return_debug_mask: bool = False", _sdpa_rule,
+            lambda q, k, v, **kw: (_np_sdpa(q, k, v, **kw), np.zeros(q.shape[:-1])), check=_check_sdpa)
+register_op("_scaled_dot_product_efficient_attention", "q, k, v, attn_bias? ; compute_log_sumexp: bool = False, "
+            "dropout_p: float = 0.0, is_causal: bool = False, scale: float? = None", _sdpa_rule,
+            lambda q, k, v, attn_bias=None, **kw: (_np_sdpa(q, k, v, **kw), np.zeros(q.shape[:-1])),
+            check=_check_sdpa)
+
+
+def _sdpa_backward_rule(name, inputs, cost_model=None, tensor_dtype="float32", out_pins=(), **_):
     """``(grad_out, q, k, v, out, logsumexp, ...)`` -> (grad_q, grad_k, grad_v): batch and heads
-    shard freely; sequences and head dims stay whole (sharded queries would make grad_k and
-    grad_v partial sums, which the planner does not pick yet)."""
+    shard freely; sequences and head dims stay whole."""
     g, q, k, v, out, lse = inputs[:6]
     letters = ["bhse", "bhsd", "bhtd", "bhte", "bhse", "bhs"]
     p = _whole(name, [g, q, k, v, out, lse], letters, "bhsd", {"s", "t", "d", "e"}, [q.shape], cost_model,
-               dtype)
+               tensor_dtype)
     gq = p.outputs[0]
-    bh = [list(fs) for fs in gq.dims[:2]]
+    bh = list(gq.dims[:2])
     gk = Sharding(gq.mesh, k.shape, bh + [[], []], gq.partial)
     gv = Sharding(gq.mesh, v.shape, bh + [[], []], gq.partial)
-    return Propagation(name, p.inputs, p.input_targets, (gq, gk, gv), p.redistributions, p.notes,
-                       p.alternatives)
+    return replace(p, inputs=tuple(inputs), input_targets=p.input_targets + tuple(inputs[6:]), outputs=(gq, gk, gv))
 
 
-@register("slice_backward")
-def slice_backward_rule(name, inputs, input_sizes=None, dim=0, cost_model=None, dtype="float32", **_):
+_SDPA_BW = ("; dropout_p: float = 0.0, is_causal: bool = False, scale: float? = None, max_q: any = None, "
+            "max_k: any = None, grad_input_mask: any = None")
+_FUSED_BW = "fused attention backward kernels are simulated through the decomposed graph torch.export produces"
+register_op("_scaled_dot_product_flash_attention_for_cpu_backward",
+            "grad, q, k, v, out, lse, attn_mask? " + _SDPA_BW, _sdpa_backward_rule, not_simulated=_FUSED_BW)
+register_op("_scaled_dot_product_flash_attention_backward",
+            "grad, q, k, v, out, lse, cum_seq_q?, cum_seq_k?, philox_seed?, philox_offset? " + _SDPA_BW,
+            _sdpa_backward_rule, not_simulated=_FUSED_BW)
+register_op("_scaled_dot_product_efficient_attention_backward",
+            "grad, q, k, v, attn_bias?, out?, lse?, philox_seed?, philox_offset? " + _SDPA_BW,
+            _sdpa_backward_rule, not_simulated=_FUSED_BW)
+
+
+def _slice_backward_rule(name, inputs, input_sizes=None, dim=0, cost_model=None, tensor_dtype="float32",
+                         out_pins=(), **_):
     """Scatter a slice's gradient into zeros of ``input_sizes``: that dim whole, others free."""
     g = inputs[0]
-    d = dim % g.ndim
     lx = LETTERS[: g.ndim]
-    out = lx[:d] + "Z" + lx[d + 1:]
-    return _whole(name, [g], [lx], out, {lx[d], "Z"}, [tuple(input_sizes)], cost_model, dtype, linear="sum")
+    return _whole(name, [g], [lx], lx[:dim] + "Z" + lx[dim + 1:], {lx[dim], "Z"}, [tuple(input_sizes)], cost_model,
+                  tensor_dtype, out_pins, linear="sum")
 
 
-@register("_assert_tensor_metadata", "_assert_async", "_assert_scalar", "sym_constrain_range_for_size")
-def assert_rule(name, inputs, **_):
+def _np_slice_backward(g, input_sizes, dim=0, start=None, end=None, step=1):
+    out = np.zeros(tuple(input_sizes))
+    idx = [slice(None)] * out.ndim
+    idx[dim] = slice(start, end, step)
+    out[tuple(idx)] = g
+    return out
+
+
+register_op("slice_backward", "grad ; input_sizes: ints, dim: dim, start: int, end: int, step: int[1..] = 1",
+            _slice_backward_rule, _np_slice_backward)
+
+
+def _assert_rule(name, inputs, cost_model=None, tensor_dtype="float32", out_pins=(), **_):
     """Runtime checks: no data, no outputs, no communication."""
     ins = tuple(s for s in inputs if isinstance(s, Sharding))
     return Propagation(name, ins, ins, ())
 
 
-@register("_grouped_mm")
-def grouped_mm_rule(name, inputs, cost_model=None, dtype="float32", **_):
+register_op("_assert_tensor_metadata", "x? ; size: any = None, stride: any = None, dtype: any = None, "
+            "device: any = None, layout: any = None", _assert_rule, lambda *a, **k: ())
+register_op("_assert_async", "x? ; assert_msg: any = None", _assert_rule, lambda *a, **k: ())
+register_op("_assert_scalar", "x? ; self: any = None, assert_msg: any = None, mesh: mesh? = None", _assert_rule,
+            lambda *a, **k: ())
+register_op("sym_constrain_range_for_size", "x? ; size: any = None, min: any = None, max: any = None, "
+            "mesh: mesh? = None", _assert_rule, lambda *a, **k: ())
+
+# ------------------------------------------------------------------------------------------
+# MoE
+# ------------------------------------------------------------------------------------------
+
+
+def _grouped_mm_rule(name, inputs, cost_model=None, tensor_dtype="float32", out_pins=(), **_):
     """MoE experts: a [tokens, k] @ b [groups, k, n] with offs [groups] (token ranges per group).
-    k contracts (partial sum), n shards freely; tokens and groups stay whole (dispatching tokens
-    to sharded experts is an all-to-all the planner adds at the layer level)."""
+    k contracts (partial sum), n shards freely; tokens and groups stay whole."""
     a, b = inputs[0], inputs[1]
     offs = inputs[2] if len(inputs) > 2 and isinstance(inputs[2], Sharding) else None
     ins = [a, b] + ([offs] if offs is not None else [])
     letters = ["tk", "gkn"] + (["g"] if offs is not None else [])
-    return _whole(name, ins, letters, "tn", {"t", "g"}, [(a.shape[0], b.shape[2])], cost_model, dtype,
-                  linear="multi")
+    return _whole(name, ins, letters, "tn", {"t", "g"}, [(a.shape[0], b.shape[2])], cost_model, tensor_dtype,
+                  out_pins, linear="multi")
 
+
+def _np_grouped_mm(a, b, offs=None, **_):
+    out = np.zeros((a.shape[0], b.shape[2]))
+    start = 0
+    for g, end in enumerate(np.asarray(offs).astype(int)):
+        out[start:end] = a[start:end] @ b[g]
+        start = end
+    return out
+
+
+register_op("_grouped_mm", "a, b, offs?, bias? ; out_dtype: dtype? = None", _grouped_mm_rule, _np_grouped_mm,
+            check=lambda n, i, p: _check_ranks(n, i, p, (2, 3, 1, None)))
 
 # ------------------------------------------------------------------------------------------
-# creation ops: no tensor inputs; replicated unless a consumer says otherwise (issue 6)
+# creation ops: no tensor inputs; replicated unless a consumer says otherwise
 # ------------------------------------------------------------------------------------------
 
 
-@register("arange", "full", "zeros", "ones", "empty", "scalar_tensor", "rand", "randn")
-def creation_rule(name, inputs, mesh=None, size=None, shape=None, end=None, start=0, step=1, **_):
+def _creation_rule(name, inputs, mesh=None, size=None, end=None, start=0, step=1, cost_model=None,
+                   tensor_dtype="float32", out_pins=(), **_):
     """Creation ops make a replicated tensor on ``mesh=``; the whole-program pass shards them
     from their consumers."""
     if mesh is None:
-        raise ShardingSpecError(f"{name}: a creation op has no input to take the mesh from; pass mesh=")
+        raise OpError(f"op {name}: a creation op has no input to take the mesh from; pass mesh=")
     if name == "arange":
-        n = max(0, -(-((end if end is not None else 0) - start) // step))
-        out_shape = (n,)
+        if step == 0:
+            raise OpError("op arange: step must not be 0")
+        out_shape = (max(0, math.ceil(((end if end is not None else 0) - start) / step)),)
     elif name == "scalar_tensor":
         out_shape = ()
     else:
-        out_shape = tuple(size if size is not None else shape or ())
+        out_shape = tuple(size)
+    if any(n < 1 for n in out_shape):
+        raise OpError(f"op {name}: output shape {out_shape} has an empty dim; shapes need sizes >= 1")
     return Propagation(name, (), (), (Sharding(mesh, out_shape),))
 
 
-@register("_softmax_backward_data", "_log_softmax_backward_data")
-def softmax_backward_rule(name, inputs, dim=-1, cost_model=None, dtype="float32", **_):
-    """``(grad_output, output, dim)``: the softmax dim is whole in both."""
-    g = inputs[0]
-    lx = LETTERS[: g.ndim]
-    return _whole(name, inputs[:2], [lx, lx], lx, {lx[dim % g.ndim]}, None, cost_model, dtype)
+_CREATE = "dtype: dtype? = None, layout: ignored = None, device: ignored = None, pin_memory: ignored = None"
+register_op("arange", "; end: scalar, start: scalar = 0, step: scalar = 1, mesh: mesh? = None, " + _CREATE,
+            _creation_rule, lambda end, start=0, step=1, **_: np.arange(start, end, step, dtype=float))
+register_op("full", "; size: ints, fill_value: scalar, mesh: mesh? = None, " + _CREATE, _creation_rule,
+            lambda size, fill_value, **_: np.full(tuple(size), float(fill_value)))
+register_op("zeros", "; size: ints, mesh: mesh? = None, " + _CREATE, _creation_rule,
+            lambda size, **_: np.zeros(tuple(size)))
+register_op("ones", "; size: ints, mesh: mesh? = None, " + _CREATE, _creation_rule,
+            lambda size, **_: np.ones(tuple(size)))
+register_op("scalar_tensor", "; s: scalar, mesh: mesh? = None, " + _CREATE, _creation_rule,
+            lambda s, **_: np.asarray(float(s)))
+for _n in ("empty", "rand", "randn"):
+    register_op(_n, "; size: ints, mesh: mesh? = None, memory_format: ignored = None, generator: ignored = None, "
+                + _CREATE, _creation_rule, not_simulated="its values are random or undefined")
 
 
-@register("native_layer_norm_backward")
-def layer_norm_backward_rule(name, inputs, normalized_shape=None, cost_model=None, dtype="float32", **_):
-    """``(grad_out, input, normalized_shape, mean, rstd, weight, bias)`` -> (grad_input,
-    grad_weight, grad_bias): normalized dims whole; grad_weight/bias sum over the other dims,
-    so sharding those gives partial(sum) parameter gradients."""
-    g, x = inputs[0], inputs[1]
-    k = len(normalized_shape) if normalized_shape is not None else 1
-    lx = LETTERS[: x.ndim]
-    norm = lx[x.ndim - k:]
-    base = _whole(name, [g, x], [lx, lx], lx, norm, None, cost_model, dtype)
-    gi = base.outputs[0]
-    reduce_axes = [(f.axis, "sum") for fs in gi.dims[: x.ndim - k] for f in fs if f.axis]
-    reduce_axes += list(gi.partial)
-    order = {n: i for i, n in enumerate(x.mesh.names)}
-    pshape = x.shape[x.ndim - k:]
-    gw = Sharding(x.mesh, pshape, [[] for _ in pshape], sorted(set(reduce_axes), key=lambda p: order[p[0]]))
-    return Propagation(name, base.inputs, base.input_targets, (gi, gw, gw), base.redistributions,
-                       base.notes, base.alternatives)
+def _new_rule(name, inputs, size=None, cost_model=None, tensor_dtype="float32", out_pins=(), **_):
+    """``x.new_zeros(size)`` and friends: a replicated tensor on the input's mesh."""
+    if any(n < 1 for n in size):
+        raise OpError(f"op {name}: size {list(size)} has an empty dim; sizes must be >= 1")
+    x = inputs[0]
+    return Propagation(name, (x,), (x,), (Sharding(x.mesh, tuple(size)),))
 
 
-@register("index", "_index_put_impl", "index_put")
-def advanced_index_rule(name, inputs, cost_model=None, dtype="float32", **_):
+_NEW = "x ; size: ints, " + _CREATE
+register_op("new_zeros", _NEW, _new_rule, lambda a, size, **_: np.zeros(tuple(size)))
+register_op("new_ones", _NEW, _new_rule, lambda a, size, **_: np.ones(tuple(size)))
+register_op("new_full", "x ; size: ints, fill_value: scalar, " + _CREATE, _new_rule,
+            lambda a, size, fill_value, **_: np.full(tuple(size), float(fill_value)))
+register_op("new_empty", _NEW, _new_rule, not_simulated="its values are undefined")
+
+
+def _advanced_index_rule(name, inputs, cost_model=None, tensor_dtype="float32", out_pins=(), **_):
     """``x[idx]`` (one index tensor on dim 0): like index_select; index_put keeps x's shape and
     needs the indexed dim whole in x and everything whole in the values it writes."""
     x, idx = inputs[0], inputs[1]
     lx = LETTERS[: x.ndim]
     li = LETTERS[x.ndim: x.ndim + idx.ndim].upper()
+    args = (cost_model, tensor_dtype, out_pins)
     if name == "index":
-        return _whole(name, [x, idx], [lx, li], li + lx[1:], {lx[0]}, [idx.shape + x.shape[1:]], cost_model,
-                      dtype)
+        return _whole(name, [x, idx], [lx, li], li + lx[1:], {lx[0]}, [idx.shape + x.shape[1:]], *args)
     vals = inputs[2]
-    if vals.shape == idx.shape + x.shape[1:]:
-        lv = li + lx[1:]  # the written rows line up with x's other dims: those shard together
-    else:
-        lv = LETTERS[: vals.ndim].upper()
+    lv = li + lx[1:] if vals.shape == idx.shape + x.shape[1:] else LETTERS[: vals.ndim].upper()
     whole = {lx[0]} | set(li) | (set(lv) - set(lx[1:]))
-    return _whole(name, [x, idx, vals], [lx, li, lv], lx, whole, None, cost_model, dtype)
+    return _whole(name, [x, idx, vals], [lx, li, lv], lx, whole, None, *args)
+
+
+def _np_index_put(a, i, v, accumulate=False, unsafe=False):
+    out = np.array(a, dtype=float)
+    if accumulate:
+        np.add.at(out, np.asarray(i).astype(int), v)
+    else:
+        out[np.asarray(i).astype(int)] = v
+    return out
+
+
+register_op("index", "x, index", _advanced_index_rule, lambda a, i: a[np.asarray(i).astype(int)])
+register_op("index_put", "x, index, values ; accumulate: bool = False", _advanced_index_rule, _np_index_put)
+register_op("_index_put_impl", "x, index, values ; accumulate: bool = False, unsafe: bool = False",
+            _advanced_index_rule, _np_index_put)
+
+
+__all__ = ["LETTERS", "REDUCE_OP", "parse_einsum", "pointwise", "pointwise_map", "reduction_map", "slice_bounds",
+           "split_sizes_of"]

@@ -1,26 +1,413 @@
-"""The op-rule registry, keyed by short aten op name.
+"""The op registry: one :class:`OpDef` per op, declared once, keyed by short aten name.
 
-    >>> from shardlayout.ops.registry import RULES, load_rules
-    >>> load_rules(); "view" in RULES
-    True
+An OpDef holds the op's typed signature, its sharding rule, its numpy implementation (for
+simulation) and an optional extra check; ``register_op`` is the public way in. Every call is
+validated against the signature before the rule runs: unknown or missing params, wrong
+types, dims out of range and a wrong number of tensors raise :class:`OpError` naming the op,
+the argument and the fix.
+
+**Signature format** — tensors, then ``;``, then params::
+
+    "x, w, bias? ; dim: dim = -1, keepdim: bool = False"
+
+Tensors: ``name`` (required), ``name?`` (optional: absent or None), ``name|scalar`` (a tensor
+or a Python number), ``*name`` (one or more tensors). Param types: ``int`` (``int[1..]``
+bounds it, both ends inclusive, either end optional), ``float``, ``bool``, ``str``,
+``scalar`` (int or float), ``dim`` (an int in ``[-ndim, ndim)`` of the first tensor,
+normalised to ``[0, ndim)``), ``dim+1`` (``[-(ndim+1), ndim]``, for unsqueeze), ``dims`` (a dim or a
+list of dims), ``ints``, ``shape`` (ints >= 1 with at most one -1), ``dtype`` (a dtype name),
+``mesh`` (a Mesh), ``any`` (any JSON value), ``ignored`` (accepted, no effect: torch's
+``layout``, ``device``, ``memory_format`` ...). A ``?`` after a type allows None; ``= v`` gives
+a default (a Python literal), otherwise the param is required.
+
+    >>> from shardlayout.ops.registry import parse_signature
+    >>> sig = parse_signature("x ; dim: dim = -1, keepdim: bool = False")
+    >>> [t.name for t in sig.tensors], [(p.name, p.type, p.default) for p in sig.params]
+    (['x'], [('dim', 'dim', -1), ('keepdim', 'bool', False)])
 """
 
 from __future__ import annotations
 
-RULES: dict = {}
+import ast
+import numbers
+import re
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from typing import Callable
+
+from ..errors import OpError, UnsupportedOp
+from ..mesh import Mesh
+from ..sharding import Sharding
+from .result import canonical_op_name
+
+REQUIRED = object()
+
+# params that steer planning, not values: the numpy implementation never sees them
+PLANNING_PARAMS = ("subaxes",)
+
+PARAM_TYPES = ("int", "float", "bool", "str", "scalar", "dim", "dim+1", "dims", "ints", "shape", "dtype", "mesh",
+               "any", "ignored")
 
 
-def register(*names):
-    """Decorator: ``@register("view", "reshape")`` makes ``fn(name, inputs, **params)`` a rule."""
+@dataclass(frozen=True)
+class TensorArg:
+    """A tensor input: ``optional`` (may be absent or None), ``scalar`` (may be a Python
+    number), ``variadic`` (one or more)."""
 
-    def deco(fn):
-        for n in names:
-            RULES[n] = fn
-        return fn
-
-    return deco
+    name: str
+    optional: bool = False
+    scalar: bool = False
+    variadic: bool = False
 
 
-def load_rules() -> None:
-    """Import every rule module once (they register themselves)."""
-    from . import families, view  # noqa: F401
+@dataclass(frozen=True)
+class Param:
+    """A typed op parameter; ``low``/``high`` bound ints; ``nullable`` allows None."""
+
+    name: str
+    type: str
+    default: object = REQUIRED
+    nullable: bool = False
+    low: int | None = None
+    high: int | None = None
+
+
+@dataclass(frozen=True)
+class Signature:
+    """Tensor inputs and params of an op (see the module docstring for the text form)."""
+
+    tensors: tuple
+    params: tuple
+    text: str = ""
+
+    def param(self, name: str) -> Param | None:
+        """The param called ``name``, or None."""
+        return next((p for p in self.params if p.name == name), None)
+
+
+_PARAM = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)\s*:\s*([a-z+1]+)(\[(-?\d*)\.\.(-?\d*)\])?(\?)?\s*(=\s*(.+))?$")
+
+
+@lru_cache(maxsize=None)
+def parse_signature(text: str) -> Signature:
+    """Read a signature text (module docstring). ``parse_signature("a, b")``."""
+    head, _, tail = text.partition(";")
+    tensors = []
+    for part in [p.strip() for p in head.split(",") if p.strip()]:
+        variadic = part.startswith("*")
+        name = part.lstrip("*")
+        scalar = name.endswith("|scalar")
+        name = name.removesuffix("|scalar")
+        optional = name.endswith("?")
+        name = name.removesuffix("?")
+        if not name.isidentifier():
+            raise OpError(f"signature {text!r}: tensor {part!r} is not a name (write 'x', 'x?', 'x|scalar' or '*xs')")
+        tensors.append(TensorArg(name, optional, scalar, variadic))
+    if any(t.variadic for t in tensors[:-1]):
+        raise OpError(f"signature {text!r}: a variadic '*name' must be the last tensor")
+    params = []
+    for part in _split_params(tail):
+        m = _PARAM.match(part)
+        if not m or m.group(2) not in PARAM_TYPES:
+            raise OpError(
+                f"signature {text!r}: param {part!r} does not read 'name: type[lo..hi]? = default' with a type "
+                f"among {', '.join(PARAM_TYPES)}"
+            )
+        default = REQUIRED
+        if m.group(8) is not None:
+            try:
+                default = ast.literal_eval(m.group(8).strip())
+            except (ValueError, SyntaxError):
+                raise OpError(f"signature {text!r}: default of {m.group(1)!r} is not a Python literal") from None
+        low = int(m.group(4)) if m.group(4) else None
+        high = int(m.group(5)) if m.group(5) else None
+        params.append(Param(m.group(1), m.group(2), default, bool(m.group(6)) or default is None, low, high))
+    return Signature(tuple(tensors), tuple(params), text)
+
+
+def _split_params(text: str) -> list:
+    parts, depth, cur = [], 0, ""
+    for ch in text:
+        if ch == "," and depth == 0:
+            parts.append(cur.strip())
+            cur = ""
+            continue
+        depth += ch in "([{"
+        depth -= ch in ")]}"
+        cur += ch
+    if cur.strip():
+        parts.append(cur.strip())
+    return parts
+
+
+# ------------------------------------------------------------------------------------------
+# validation: small named checks, run once at the boundary
+# ------------------------------------------------------------------------------------------
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+
+def _check_tensors(op: str, sig: Signature, inputs: tuple) -> None:
+    required = sum(1 for t in sig.tensors if not t.optional and not t.variadic)
+    variadic = any(t.variadic for t in sig.tensors)
+    most = len(sig.tensors) if not variadic else None
+    names = ", ".join(("*" if t.variadic else "") + t.name + ("?" if t.optional else "") for t in sig.tensors)
+    least = required + (1 if variadic else 0)
+    if len(inputs) < least or (most is not None and len(inputs) > most):
+        raise OpError(
+            f"op {op}: got {len(inputs)} tensor input(s), expects ({names or 'none'}); pass exactly those"
+        )
+    for k, x in enumerate(inputs):
+        arg = sig.tensors[min(k, len(sig.tensors) - 1)]
+        if isinstance(x, Sharding):
+            continue
+        if x is None and arg.optional:
+            continue
+        if arg.scalar and _is_number(x):
+            continue
+        want = "a Sharding" + (" or a number" if arg.scalar else "") + (" or None" if arg.optional else "")
+        raise OpError(f"op {op}: input {k} ({arg.name}) is {x!r}; expected {want}")
+    meshes = {x.mesh for x in inputs if isinstance(x, Sharding)}
+    if len(meshes) > 1:
+        raise OpError(f"op {op}: inputs are on different meshes ({', '.join(sorted(map(str, meshes)))}); "
+                      "put every operand of one op on one mesh")
+
+
+def _check_value(op: str, p: Param, v, ndim: int | None):
+    where = f"op {op}: param {p.name}"
+    if v is None:
+        if p.nullable:
+            return None
+        raise OpError(f"{where} is None; give a {p.type}")
+    t = p.type
+    if t in ("any", "ignored", "dtype", "str"):
+        if t == "str" and not isinstance(v, str):
+            raise OpError(f"{where} = {v!r} is not a string")
+        return v
+    if t == "mesh":
+        if not isinstance(v, Mesh):
+            raise OpError(f"{where} = {v!r} is not a Mesh")
+        return v
+    if t == "bool":
+        if not isinstance(v, bool):
+            raise OpError(f"{where} = {v!r} is not a bool (True or False)")
+        return v
+    if t == "scalar":  # torch's Scalar: a number or a bool
+        if not (_is_number(v) or isinstance(v, bool)):
+            raise OpError(f"{where} = {v!r} is not a number")
+        return v
+    if t == "float":
+        if not _is_number(v):
+            raise OpError(f"{where} = {v!r} is not a number")
+        return v
+    if t == "int":
+        if not _is_int(v):
+            raise OpError(f"{where} = {v!r} is not an int")
+        if (p.low is not None and v < p.low) or (p.high is not None and v > p.high):
+            lo = "" if p.low is None else p.low
+            hi = "" if p.high is None else p.high
+            raise OpError(f"{where} = {v} is out of range [{lo}..{hi}]; give an int in that range")
+        return int(v)
+    if t in ("dim", "dim+1"):
+        return _check_dim(where, v, ndim, 1 if t == "dim+1" else 0)
+    if t == "dims":
+        vals = [v] if _is_int(v) else _int_list(where, v)
+        dims = [_check_dim(where, x, ndim, 0) for x in vals]
+        if len(set(dims)) != len(dims):
+            raise OpError(f"{where} = {v!r} names a dim twice; name each dim once")
+        return dims[0] if _is_int(v) else tuple(dims)
+    if t == "ints":
+        return tuple(_int_list(where, v))
+    if t == "shape":
+        vals = tuple(_int_list(where, v))
+        if any(x < -1 or x == 0 for x in vals) or vals.count(-1) > 1:
+            raise OpError(f"{where} = {list(vals)}: sizes must be >= 1, with at most one -1 (inferred)")
+        return vals
+    raise OpError(f"{where}: unknown type {t!r}")  # pragma: no cover - parse_signature refuses it
+
+
+def _int_list(where: str, v) -> list:
+    if isinstance(v, (list, tuple)) and all(_is_int(x) for x in v):
+        return [int(x) for x in v]
+    raise OpError(f"{where} = {v!r} is not a list of ints")
+
+
+def _check_dim(where: str, v, ndim: int | None, extra: int) -> int:
+    if not _is_int(v):
+        raise OpError(f"{where} = {v!r} is not an int dim")
+    if ndim is None:
+        return int(v)
+    n = ndim + extra
+    lo, hi = -max(n, 1), max(n, 1) - 1
+    if not lo <= v <= hi:
+        raise OpError(f"{where} = {v} is out of range [{lo}, {hi}] for a tensor of {ndim} dims; "
+                      f"give a dim in that range")
+    return int(v) % max(n, 1)
+
+
+def bind(op: str, sig: Signature, inputs: tuple, params: dict) -> dict:
+    """Validated params with defaults filled in and dims normalised; raises ``OpError``.
+
+    ``bind("sum", parse_signature("x ; dim: dims? = None"), (s,), {"dim": -1})``
+    """
+    _check_tensors(op, sig, inputs)
+    known = {p.name for p in sig.params}
+    unknown = sorted(set(params) - known)
+    if unknown:
+        raise OpError(
+            f"op {op}: unknown param(s) {', '.join(map(repr, unknown))}; {op} takes "
+            f"{', '.join(sorted(known)) or 'no params'}"
+        )
+    first = next((x for x in inputs if isinstance(x, Sharding)), None)
+    ndim = first.ndim if first is not None else None
+    out = {}
+    for p in sig.params:
+        if p.name in params:
+            v = params[p.name]
+        elif p.default is REQUIRED:
+            raise OpError(f"op {op}: param {p.name} ({p.type}) is required; pass {p.name}=...")
+        else:
+            v = p.default
+        out[p.name] = _check_value(op, p, v, ndim)
+    return out
+
+
+# ------------------------------------------------------------------------------------------
+# OpDef and the registry
+# ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OpDef:
+    """One op, declared once: ``name``, ``signature``, ``rule`` (``rule(name, inputs, **params,
+    cost_model=, tensor_dtype=, out_pins=) -> Propagation``), ``numpy`` (``numpy(*arrays, **params)``
+    -> array or tuple; with ``shape_driven`` it also receives ``out_shapes=``, the shapes it
+    must produce, e.g. a view on one rank), ``check`` (``check(name, inputs, params)``, extra
+    validation that raises ``OpError``), ``aliases`` and ``not_simulated`` (why numpy cannot
+    run it, for ops whose values are random or data-dependent)."""
+
+    name: str
+    signature: Signature
+    rule: Callable
+    numpy: Callable | None = None
+    check: Callable | None = None
+    aliases: tuple = ()
+    shape_driven: bool = False
+    not_simulated: str | None = None
+    extra: dict = field(default_factory=dict, compare=False, hash=False)
+
+    def bind(self, inputs: tuple, params: dict) -> dict:
+        """Validate a call; returns the full params. Raises ``OpError``."""
+        out = bind(self.name, self.signature, tuple(inputs), params)
+        if self.check is not None:
+            self.check(self.name, tuple(inputs), out)
+        return out
+
+    def propagate(self, inputs: tuple, params: dict, out_pins=None, cost_model=None, tensor_dtype="float32"):
+        """Validate, then run the rule (memoised on immutable arguments)."""
+        from ..config import settings
+        from ..sharding.cost import DEFAULT_COST_MODEL
+
+        bound = self.bind(inputs, params)
+        cm = cost_model or DEFAULT_COST_MODEL
+        pins = None if out_pins is None else tuple(out_pins)
+        try:
+            key = (self, inputs, _freeze(bound), pins, cm, tensor_dtype, settings.subaxes)
+            hash(key)
+        except TypeError:
+            return self._run(inputs, bound, pins, cm, tensor_dtype)
+        return _memo(key)
+
+    def _run(self, inputs, bound, pins, cm, tensor_dtype):
+        p = self.rule(self.name, tuple(inputs), cost_model=cm, tensor_dtype=tensor_dtype, out_pins=pins or (),
+                      **bound)
+        if len(p.input_targets) < len(inputs):  # inputs a rule leaves alone are not moved
+            p = replace(p, input_targets=tuple(p.input_targets) + tuple(inputs[len(p.input_targets):]))
+        return p if p.cost_model == cm else replace(p, cost_model=cm)
+
+    def run_numpy(self, args: list, params: dict, out_shapes: list) -> list:
+        """Run the numpy implementation; always returns a list of arrays."""
+        import numpy as np
+
+        from ..errors import SimulationUnsupported
+
+        if self.numpy is None:
+            raise SimulationUnsupported(
+                f"op {self.name} cannot be simulated in numpy: "
+                + (self.not_simulated or "it has no numpy implementation (give numpy= to register_op)")
+            )
+        kw = {k: v for k, v in params.items()
+              if k not in PLANNING_PARAMS and self.signature.param(k).type not in ("ignored", "mesh")}
+        if self.shape_driven:
+            kw["out_shapes"] = [tuple(s) for s in out_shapes]
+        out = self.numpy(*args, **kw)
+        return [np.asarray(o) for o in out] if isinstance(out, (tuple, list)) else [np.asarray(out)]
+
+
+def _freeze(v):
+    if isinstance(v, dict):
+        return tuple(sorted((k, _freeze(x)) for k, x in v.items()))
+    if isinstance(v, (list, tuple)):
+        return tuple(_freeze(x) for x in v)
+    return v
+
+
+@lru_cache(maxsize=1 << 14)
+def _memo(key):
+    opdef, inputs, frozen, pins, cm, dtype, _ = key
+    return opdef._run(inputs, dict(frozen), pins, cm, dtype)
+
+
+_REGISTRY: dict = {}
+
+
+def register_op(name: str, signature: str, rule: Callable, numpy: Callable | None = None, *,
+                check: Callable | None = None, aliases=(), shape_driven: bool = False,
+                not_simulated: str | None = None, replace_existing: bool = False) -> OpDef:
+    """Declare an op: its signature text, sharding rule and numpy implementation.
+
+    ``rule`` is usually built from a factor map with :func:`factor_rule`. Registering a name
+    that exists raises unless ``replace_existing=True``. Returns the OpDef.
+    ``register_op("scale", "x ; by: float = 2.0", factor_rule(...), lambda x, by: x * by)``
+    """
+    if not isinstance(name, str) or not name.isidentifier():
+        raise OpError(f"register_op: name {name!r} is not an identifier (use the short aten name, e.g. 'mm')")
+    if not callable(rule):
+        raise OpError(f"register_op {name}: rule must be callable, got {type(rule).__name__}")
+    if numpy is not None and not callable(numpy):
+        raise OpError(f"register_op {name}: numpy must be callable or None, got {type(numpy).__name__}")
+    sig = parse_signature(signature)
+    opdef = OpDef(name, sig, rule, numpy, check, tuple(aliases), shape_driven, not_simulated)
+    for n in (name, *aliases):
+        if n in _REGISTRY and not replace_existing:
+            raise OpError(f"register_op: op {n!r} is already registered; pass replace_existing=True to replace it")
+    for n in (name, *aliases):
+        _REGISTRY[n] = opdef if n == name else replace(opdef, name=n)
+    _memo.cache_clear()
+    return opdef
+
+
+def get_op(op: str) -> OpDef:
+    """The OpDef of ``op`` (short or aten name); raises ``UnsupportedOp`` naming the fix."""
+    name = canonical_op_name(op)
+    opdef = _REGISTRY.get(name)
+    if opdef is None:
+        raise UnsupportedOp(
+            f"no sharding rule for op {op!r} (looked up {name!r}); known: {', '.join(sorted(_REGISTRY))}. "
+            "Declare it with shardlayout.ops.register_op(name, signature, rule, numpy)"
+        )
+    return opdef
+
+
+def registered() -> dict:
+    """``{name: OpDef}`` of every registered op (a copy)."""
+    return dict(_REGISTRY)
+
+
+__all__ = ["OpDef", "Param", "Signature", "TensorArg", "get_op", "parse_signature", "register_op", "registered"]

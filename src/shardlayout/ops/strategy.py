@@ -1,19 +1,22 @@
-"""Op rules as factor maps, and the exact strategy search over mesh axes.
+"""Op rules as factor maps, and the exact strategy search.
 
 An op rule names one letter per independent index (an einsum): ``mm`` is ``mk,kn->mn``.
 Each letter is *free* (in the output), *reduced* (not in the output: sharding it gives a
 partial output with the rule's reduce op) or *whole* (must not be sharded, e.g. softmax's
-dim). A single-dim strategy says what one mesh axis does: nothing (replicate), shard one
-letter in every operand that carries it (the placeholder: however that dim is sharded —
-plain, strided, sub-axis, uneven — the structure is taken from the operand that has it), or
-keep partial inputs partial through a linear op.
+dim). A single-dim strategy says what one mesh axis does: replicate (``R``), shard one letter
+in every operand that carries it (``S(letter)``), or keep partial values partial through a
+linear op (``P(op)``).
 
-Cost: DTensor's model — per mesh axis and operand, the collective that turns the operand's
-current use of that axis into the strategy's (all-gather, all-to-all, all-reduce,
-reduce-scatter; free local slices). The total is a sum over mesh axes of terms that depend
-only on that axis's choice, so the exact minimum over the full N-D expansion (S^N
-combinations) is the per-axis minimum: N*S evaluations. ``brute_force`` enumerates the
-product for the tests.
+**Search: exhaustive, priced by the moves that run.** A candidate is one option per mesh axis
+(the full N-D product of the per-axis options that are valid) and, for each sharded letter, a
+factor structure: the order and digit of its axes inside the dim (the operands' own
+structures merged where they agree — so ``[8, b*4] @ [2*a*2, 8]`` finds ``k = b*a*2`` in both,
+for free — each operand's structure as it is, or plain mesh order). Every candidate's input
+targets and output shardings are built, and its price is ``cost(plan_move(input, target) for
+every input + plan_move(output, pin) for pinned outputs)`` — the very collectives the plan
+then emits. The cheapest wins (ties: produce pinned outputs as pinned, change how the
+inputs use the fewest mesh axes, prefer sharding to partial to replicate, then option text), so the chosen strategy is
+the minimum under our own cost model over the whole candidate set.
 
     >>> from shardlayout import Mesh, Sharding
     >>> m = Mesh.parse("dp=2,tp=4")
@@ -24,23 +27,26 @@ product for the tests.
 
 from __future__ import annotations
 
-from contextvars import ContextVar
 from dataclasses import dataclass, field
+from functools import cached_property, lru_cache
+import math
 from itertools import product as cartesian
 
-from ..errors import ShardingSpecError
+from ..errors import OpError, ShardingSpecError
 from ..sharding import Factor, Sharding
 from ..sharding.core import ChunkProgram, _product
-from ..sharding.redistribute import DEFAULT_COST_MODEL, ITEMSIZE, CostModel, plan_redistribution
+from ..sharding.cost import DEFAULT_COST_MODEL, CostModel, cost
+from ..sharding.move import plan_move
 
 
 @dataclass(frozen=True)
 class FactorMap:
     """``inputs``: letters per input dim ('' for a non-tensor input); ``output``: letters of
     the output; ``reduce``: reduce op of the letters not in the output; ``whole``: letters
-    that may not be sharded; ``linear``: how partial inputs may pass through — "sum" (output is
-    the sum of the inputs: all partial together), "multi" (multilinear: exactly one partial),
-    or None."""
+    that may not be sharded; ``linear``: how partial inputs may pass through — "sum" (output
+    is the sum of the inputs: partial inputs stay partial, replicated ones are partitioned
+    for free), "multi" (multilinear: exactly one partial input), "first" (linear in the first
+    input only, e.g. div's numerator), or None."""
 
     inputs: tuple
     output: str
@@ -48,306 +54,428 @@ class FactorMap:
     whole: frozenset = field(default_factory=frozenset)
     linear: str | None = None
 
-    def letters(self) -> list:
-        seen = []
-        for s in self.inputs + (self.output,):
-            for ch in s:
-                if ch not in seen and ch != "1":
-                    seen.append(ch)
-        return seen
+    def letters(self) -> tuple:
+        """Letters in first-seen order. ``MM.letters() -> ('m', 'k', 'n')``."""
+        return _letters(self.inputs, self.output)
+
+
+@lru_cache(maxsize=4096)
+def _letters(inputs: tuple, output: str) -> tuple:
+    seen: list = []
+    for s in inputs + (output,):
+        for ch in s:
+            if ch not in seen and ch != "1":
+                seen.append(ch)
+    return tuple(seen)
 
 
 MM = FactorMap(("mk", "kn"), "mn", linear="multi")
 
-# shardings the caller wants the op's outputs in (the whole-program planner's pins): the
-# search adds the cost of moving each output there
-OUT_PINS: ContextVar = ContextVar("out_pins", default=None)
+OPTION_RANK = {"S": 0, "P": 1, "R": 2}
 
 
-def _out_usage(fm: FactorMap, option: tuple, out_index: int = 0):
-    if option[0] == "S":
-        L = option[1]
-        return ("S", fm.output.index(L)) if L in fm.output else ("P", fm.reduce)
-    return option
-
-
-@dataclass(frozen=True)
-class Choice:
-    """What one mesh axis does: ``("R",)``, ``("S", letter)`` or ``("P", op)``."""
-
-    axis: str
-    option: tuple
-    cost: float
+def fmt_option(opt) -> str:
+    """``fmt_option(("S", "k")) -> "shard index 'k'"``."""
+    if opt[0] == "R":
+        return "replicate"
+    if opt[0] == "S":
+        return f"shard index {opt[1]!r}"
+    return f"keep partial({opt[1]})"
 
 
 @dataclass(frozen=True)
-class Strategy:
-    """The chosen targets, outputs and collectives of one op."""
+class Candidate:
+    """One strategy: ``choices`` ((mesh axis, option) in mesh order), the input targets, the
+    outputs, and ``cost``: the price of ``collectives`` (input moves, then output-to-pin moves,
+    each with ``tensor`` = "input i" / "output k"), exactly what ``plan_move`` emits."""
 
     choices: tuple
     input_targets: tuple
     outputs: tuple
-    redistributions: tuple
     cost: float
-    alternatives: tuple = ()
+    inputs: tuple = field(default=(), repr=False, compare=False)
+    out_pins: tuple = field(default=(), repr=False, compare=False)
+    tensor_dtype: object = field(default="float32", repr=False, compare=False)
+
+    @cached_property
+    def collectives(self) -> tuple:
+        """Every communicating collective of this strategy (computed on first use)."""
+        return move_collectives(self.inputs, self.input_targets, self.outputs, self.out_pins, self.tensor_dtype)
+
+    def describe(self) -> str:
+        """``"dp: shard index 'm'; tp: replicate"``."""
+        return "; ".join(f"{a}: {fmt_option(o)}" for a, o in self.choices)
 
 
-def _usage(s: Sharding, axis: str):
-    """How ``s`` uses ``axis``: ("R",), ("S", dim) or ("P", op)."""
-    table = s._cache.get("usage")
-    if table is None:
-        table = s._cache["usage"] = {a: _usage_of(s, a) for a in s.mesh.names}
-    return table[axis]
+@dataclass(frozen=True)
+class Strategy:
+    """The chosen candidate and every candidate priced (for ``explain``)."""
+
+    chosen: Candidate
+    candidates: tuple
+
+    @property
+    def input_targets(self) -> tuple:
+        return self.chosen.input_targets
+
+    @property
+    def outputs(self) -> tuple:
+        return self.chosen.outputs
+
+    @property
+    def cost(self) -> float:
+        return self.chosen.cost
 
 
-def _usage_of(s: Sharding, axis: str):
+# ------------------------------------------------------------------------------------------
+# how a sharding uses each mesh axis
+# ------------------------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=1 << 14)
+def axis_usage(s: Sharding) -> dict:
+    """``{axis: ("R",) | ("S", dim) | ("P", op)}`` (the first dim an axis shards)."""
+    table = {a: ("R",) for a in s.mesh.names}
     for a, op in s.partial:
-        if a == axis:
-            return ("P", op)
+        table[a] = ("P", op)
     for d, fs in enumerate(s.dims):
         for f in fs:
-            if f.axis == axis:
-                return ("S", d)
-    return ("R",)
+            if f.axis is not None and table[f.axis] == ("R",):
+                table[f.axis] = ("S", d)
+    return table
 
 
-def _local_bytes(s: Sharding, itemsize: int) -> float:
-    return _product(s.local_shape(0)) * itemsize
+def _mesh(inputs):
+    return next(s for s in inputs if s is not None).mesh
 
 
-def transition_seconds(cur, tgt, axis: str, n: int, nbytes: float, cm: CostModel) -> float:
-    """Per-axis DTensor-style transition cost of one operand. ``inf`` when not allowed."""
-    if cur == tgt:
-        return 0.0
-    k = cur[0]
-    if k == "S" and tgt[0] == "R":
-        return cm.seconds("all_gather", axis, n, nbytes * n)
-    if k == "S" and tgt[0] == "S":
-        return cm.seconds("all_to_all", axis, n, nbytes)
-    if k == "P" and tgt[0] == "R":
-        return cm.seconds("all_reduce", axis, n, nbytes)
-    if k == "P" and tgt[0] == "S":
-        return cm.seconds("reduce_scatter", axis, n, nbytes)
-    if k == "R" and tgt[0] == "S":
-        return 0.0
-    if k == "R" and tgt[0] == "P":
-        return 0.0
-    return float("inf")
+# ------------------------------------------------------------------------------------------
+# per-axis options
+# ------------------------------------------------------------------------------------------
 
 
-def _options(fm: FactorMap, inputs: list, axis: str) -> list:
+def axis_options(fm: FactorMap, inputs: list, axis: str) -> list:
+    """Valid options of one mesh axis: ``[("R",), ("S", letter)..., ("P", op)?]``."""
     opts = [("R",)]
     for L in fm.letters():
         if L in fm.whole:
             continue
-        opts.append(("S", L))
-    partial_ops = {_usage(s, axis)[1] for s in inputs if s is not None and _usage(s, axis)[0] == "P"}
-    # linear ops commute with sums and averages, not with max/min
-    if fm.linear and len(partial_ops) == 1 and next(iter(partial_ops)) in ("sum", "avg"):
-        opts.append(("P", partial_ops.pop()))
+        if any(x is not None and L in lt and x.shape[lt.index(L)] > 1 for x, lt in zip(inputs, fm.inputs)):
+            opts.append(("S", L))
+    tensors = [s for s in inputs if s is not None]
+    partial = [axis_usage(s)[axis] for s in tensors]
+    ops = {u[1] for u in partial if u[0] == "P"}
+    n_partial = sum(u[0] == "P" for u in partial)
+    if fm.linear and len(ops) == 1:
+        op = next(iter(ops))
+        if op in ("sum", "avg"):  # linear ops commute with sums and averages, not max/min
+            ok = {"sum": True, "multi": n_partial == 1,
+                  "first": inputs[0] is not None and axis_usage(inputs[0])[axis][0] == "P" and n_partial == 1}
+            if ok.get(fm.linear, False):
+                opts.append(("P", op))
     return opts
 
 
-def _targets_for(fm: FactorMap, inputs: list, axis: str, option: tuple) -> list:
-    out = []
-    for s, letters in zip(inputs, fm.inputs):
-        if s is None:
-            out.append(None)
+# ------------------------------------------------------------------------------------------
+# factor structures of a sharded letter
+# ------------------------------------------------------------------------------------------
+
+
+def _covers(fs, axes, mesh) -> bool:
+    """Do the pieces of ``axes`` in ``fs`` make up each axis completely (and nothing else)?"""
+    sizes: dict = {}
+    for f in fs:
+        if f.axis is not None:
+            if f.axis not in axes:
+                return False
+            sizes[f.axis] = sizes.get(f.axis, 1) * f.size
+    return all(sizes.get(a) == mesh.axis_size(a) for a in axes)
+
+
+def _merge(carriers: list, axes: tuple, n: int, mesh):
+    """One even factor list of size ``n`` holding every piece of ``axes`` that the carriers
+    hold at the digit they hold it (missing axes placed outermost where they fit), or None
+    when the carriers disagree."""
+    at: dict = {}
+    for fs in carriers:
+        if type(fs) is ChunkProgram or _product(f.size for f in fs) != n:
             continue
-        cur = _usage(s, axis)
-        if option[0] == "S" and option[1] in letters:
-            d = letters.index(option[1])
-            # a size-1 (broadcast) dim is never sharded
-            out.append(("S", d) if s.shape[d] > 1 else ("R",))
-        elif option[0] == "P" and cur == ("P", option[1]):
-            out.append(cur)
+        p = 1
+        for f in fs:
+            if f.axis in axes:
+                key = (f.axis, f.pre, f.size)
+                if at.setdefault(key, p) != p:
+                    return None
+            p *= f.size
+    pieces = sorted((p, s, a, pre) for (a, pre, s), p in at.items())
+    for a in axes:
+        have = [pc for pc in pieces if pc[2] == a]
+        if have:
+            if _product(pc[1] for pc in have) != mesh.axis_size(a):
+                return None
+            continue
+        m = mesh.axis_size(a)
+        for q in [1] + [p * s for p, s, _, _ in pieces]:
+            nxt = next((p for p, _, _, _ in pieces if p >= q), n)
+            if nxt % (q * m) == 0 and n % (q * m) == 0:
+                pieces = sorted(pieces + [(q, m, a, 1)])
+                break
         else:
-            out.append(("R",))
+            return None
+    out, cur = [], 1
+    for p, s, a, pre in pieces:
+        if p < cur or p % cur:
+            return None
+        if p > cur:
+            out.append(Factor(p // cur))
+        out.append(Factor(s, a, pre))
+        cur = p * s
+    if n % cur:
+        return None
+    if n > cur:
+        out.append(Factor(n // cur))
+    return tuple(out)
+
+
+def letter_structures(axes: tuple, n: int, carriers: list, mesh) -> list:
+    """Candidate factor lists for a letter of size ``n`` sharded on ``axes`` (mesh order):
+    the carriers' structures merged, each carrier's own, then plain mesh order."""
+    out: list = []
+    merged = _merge(carriers, axes, n, mesh)
+    if merged is not None:
+        out.append(merged)
+    for fs in carriers:
+        if type(fs) is ChunkProgram:
+            if sorted({st.axis for st in fs}) == sorted(axes):
+                out.append(fs)
+        elif _covers(fs, axes, mesh):
+            out.append(tuple(fs))
+    out.append(tuple(Factor(mesh.axis_size(a), a) for a in axes))
+    seen, unique = set(), []
+    for fs in out:
+        key = (type(fs) is ChunkProgram, tuple(fs))
+        if key not in seen:
+            seen.add(key)
+            unique.append(fs)
+    return unique
+
+
+# ------------------------------------------------------------------------------------------
+# candidates
+# ------------------------------------------------------------------------------------------
+
+
+def _letter_sizes(fm: FactorMap, inputs: list, out_shapes: list) -> dict:
+    sizes: dict = {}
+    for x, lt in zip(inputs, fm.inputs):
+        if x is None:
+            continue
+        for d, L in enumerate(lt):
+            if x.shape[d] > 1:
+                sizes[L] = x.shape[d]
+    for shape in out_shapes:
+        for d, L in enumerate(fm.output):
+            if L not in sizes and shape[d] > 1:
+                sizes[L] = shape[d]
+    return sizes
+
+
+def _carriers(fm, inputs, pins, L, n) -> list:
+    out = []
+    for x, lt in zip(inputs, fm.inputs):
+        if x is not None and L in lt and x.shape[lt.index(L)] == n:
+            out.append(x.dims[lt.index(L)])
+    for p in pins:
+        if p is not None and L in fm.output and p.ndim == len(fm.output) and p.shape[fm.output.index(L)] == n:
+            out.append(p.dims[fm.output.index(L)])
     return out
 
 
-def _valid(fm: FactorMap, inputs: list, axis: str, option: tuple) -> bool:
-    if option[0] == "P":
-        partial = [s is not None and _usage(s, axis)[0] == "P" for s in inputs]
-        tensors = [s is not None for s in inputs]
-        if fm.linear == "sum":
-            return all(p for p, t in zip(partial, tensors) if t)
-        return sum(partial) == 1
-    if option[0] == "S":  # some input must really have that index (not only broadcast size 1)
-        return any(
-            x is not None and option[1] in letters and x.shape[letters.index(option[1])] > 1
-            for x, letters in zip(inputs, fm.inputs)
-        )
-    return True
+@lru_cache(maxsize=1 << 16)
+def _build(mesh, shape, letters, structure, partial) -> Sharding:
+    table = dict(structure)
+    dims = []
+    for d, L in enumerate(letters):
+        got = table.get(L)
+        dims.append(got[1] if shape[d] > 1 and got is not None and got[0] == shape[d] else ())
+    return Sharding._trusted(mesh, shape, dims, partial)
 
 
-def axis_cost(fm, inputs, axis, option, cm, itemsize, nbytes=None) -> float:
-    """Cost of one axis choice (sum over operands); ``nbytes``: the operands' local bytes."""
-    if not _valid(fm, inputs, axis, option):
-        return float("inf")
-    n = inputs_mesh(inputs).axis_size(axis)
-    if nbytes is None:
-        nbytes = [None if s is None else _local_bytes(s, itemsize) for s in inputs]
-    total = 0.0
-    for s, tgt, b in zip(inputs, _targets_for(fm, inputs, axis, option), nbytes):
-        if s is None:
-            continue
-        total += transition_seconds(_usage(s, axis), tgt, axis, n, b, cm)
-    return total
-
-
-def inputs_mesh(inputs):
-    return next(s for s in inputs if s is not None).mesh
-
-
-def _rank(option) -> int:
-    # tie-break: prefer sharding, then partial, then replicate (less memory, less compute)
-    return {"S": 0, "P": 1, "R": 2}[option[0]]
-
-
-def search(fm: FactorMap, inputs: list, cost_model: CostModel | None = None, dtype: str = "float32"):
-    """Exact per-axis minimum: ``[Choice]`` in mesh order, plus every alternative considered."""
-    cm = cost_model or DEFAULT_COST_MODEL
-    itemsize = ITEMSIZE.get(str(dtype).replace("torch.", ""), 4)
-    mesh = inputs_mesh(inputs)
-    nbytes = [None if s is None else _local_bytes(s, itemsize) for s in inputs]
-    pins = [p for p in (OUT_PINS.get() or ())[:1] if p is not None]
-    pin_bytes = [_local_bytes(p, itemsize) for p in pins]
-    chosen, considered = [], []
-    inf = float("inf")
-    for axis, n in zip(mesh.names, mesh.shape):
-        best = None
-        usage = [None if x is None else _usage(x, axis) for x in inputs]
-        for opt in _options(fm, inputs, axis):
-            mismatch = 0
-            if _valid(fm, inputs, axis, opt):
-                c, changed = 0.0, 0
-                for u, t, b in zip(usage, _targets_for(fm, inputs, axis, opt), nbytes):
-                    if u is not None and u != t:
-                        changed += 1
-                        c += transition_seconds(u, t, axis, n, b, cm)
-                for pin, b in zip(pins, pin_bytes):
-                    ou, pu = _out_usage(fm, opt), _usage(pin, axis)
-                    if ou != pu:
-                        mismatch += 1
-                        c += transition_seconds(ou, pu, axis, n, b, cm)
-            else:
-                c, changed = inf, 0
-            considered.append(Choice(axis, opt, c))
-            # ties: produce the pinned output directly, then change the fewest inputs
-            key = (c, mismatch, changed, _rank(opt), str(opt))
-            if best is None or key < best[0]:
-                best = (key, Choice(axis, opt, c))
-        chosen.append(best[1])
-    return chosen, considered
-
-
-def brute_force(fm: FactorMap, inputs: list, cost_model: CostModel | None = None, dtype: str = "float32"):
-    """Enumerate the full N-D expansion (tests only): the minimum total cost."""
-    cm = cost_model or DEFAULT_COST_MODEL
-    itemsize = ITEMSIZE.get(str(dtype).replace("torch.", ""), 4)
-    mesh = inputs_mesh(inputs)
-    per_axis = [_options(fm, inputs, a) for a in mesh.names]
-    nbytes = [None if s is None else _local_bytes(s, itemsize) for s in inputs]
-    best = float("inf")
-    count = 0
+def candidates(fm: FactorMap, inputs: list, out_shapes: list, out_pins: tuple = ()):
+    """Every distinct candidate ``(choices, input_targets, outputs)``: the product of the
+    per-axis options and, per sharded letter, of its factor structures."""
+    mesh = _mesh(inputs)
+    seen = set()
+    sizes = _letter_sizes(fm, inputs, out_shapes)
+    per_axis = [axis_options(fm, inputs, a) for a in mesh.names]
+    order = {n: i for i, n in enumerate(mesh.names)}
     for combo in cartesian(*per_axis):
-        count += 1
-        total = sum(axis_cost(fm, inputs, a, o, cm, itemsize, nbytes) for a, o in zip(mesh.names, combo))
-        best = min(best, total)
-    return best, count
+        letter_axes: dict = {}
+        partial = []
+        for a, opt in zip(mesh.names, combo):
+            if opt[0] == "S":
+                letter_axes.setdefault(opt[1], []).append(a)
+            elif opt[0] == "P":
+                partial.append((a, opt[1]))
+        letters = sorted(letter_axes)
+        options = [letter_structures(tuple(letter_axes[L]), sizes[L],
+                                     _carriers(fm, inputs, out_pins, L, sizes[L]), mesh) for L in letters]
+        red = [(a, fm.reduce) for L in letters if L not in fm.output for a in letter_axes[L]]
+        out_partial = tuple(sorted(partial + red, key=lambda p: order[p[0]]))
+        choices = tuple(zip(mesh.names, combo))
+        for pick in cartesian(*options):
+            structure = tuple((L, (sizes[L], fs)) for L, fs in zip(letters, pick))
+            targets = []
+            for k, (x, lt) in enumerate(zip(inputs, fm.inputs)):
+                if x is None:
+                    targets.append(None)
+                    continue
+                use = axis_usage(x)
+                keep = tuple((a, op) for a, op in partial
+                             if use[a] == ("P", op) or fm.linear == "sum")
+                targets.append(_build(mesh, x.shape, lt, structure, keep))
+            outputs = tuple(_build(mesh, shape, fm.output, structure, out_partial) for shape in out_shapes)
+            key = (tuple(targets), outputs)
+            if key not in seen:
+                seen.add(key)
+                yield choices, tuple(targets), outputs
 
 
-def _dim_factors(template, axes: list, mesh) -> list:
-    """Factors of a dim sharded on ``axes``: the template's structure when it shards exactly
-    these axes (however: strided, sub-axis, uneven), else plain mesh order."""
-    if template is not None:
-        return list(template)
-    return [Factor(mesh.axis_size(a), a) for a in axes]
+def move_collectives(inputs, targets, outputs, out_pins, tensor_dtype="float32") -> tuple:
+    """The communicating collectives of a candidate: ``plan_move`` of every input to its target
+    and of every pinned output to its pin, attributed "input i" / "output k"."""
+    moves = []
+    for i, (x, t) in enumerate(zip(inputs, targets)):
+        if x is not None and t is not None and x != t:
+            moves.extend(c.attributed(f"input {i}") for c in plan_move(x, t, dtype_of(tensor_dtype, i))
+                         if c.kind.communicates)
+    for k, (o, p) in enumerate(zip(outputs, out_pins)):
+        if p is not None and o != p:
+            moves.extend(c.attributed(f"output {k}") for c in plan_move(o, p, dtype_of(tensor_dtype, 0))
+                         if c.kind.communicates)
+    return tuple(moves)
 
 
-def materialize(fm: FactorMap, inputs: list, out_shapes: list, choices: list):
-    """Target shardings of the inputs and the output sharding for per-axis choices."""
-    mesh = inputs_mesh(inputs)
-    letter_axes: dict = {}
-    partial = []
-    for ch in choices:
-        if ch.option[0] == "S":
-            letter_axes.setdefault(ch.option[1], []).append(ch.axis)
-        elif ch.option[0] == "P":
-            partial.append((ch.axis, ch.option[1]))
-    # a structure per letter, taken from an input already sharding it on exactly those axes
-    structure: dict = {}
-    for s, letters in zip(inputs, fm.inputs):
-        if s is None:
-            continue
-        for d, L in enumerate(letters):
-            axes = letter_axes.get(L)
-            fs = s.dims[d]
-            if axes and L not in structure and type(fs) is not ChunkProgram:
-                used = [f.axis for f in fs if f.axis is not None]
-                if sorted(set(used)) == sorted(axes) and all(f.pre == 1 and f.size == mesh.axis_size(f.axis)
-                                                             for f in fs if f.axis):
-                    structure[L] = (s.shape[d], fs)
-    targets = []
-    for s, letters in zip(inputs, fm.inputs):
-        if s is None:
-            targets.append(None)
-            continue
-        dims = []
-        for d, L in enumerate(letters):
-            axes = [a for a in letter_axes.get(L, []) if s.shape[d] > 1]
-            tmpl = structure.get(L)
-            same = tmpl and tmpl[0] == s.shape[d] and axes == letter_axes[L]
-            dims.append(_dim_factors(tmpl[1] if same else None, axes, mesh))
-        keep_partial = [(a, op) for a, op in partial if _usage(s, a) == ("P", op)]
-        targets.append(Sharding._trusted(mesh, s.shape, dims, tuple(keep_partial)))
-    outputs = []
-    red = [(a, fm.reduce) for L, axes in letter_axes.items() if L not in fm.output for a in axes]
-    for shape in out_shapes:
-        dims = []
-        for d, L in enumerate(fm.output):
-            axes = letter_axes.get(L, []) if shape[d] > 1 else []
-            tmpl = structure.get(L)
-            dims.append(_dim_factors(tmpl[1] if tmpl and tmpl[0] == shape[d] else None, axes, mesh))
-        order = {n: i for i, n in enumerate(mesh.names)}
-        parts = tuple(sorted(partial + red, key=lambda p: order[p[0]]))
-        outputs.append(Sharding._trusted(mesh, shape, dims, parts))
-    return targets, outputs
+@lru_cache(maxsize=1 << 16)
+def _move_prices(src: Sharding, dst: Sharding, tensor_dtype: str, cost_model: CostModel) -> tuple:
+    return tuple(cost_model.seconds(c) for c in plan_move(src, dst, tensor_dtype))
 
 
-def choose(fm: FactorMap, inputs: list, out_shapes: list | None = None, cost_model=None,
-           dtype: str = "float32") -> Strategy:
-    """Search, materialize and plan the redistributions. ``choose(MM, [a, b])``."""
+def price(inputs: list, targets: tuple, outputs: tuple, out_pins: tuple, cost_model: CostModel,
+          tensor_dtype="float32") -> float:
+    """Seconds of a candidate: the price of ``move_collectives`` (an exactly rounded sum of the
+    same per-collective prices, so equal to ``cost(move_collectives(...))``)."""
+    parts = []
+    for i, (x, t) in enumerate(zip(inputs, targets)):
+        if x is not None and t is not None and x != t:
+            parts.extend(_move_prices(x, t, dtype_of(tensor_dtype, i), cost_model))
+    for o, p in zip(outputs, out_pins):
+        if p is not None and o != p:
+            parts.extend(_move_prices(o, p, dtype_of(tensor_dtype, 0), cost_model))
+    return math.fsum(parts)
+
+
+def dtype_of(tensor_dtype, i: int) -> str:
+    """The element type of input ``i``: ``tensor_dtype`` is one name or one per input (an
+    output is priced with input 0's). ``dtype_of(("bf16", "f32"), 1) -> 'f32'``."""
+    if isinstance(tensor_dtype, tuple):
+        return tensor_dtype[i] if i < len(tensor_dtype) else (tensor_dtype[0] if tensor_dtype else "float32")
+    return tensor_dtype
+
+
+def _tie_key(choices, inputs, targets, outputs, out_pins) -> tuple:
+    mismatch = sum(1 for o, p in zip(outputs, out_pins) if p is not None and o != p)
+    changed = sum(axis_usage(x)[a] != axis_usage(t)[a] for x, t in zip(inputs, targets) if x is not None
+                  for a, _ in choices)
+    rank = sum(OPTION_RANK[o[0]] for _, o in choices)
+    return mismatch, changed, rank, tuple(str(o) for _, o in choices)
+
+
+def choose(fm: FactorMap, inputs: list, out_shapes: list | None = None, cost_model: CostModel | None = None,
+           tensor_dtype: str = "float32", out_pins=()) -> Strategy:
+    """The minimum-cost candidate and all candidates priced. ``choose(MM, [a, b])``."""
     inputs = list(inputs)
     if len(inputs) != len(fm.inputs):
         raise ShardingSpecError(f"op expects {len(fm.inputs)} inputs, got {len(inputs)}")
     if out_shapes is None:
-        out_shapes = [_infer_out_shape(fm, inputs)]
-    choices, considered = search(fm, inputs, cost_model, dtype)
-    targets, outputs = materialize(fm, inputs, out_shapes, choices)
-    reds = []
+        out_shapes = [infer_out_shape(fm, inputs)]
     cm = cost_model or DEFAULT_COST_MODEL
-    for i, (s, t) in enumerate(zip(inputs, targets)):
-        if s is None:
-            continue
-        for st in plan_redistribution(s, t, cm, dtype):
-            if st.kind != "local":
-                reds.append((i, st))
-    cost = sum(st.seconds for _, st in reds)
-    return Strategy(tuple(choices), tuple(targets), tuple(outputs), tuple(reds), cost, tuple(considered))
+    pins = tuple(out_pins or ()) + (None,) * (len(out_shapes) - len(out_pins or ()))
+    pins = tuple(p if p is not None and p.shape == shp else None for p, shp in zip(pins, out_shapes))
+    best, priced = None, []
+    ins = tuple(inputs)
+    for choices, targets, outputs in candidates(fm, inputs, list(out_shapes), pins):
+        seconds = price(inputs, targets, outputs, pins, cm, tensor_dtype)
+        cand = Candidate(choices, targets, outputs, seconds, ins, pins, tensor_dtype)
+        priced.append(cand)
+        key = (seconds,) + _tie_key(choices, inputs, targets, outputs, pins)
+        if best is None or key < best[0]:
+            best = (key, cand)
+    return Strategy(best[1], tuple(priced))
 
 
-def _infer_out_shape(fm: FactorMap, inputs: list) -> tuple:
+def infer_out_shape(fm: FactorMap, inputs: list) -> tuple:
+    """The output shape of a factor map from the inputs' letter sizes (broadcasting 1s);
+    raises ``ShardingSpecError`` when two operands disagree on a letter's size."""
     sizes: dict = {}
-    for s, letters in zip(inputs, fm.inputs):
+    for k, (s, letters) in enumerate(zip(inputs, fm.inputs)):
         if s is None:
             continue
         for d, L in enumerate(letters):
             n = s.shape[d]
-            if L in sizes and sizes[L] != n and 1 not in (n, sizes[L]):
-                raise ShardingSpecError(
-                    f"dim {d} of an input has size {n} for index {L!r}, another input has {sizes[L]}"
+            if L in sizes and sizes[L][0] != n and 1 not in (n, sizes[L][0]):
+                raise OpError(
+                    f"input {k} dim {d} has size {n} where input {sizes[L][1]} has {sizes[L][0]} "
+                    f"(index {L!r} of the rule); the shapes must agree (or be 1 to broadcast)"
                 )
-            sizes[L] = max(n, sizes.get(L, 1))
-    return tuple(sizes.get(L, 1) for L in fm.output)
+            if L not in sizes or sizes[L][0] == 1:
+                sizes[L] = (n, k)
+    return tuple(sizes[L][0] if L in sizes else 1 for L in fm.output)
+
+
+
+
+# ------------------------------------------------------------------------------------------
+# rules from factor maps
+# ------------------------------------------------------------------------------------------
+
+
+def factor_map_result(name: str, inputs, fm: FactorMap, out_shapes=None, cost_model=None,
+                      tensor_dtype="float32", out_pins=(), n_out: int = 1):
+    """Run the search for ``fm`` and wrap it as a ``Propagation`` (``n_out`` outputs that
+    share the one output sharding, e.g. sort's values and indices)."""
+    from .result import Propagation
+
+    ins = [s if isinstance(s, Sharding) else None for s in inputs]
+    infer_out_shape(fm, ins)  # the operands must agree on every letter's size
+    pins = tuple(out_pins or ())[:1] if n_out > 1 else tuple(out_pins or ())
+    st = choose(fm, ins, out_shapes, cost_model, tensor_dtype, pins)
+    c = st.chosen
+    notes = tuple(f"{a}: {fmt_option(o)}" for a, o in c.choices)
+    targets = tuple(t if t is not None else s for s, t in zip(inputs, c.input_targets))
+    outs = c.outputs * n_out if n_out > 1 else c.outputs
+    return Propagation(name, tuple(inputs), targets, outs, c.collectives, notes, st.candidates,
+                       cost_model or DEFAULT_COST_MODEL)
+
+
+def factor_rule(fm_of, n_out: int = 1):
+    """A sharding rule from a factor map. ``fm_of(name, inputs, params)`` returns a
+    ``FactorMap`` (output shape inferred) or ``(FactorMap, [output shapes])``; inputs that
+    are numbers are passed as None.
+
+    ``factor_rule(lambda name, inputs, params: FactorMap(("mk", "kn"), "mn", linear="multi"))``
+    """
+
+    def rule(name, inputs, cost_model=None, tensor_dtype="float32", out_pins=(), **params):
+        ins = [s if isinstance(s, Sharding) else None for s in inputs]
+        got = fm_of(name, ins, params)
+        fm, shapes = got if isinstance(got, tuple) else (got, None)
+        return factor_map_result(name, inputs, fm, shapes, cost_model, tensor_dtype, out_pins, n_out)
+
+    rule.__doc__ = fm_of.__doc__
+    return rule
+
+
+__all__ = ["Candidate", "FactorMap", "MM", "Strategy", "axis_options", "axis_usage", "candidates", "choose",
+           "factor_map_result", "factor_rule", "fmt_option", "infer_out_shape", "letter_structures", "move_collectives",
+           "price"]

@@ -25,10 +25,8 @@ from math import gcd
 
 from ..config import settings
 from ..errors import ShardingSpecError
-from ..propagation import Propagation, Redistribution
 from ..sharding import Factor, Sharding
 from ..sharding.core import ChunkProgram, _product
-from .registry import register
 
 
 class _Tok:
@@ -394,146 +392,159 @@ def _infer_shape(shape: tuple, out_shape) -> tuple:
 
 
 # ------------------------------------------------------------------------------------------
-# redistributions of a gather (a simple form; the full planner comes with op strategies)
+# the rules (declared with register_op; numpy implementations reshape to the local shape)
 # ------------------------------------------------------------------------------------------
 
+import numpy as _np  # noqa: E402
 
-def gathers(src: Sharding, dst: Sharding, tensor: int = 0, dtype: str = "float32") -> tuple:
-    """The collectives turning ``src`` into ``dst`` (``plan_redistribution``), as
-    ``Redistribution`` records of input ``tensor``."""
-    from ..sharding.redistribute import plan_redistribution
-
-    return tuple(
-        Redistribution(tensor, st.kind, st.axes, st.bytes, st.seconds, f"{st.src} -> {st.dst}")
-        for st in plan_redistribution(src, dst, dtype=dtype)
-        if st.kind != "local"
-    )
+from ..errors import OpError  # noqa: E402
+from ..sharding.move import communicating, plan_move  # noqa: E402
+from .registry import register_op  # noqa: E402
+from .result import Propagation  # noqa: E402
 
 
-# ------------------------------------------------------------------------------------------
-# the rules
-# ------------------------------------------------------------------------------------------
+def gathers(src: Sharding, dst: Sharding, tensor_dtype: str = "float32") -> tuple:
+    """The collectives moving input 0 from ``src`` to ``dst`` (``plan_move``, local steps dropped)."""
+    return tuple(c.attributed("input 0") for c in communicating(plan_move(src, dst, tensor_dtype)))
 
 
-def _one(name: str, inputs: tuple) -> Sharding:
-    if len(inputs) != 1 or not isinstance(inputs[0], Sharding):
-        raise ShardingSpecError(f"{name}: takes one input sharding, got {len(inputs)}")
-    return inputs[0]
-
-
-def _view_result(name, s, out_shape, subaxes, dtype, notes=()):
+def _view_result(name, s, out_shape, subaxes, tensor_dtype, cost_model, notes=()):
     target, out = regroup(s, out_shape, subaxes)
-    reds = gathers(s, target, 0, dtype)
-    return Propagation(name, (s,), (target,), (out,), reds, tuple(notes))
+    return Propagation(name, (s,), (target,), (out,), gathers(s, target, tensor_dtype), tuple(notes))
 
 
-@register("view", "_unsafe_view", "reshape", "view_copy", "_reshape_alias", "alias", "clone", "contiguous")
-def view_rule(name, inputs, shape=None, size=None, subaxes=None, dtype="float32", **_):
-    """view/reshape to ``shape`` (``size`` accepted as torch's alias); alias/clone keep the shape."""
-    s = _one(name, inputs)
+def _np_reshape(x, out_shapes, **_):
+    return _np.reshape(x, out_shapes[0])
+
+
+def view_rule(name, inputs, shape=None, size=None, subaxes=None, tensor_dtype="float32", cost_model=None, **_):
+    """view/reshape to ``shape`` (``size`` as torch names it); alias/clone keep the shape."""
+    s = inputs[0]
     if shape is None:
         shape = size if size is not None else s.shape
-    return _view_result(name, s, shape, subaxes, dtype)
+    return _view_result(name, s, shape, subaxes, tensor_dtype, cost_model)
 
 
-@register("flatten")
-def flatten_rule(name, inputs, start_dim=0, end_dim=-1, subaxes=None, dtype="float32", **_):
-    s = _one(name, inputs)
-    nd = max(s.ndim, 1)
-    a, b = start_dim % nd, end_dim % nd
+_SUB = "subaxes: bool? = None"
+def _check_view_shape(name, inputs, params):
+    if (params.get("size") is None) == (params.get("shape") is None):
+        raise OpError(f"op {name}: give the new shape once, as size= (torch's name) or shape=")
+
+
+register_op("view", f"x ; size: shape? = None, shape: shape? = None, dtype: dtype? = None, {_SUB}", view_rule,
+            _np_reshape, shape_driven=True, aliases=("_unsafe_view", "view_copy"), check=_check_view_shape)
+register_op("reshape", f"x ; shape: shape, {_SUB}", view_rule, _np_reshape, shape_driven=True)
+register_op("_reshape_alias", f"x ; size: shape, stride: any = None, {_SUB}", view_rule, _np_reshape,
+            shape_driven=True)
+register_op("alias", f"x ; {_SUB}", view_rule, lambda x, **_: x)
+register_op("clone", f"x ; memory_format: ignored = None, {_SUB}", view_rule, lambda x, **_: _np.array(x))
+register_op("contiguous", f"x ; memory_format: ignored = None, {_SUB}", view_rule, lambda x, **_: x)
+
+
+def flatten_rule(name, inputs, start_dim=0, end_dim=-1, subaxes=None, tensor_dtype="float32", cost_model=None, **_):
+    s = inputs[0]
+    a, b = (start_dim, end_dim) if s.ndim else (0, 0)
     if a > b:
-        raise ShardingSpecError(f"flatten: start_dim {start_dim} is after end_dim {end_dim}")
-    shape = s.shape[:a] + (_product(s.shape[a : b + 1]),) + s.shape[b + 1 :]
-    return _view_result(name, s, shape, subaxes, dtype)
+        raise OpError(f"op flatten: start_dim {start_dim} is after end_dim {end_dim}; give start_dim <= end_dim")
+    shape = s.shape[:a] + (_product(s.shape[a: b + 1]),) + s.shape[b + 1:]
+    return _view_result(name, s, shape, subaxes, tensor_dtype, cost_model)
 
 
-@register("unflatten")
-def unflatten_rule(name, inputs, dim=0, sizes=None, subaxes=None, dtype="float32", **_):
-    s = _one(name, inputs)
-    d = dim % s.ndim
-    sizes = list(sizes or ())
-    shape = s.shape[:d] + tuple(_infer_shape((s.shape[d],), sizes)) + s.shape[d + 1 :]
-    return _view_result(name, s, shape, subaxes, dtype)
+register_op("flatten", f"x ; start_dim: dim = 0, end_dim: dim = -1, {_SUB}", flatten_rule, _np_reshape,
+            shape_driven=True)
 
 
-@register("squeeze")
-def squeeze_rule(name, inputs, dim=None, subaxes=None, dtype="float32", **_):
-    s = _one(name, inputs)
-    if dim is None:
-        dims = [d for d in range(s.ndim) if s.shape[d] == 1]
-    else:
-        dims = [x % s.ndim for x in ([dim] if isinstance(dim, int) else dim)]
+def unflatten_rule(name, inputs, dim=0, sizes=None, subaxes=None, tensor_dtype="float32", cost_model=None, **_):
+    s = inputs[0]
+    shape = s.shape[:dim] + tuple(_infer_shape((s.shape[dim],), list(sizes))) + s.shape[dim + 1:]
+    return _view_result(name, s, shape, subaxes, tensor_dtype, cost_model)
+
+
+register_op("unflatten", f"x ; dim: dim, sizes: shape, {_SUB}", unflatten_rule, _np_reshape, shape_driven=True)
+
+
+def squeeze_rule(name, inputs, dim=None, subaxes=None, tensor_dtype="float32", cost_model=None, **_):
+    s = inputs[0]
+    dims = [d for d in range(s.ndim) if s.shape[d] == 1] if dim is None else \
+        ([dim] if isinstance(dim, int) else list(dim))
     shape = tuple(n for d, n in enumerate(s.shape) if not (d in dims and n == 1))
-    return _view_result(name, s, shape, subaxes, dtype)
+    return _view_result(name, s, shape, subaxes, tensor_dtype, cost_model)
 
 
-@register("unsqueeze")
-def unsqueeze_rule(name, inputs, dim=0, subaxes=None, dtype="float32", **_):
-    s = _one(name, inputs)
-    d = dim % (s.ndim + 1)
-    shape = s.shape[:d] + (1,) + s.shape[d:]
-    return _view_result(name, s, shape, subaxes, dtype)
+register_op("squeeze", f"x ; dim: dims? = None, {_SUB}", squeeze_rule, _np_reshape, shape_driven=True)
+
+
+def unsqueeze_rule(name, inputs, dim=0, subaxes=None, tensor_dtype="float32", cost_model=None, **_):
+    s = inputs[0]
+    return _view_result(name, s, s.shape[:dim] + (1,) + s.shape[dim:], subaxes, tensor_dtype, cost_model)
+
+
+register_op("unsqueeze", f"x ; dim: dim+1, {_SUB}", unsqueeze_rule, _np_reshape, shape_driven=True)
 
 
 def _permuted(name, s: Sharding, perm) -> Propagation:
-    perm = [p % s.ndim for p in perm]
     if sorted(perm) != list(range(s.ndim)):
-        raise ShardingSpecError(f"{name}: {tuple(perm)} is not a permutation of {s.ndim} dims")
+        raise OpError(f"op {name}: {tuple(perm)} is not a permutation of {s.ndim} dims; name each dim once")
     out = Sharding(s.mesh, tuple(s.shape[p] for p in perm), [s.dims[p] for p in perm], s.partial)
     return Propagation(name, (s,), (s,), (out,))
 
 
-@register("permute")
-def permute_rule(name, inputs, dims=None, **_):
-    s = _one(name, inputs)
-    return _permuted(name, s, dims if dims is not None else range(s.ndim))
+def permute_rule(name, inputs, dims=(), **_):
+    s = inputs[0]
+    return _permuted(name, s, list(dims) if not isinstance(dims, int) else [dims])
 
 
-@register("transpose")
 def transpose_rule(name, inputs, dim0=0, dim1=1, **_):
-    s = _one(name, inputs)
+    s = inputs[0]
     perm = list(range(s.ndim))
-    a, b = dim0 % s.ndim, dim1 % s.ndim
-    perm[a], perm[b] = perm[b], perm[a]
+    if s.ndim:
+        perm[dim0], perm[dim1] = perm[dim1], perm[dim0]
     return _permuted(name, s, perm)
 
 
-@register("t")
 def t_rule(name, inputs, **_):
-    s = _one(name, inputs)
-    if s.ndim > 2:
-        raise ShardingSpecError(f"t: expects a tensor of at most 2 dims, got {s.ndim}")
+    s = inputs[0]
     return _permuted(name, s, list(range(s.ndim))[::-1])
 
 
-@register("movedim")
 def movedim_rule(name, inputs, source=0, destination=0, **_):
-    s = _one(name, inputs)
+    s = inputs[0]
     src = [source] if isinstance(source, int) else list(source)
     dst = [destination] if isinstance(destination, int) else list(destination)
-    src = [x % s.ndim for x in src]
-    dst = [x % s.ndim for x in dst]
+    if len(src) != len(dst):
+        raise OpError(f"op movedim: source {src} and destination {dst} must name as many dims")
     perm = [None] * s.ndim
     for a, b in zip(src, dst):
         perm[b] = a
     rest = iter(d for d in range(s.ndim) if d not in src)
-    perm = [p if p is not None else next(rest) for p in perm]
-    return _permuted(name, s, perm)
+    return _permuted(name, s, [p if p is not None else next(rest) for p in perm])
 
 
-@register("expand")
-def expand_rule(name, inputs, size=None, shape=None, **_):
+register_op("permute", f"x ; dims: dims, {_SUB}", permute_rule, lambda x, dims: _np.transpose(x, dims))
+register_op("transpose", f"x ; dim0: dim, dim1: dim, {_SUB}", transpose_rule,
+            lambda x, dim0, dim1: _np.swapaxes(x, dim0, dim1))
+def _check_t(name, inputs, params):
+    if inputs[0].ndim > 2:
+        raise OpError(f"op t: expects a tensor of at most 2 dims, got {inputs[0].ndim} (use transpose)")
+
+
+register_op("t", f"x ; {_SUB}", t_rule, lambda x: _np.asarray(x).T, check=_check_t)
+register_op("movedim", f"x ; source: dims, destination: dims, {_SUB}", movedim_rule,
+            lambda x, source, destination: _np.moveaxis(x, source, destination))
+
+
+def expand_rule(name, inputs, size=None, tensor_dtype="float32", cost_model=None, **_):
     """Broadcast size-1 dims (and new leading dims): every rank holds the whole new extent."""
-    s = _one(name, inputs)
-    size = list(size if size is not None else shape)
+    s = inputs[0]
+    size = list(size)
     lead = len(size) - s.ndim
     if lead < 0:
-        raise ShardingSpecError(f"expand: size {tuple(size)} has fewer dims than the input {s.shape}")
+        raise OpError(f"op expand: size {tuple(size)} has fewer dims than the input {s.shape}")
     dims, shape_out = [], []
     for i, n in enumerate(size):
         if i < lead:
             if n < 1:
-                raise ShardingSpecError(f"expand: new dim {i} must have a positive size, got {n}")
+                raise OpError(f"op expand: new dim {i} must have a positive size, got {n}")
             dims.append([])
             shape_out.append(n)
             continue
@@ -545,33 +556,35 @@ def expand_rule(name, inputs, size=None, shape=None, **_):
             dims.append([])
             shape_out.append(n)
         else:
-            raise ShardingSpecError(
-                f"expand: dim {d} has size {s.shape[d]}; only size-1 dims expand (to {n})"
-            )
+            raise OpError(f"op expand: dim {d} has size {s.shape[d]}; only size-1 dims expand (to {n})")
     # an expanded size-1 dim that carries a shard (all on some devices, nothing on others) is
     # gathered first: every device must hold the broadcast values
-    target = s
     busy = [d for d in range(s.ndim) if s.shape[d] == 1 and size[d + lead] not in (-1, 1) and s.dims[d]]
-    if busy:
-        target = Sharding(s.mesh, s.shape, [[] if d in busy else s.dims[d] for d in range(s.ndim)], s.partial)
+    target = s if not busy else Sharding(s.mesh, s.shape, [[] if d in busy else s.dims[d] for d in range(s.ndim)],
+                                         s.partial)
     out = Sharding(s.mesh, tuple(shape_out), dims, s.partial)
-    return Propagation(name, (s,), (target,), (out,), gathers(s, target))
+    return Propagation(name, (s,), (target,), (out,), gathers(s, target, tensor_dtype))
 
 
-@register("view_as_real")
-def view_as_real_rule(name, inputs, subaxes=None, dtype="complex64", **_):
-    s = _one(name, inputs)
-    out = Sharding(s.mesh, s.shape + (2,), list(s.dims) + [[]], s.partial)
-    return Propagation(name, (s,), (s,), (out,))
+register_op("expand", f"x ; size: ints, implicit: bool = False, {_SUB}", expand_rule,
+            lambda x, out_shapes, **_: _np.broadcast_to(x, out_shapes[0]).copy(), shape_driven=True)
 
 
-@register("view_as_complex")
-def view_as_complex_rule(name, inputs, subaxes=None, dtype="float32", **_):
-    s = _one(name, inputs)
+def view_as_real_rule(name, inputs, **_):
+    s = inputs[0]
+    return Propagation(name, (s,), (s,), (Sharding(s.mesh, s.shape + (2,), list(s.dims) + [[]], s.partial),))
+
+
+def view_as_complex_rule(name, inputs, tensor_dtype="float32", **_):
+    s = inputs[0]
     if not s.ndim or s.shape[-1] != 2:
-        raise ShardingSpecError(f"view_as_complex: the last dim must have size 2, got shape {s.shape}")
+        raise OpError(f"op view_as_complex: the last dim must have size 2, got shape {s.shape}")
     target = s
     if any(not f.local for f in s.dims[-1]):
         target = Sharding(s.mesh, s.shape, list(s.dims[:-1]) + [[]], s.partial)
     out = Sharding(s.mesh, s.shape[:-1], list(target.dims[:-1]), s.partial)
-    return Propagation(name, (s,), (target,), (out,), gathers(s, target, 0, dtype))
+    return Propagation(name, (s,), (target,), (out,), gathers(s, target, tensor_dtype))
+
+
+register_op("view_as_real", f"x ; {_SUB}", view_as_real_rule, lambda a: _np.stack([_np.real(a), _np.imag(a)], -1))
+register_op("view_as_complex", f"x ; {_SUB}", view_as_complex_rule, lambda a: a[..., 0] + 1j * a[..., 1])

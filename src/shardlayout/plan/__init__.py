@@ -25,41 +25,26 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import ShardingError
+from ..execute import NumpySimulator, walk
 from ..mesh import Mesh
+from ..ops.registry import get_op
 from ..program import Program
 from ..propagation import propagate
 from ..sharding import Sharding
-from ..sharding.redistribute import DEFAULT_COST_MODEL, CostModel, plan_redistribution, run_plan
-
-
-@dataclass(frozen=True)
-class Collective:
-    """One collective of a plan: which tensor moves for which op, how, and what it costs."""
-
-    kind: str
-    axes: tuple
-    bytes: int
-    seconds: float
-    tensor: str
-    op: str
-    src: str
-    dst: str
-
-    def to_json(self) -> dict:
-        """JSON-able form."""
-        return {"kind": self.kind, "axes": list(self.axes), "bytes": self.bytes, "seconds": self.seconds,
-                "tensor": self.tensor, "op": self.op, "from": self.src, "to": self.dst}
+from ..sharding.cost import DEFAULT_COST_MODEL, CostModel, cost
+from ..sharding.move import plan_move
 
 
 @dataclass(frozen=True)
 class PlannedOp:
-    """An op with its input targets and output shardings."""
+    """An op with its input targets, output shardings and validated params."""
 
     name: str
     target: str
     inputs: tuple
     input_targets: tuple
     outputs: tuple
+    params: dict = field(default_factory=dict, compare=False)
 
 
 @dataclass
@@ -74,7 +59,11 @@ class Verification:
 
 @dataclass
 class Plan:
-    """Shardings of every tensor, strategies of every op, every collective and the totals."""
+    """Shardings of every tensor, strategies of every op, every collective and the totals.
+
+    ``collectives``: the communicating :class:`Collective` records, each attributed to its
+    tensor and op; ``moves``: ``{(tensor, target sharding): collectives incl. local slices}``,
+    what executors run; ``cost_model`` prices them."""
 
     program: Program
     mesh: Mesh
@@ -82,13 +71,18 @@ class Plan:
     ops: list
     collectives: list
     plan_seconds: float
-    steps: dict = field(default_factory=dict, repr=False)  # (tensor, target) -> redistribution steps
+    moves: dict = field(default_factory=dict, repr=False)
+    cost_model: CostModel = field(default=DEFAULT_COST_MODEL, repr=False)
     verified: bool | None = None
 
     @property
     def total_seconds(self) -> float:
-        """Estimated seconds of all collectives."""
-        return sum(c.seconds for c in self.collectives)
+        """Estimated seconds of all collectives (``sharding.cost.cost``)."""
+        return cost(self.collectives, self.cost_model)
+
+    def seconds(self, c) -> float:
+        """Estimated seconds of one collective under this plan's cost model."""
+        return self.cost_model.seconds(c)
 
     @property
     def total_bytes(self) -> int:
@@ -99,7 +93,8 @@ class Plan:
         """``{(kind, axes): n}``. ``{("all_reduce", ("tp",)): 4}`` for megatron on 2 layers."""
         out: dict = {}
         for c in self.collectives:
-            out[(c.kind, c.axes)] = out.get((c.kind, c.axes), 0) + 1
+            key = (c.kind.value, tuple(p.text(self.mesh) for p in c.axes))
+            out[key] = out.get(key, 0) + 1
         return out
 
     def to_json(self, include_timing: bool = True) -> str:
@@ -109,7 +104,7 @@ class Plan:
             "tensors": {n: str(s) for n, s in sorted(self.shardings.items())},
             "ops": [{"name": o.name, "target": o.target, "inputs": [str(s) for s in o.input_targets],
                      "outputs": [str(s) for s in o.outputs]} for o in self.ops],
-            "collectives": [c.to_json() for c in self.collectives],
+            "collectives": [c.to_json(self.cost_model) for c in self.collectives],
             "total_seconds": self.total_seconds,
             "total_bytes": self.total_bytes,
             "verified": self.verified,
@@ -127,58 +122,43 @@ class Plan:
             "mesh": str(self.mesh),
             "inputs": {n: str(self.shardings[n]) for n in sorted(prog.inputs())},
             "outputs": [str(self.shardings[n]) for n in prog.outputs],
-            "collectives": sorted([c.kind, list(c.axes), c.bytes] for c in self.collectives),
+            "collectives": sorted([c.kind.value, c.axes_text(), c.bytes] for c in self.collectives),
             "total_seconds": round(self.total_seconds, 12),
         }
         return json.dumps(data, indent=1, sort_keys=True)
 
     def verify(self, seed: int = 0, rtol: float = 1e-6, atol: float = 1e-6) -> Verification:
-        """Run the program on every rank (numpy) and compare every tensor with the unsharded run."""
-        from .execute import run_op
-
+        """Run the plan on every rank (``execute.walk`` with the numpy simulator) and compare
+        every tensor with the unsharded run; the first that differs is reported."""
         rng = np.random.default_rng(seed)
         prog = self.program
-        ref, pieces = {}, {}
+        ref = {}
         for name in prog.inputs():
             t = prog.tensors[name]
             ref[name] = rng.standard_normal(t.shape) if t.shape else np.asarray(rng.standard_normal())
-            pieces[name] = self.shardings[name].shard(ref[name])
-        checked = 0
         for op, po in zip(prog.ops, self.ops):
-            kw = op.kwargs()
             args = [ref[i] if isinstance(i, str) else i for i in op.inputs]
-            outs = run_op(op.target, args, kw, [prog.tensors[o].shape for o in op.outputs])
-            for o, v in zip(op.outputs, outs):
-                ref[o] = v
-            local_in = []
-            for i, tgt in zip(op.inputs, po.input_targets):
-                if not isinstance(i, str):
-                    local_in.append(i)
-                    continue
-                cur = self.shardings[i]
-                local_in.append(pieces[i] if cur == tgt else run_plan(self.steps[(i, tgt)], pieces[i]))
-            per_rank = {}
-            for r in self.mesh.ranks():
-                a = [x[r] if isinstance(x, dict) else x for x in local_in]
-                per_rank[r] = run_op(op.target, a, kw, [s.local_shape(r) for s in po.outputs])
-            for k, (o, s) in enumerate(zip(op.outputs, po.outputs)):
-                got = {r: np.asarray(per_rank[r][k]) for r in self.mesh.ranks()}
-                final = self.shardings[o]
-                if final != s:
-                    got = run_plan(self.steps[(o, final)], got)
-                pieces[o] = got
-                try:
-                    whole = final.unshard(got, tolerance=1e-6)
-                except ShardingError as e:
-                    self.verified = False
-                    return Verification(False, checked, f"{o} (op {op.name}): {e}")
-                err = float(np.max(np.abs(whole - ref[o]))) if whole.size else 0.0
-                checked += 1
-                if not np.allclose(whole, ref[o], rtol=rtol, atol=atol):
-                    self.verified = False
-                    return Verification(False, checked, f"{o} (op {op.name}, sharding {final})", err)
+            outs = get_op(op.target).run_numpy(args, po.params, [prog.tensors[o].shape for o in op.outputs])
+            ref.update(zip(op.outputs, outs))
+        pieces = {n: self.shardings[n].shard(ref[n]) for n in prog.inputs()}
+        checked = 0
+        for name, got in walk(self, NumpySimulator(self.mesh), pieces):
+            final = self.shardings[name]
+            try:
+                whole = final.unshard(got, tolerance=1e-6)
+            except ShardingError as e:
+                self.verified = False
+                return Verification(False, checked, f"{name} (op {self._producer(name)}): {e}")
+            checked += 1
+            if not np.allclose(whole, ref[name], rtol=rtol, atol=atol, equal_nan=True):
+                err = float(np.nanmax(np.abs(whole - ref[name]))) if whole.size else 0.0
+                self.verified = False
+                return Verification(False, checked, f"{name} (op {self._producer(name)}, sharding {final})", err)
         self.verified = True
         return Verification(True, checked)
+
+    def _producer(self, tensor: str) -> str:
+        return next((op.name for op in self.program.ops if tensor in op.outputs), "?")
 
 
 def plan(program: Program, mesh: Mesh, pins: dict | None = None, cost_model: CostModel | None = None,
@@ -230,7 +210,7 @@ def _infer_backward(program: Program, p: "Plan", pinned: set) -> dict:
             continue
         (tgt,) = targets
         cur = p.shardings[name]
-        if tgt != cur and all(st.kind == "local" for st in p.steps.get((name, tgt), [])) and not tgt.partial:
+        if tgt != cur and not any(c.kind.communicates for c in p.moves.get((name, tgt), ())) and not tgt.partial:
             out[name] = tgt
     return out
 
@@ -240,50 +220,42 @@ def _forward(program: Program, mesh: Mesh, pins: dict, cm: CostModel) -> "Plan":
     shard: dict = {}
     for name in program.inputs():
         shard[name] = pins.get(name) or Sharding(mesh, program.tensors[name].shape)
-    steps: dict = {}
+    moves: dict = {}
     collectives: list = []
     planned: list = []
 
     def move(tensor, src, dst, opname):
         key = (tensor, dst)
-        if key in steps:
+        if key in moves:
             return
-        st = plan_redistribution(src, dst, cm, program.tensors[tensor].dtype)
-        steps[key] = st
-        for x in st:
-            if x.kind != "local":
-                collectives.append(Collective(x.kind, x.axes, x.bytes, x.seconds, tensor, opname,
-                                              str(x.src), str(x.dst)))
+        moves[key] = plan_move(src, dst, program.tensors[tensor].dtype)
+        collectives.extend(c.attributed(tensor, opname) for c in moves[key] if c.kind.communicates)
 
     for op in program.ops:
+        opdef = get_op(op.target)
         args = [shard[i] if isinstance(i, str) else i for i in op.inputs]
         out_pins = [pins.get(o) for o in op.outputs]
         kw = op.kwargs()
-        if not any(isinstance(a, Sharding) for a in args):
+        if not any(isinstance(a, Sharding) for a in args) and opdef.signature.param("mesh") is not None:
             kw["mesh"] = mesh  # creation ops: replicated (consumers slice them for free)
+        dtypes = tuple(program.tensors[i].dtype if isinstance(i, str) else "float32" for i in op.inputs)
         try:
-            p = propagate(op.target, args, out_pins=out_pins, cost_model=cm, **kw)
+            p = propagate(op.target, args, out_pins=out_pins, cost_model=cm, tensor_dtype=dtypes or "float32", **kw)
+            params = opdef.bind(tuple(args), kw)
         except ShardingError as e:
             raise type(e)(f"op {op.name} ({op.target}): {e}") from None
         targets = []
-        aligned = len(p.input_targets) == len(args)
-        it = iter(p.input_targets if aligned else [t for t in p.input_targets])
-        for i, a in zip(op.inputs, args):
-            tgt = next(it) if aligned else None
-            if isinstance(a, Sharding):
-                tgt = tgt if aligned else next(it)
-                if tgt != a:
-                    move(i, a, tgt, op.name)
-                targets.append(tgt)
-            else:
-                targets.append(a)
+        for i, a, tgt in zip(op.inputs, args, p.input_targets):
+            if isinstance(a, Sharding) and tgt != a:
+                move(i, a, tgt, op.name)
+            targets.append(tgt)
         for o, s in zip(op.outputs, p.outputs):
             final = pins.get(o, s)
             if final != s:
                 move(o, s, final, op.name)
             shard[o] = final
-        planned.append(PlannedOp(op.name, op.target, tuple(op.inputs), tuple(targets), tuple(p.outputs)))
-    return Plan(program, mesh, shard, planned, collectives, time.perf_counter() - t0, steps)
+        planned.append(PlannedOp(op.name, op.target, tuple(op.inputs), tuple(targets), tuple(p.outputs), params))
+    return Plan(program, mesh, shard, planned, collectives, time.perf_counter() - t0, moves, cm)
 
 
-__all__ = ["Collective", "Plan", "PlannedOp", "Verification", "plan"]
+__all__ = ["Plan", "PlannedOp", "Verification", "plan"]

@@ -45,10 +45,9 @@ def from_exported(ep, decompose: bool = True) -> Program:
     """A Program from an ``ExportedProgram`` (e.g. ``torch.export.load("model.pt2")``)."""
     import torch
 
-    from ..ops.registry import RULES, load_rules
-    from ..propagation import canonical_op_name
+    from ..ops import canonical_op_name, registered
 
-    load_rules()
+    known = registered()
     if decompose:
         ep = ep.run_decompositions()
     sig = ep.graph_signature
@@ -76,12 +75,12 @@ def from_exported(ep, decompose: bool = True) -> Program:
                 continue
             target = str(node.target)
             short = canonical_op_name(target)
-            if short not in RULES:
+            if short not in known:
                 where = (node.meta.get("stack_trace") or "").strip().splitlines()
                 line = where[-2].strip() if len(where) >= 2 else "(no source line)"
                 raise UnsupportedOp(
-                    f"{target} at node {node.name!r} ({line}) has no sharding rule; add one in "
-                    "shardlayout/ops/ with @register(\"" + short + "\")"
+                    f"{target} at node {node.name!r} ({line}) has no sharding rule; declare it with "
+                    f"shardlayout.register_op({short!r}, signature, rule, numpy)"
                 )
             inputs, kwargs = [], {}
             schema = node.target._schema.arguments

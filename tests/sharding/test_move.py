@@ -1,5 +1,5 @@
-"""Redistribution plans: every plan run on numpy pieces (each rank using only its group's
-pieces) gives exactly the target's shards; kinds and costs follow DTensor's model."""
+"""plan_move: every plan run on numpy pieces (each rank using only its group's pieces) gives
+exactly the target's shards; kinds, typed axes, dims and bytes as DTensor counts them."""
 
 from __future__ import annotations
 
@@ -11,7 +11,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shardlayout import Mesh, Sharding, ShardingError
-from shardlayout.sharding.redistribute import CostModel, plan_redistribution, run_plan
+from shardlayout.execute import run_moves
+from shardlayout.sharding.cost import CostModel, cost
+from shardlayout.sharding.collective import AxisPiece, CollectiveKind
+from shardlayout.sharding.move import plan_move
 
 from .strategies import meshes
 
@@ -41,9 +44,9 @@ def placement_pairs(draw):
 
 
 def check_plan(a, b):
-    steps = plan_redistribution(a, b)
+    steps = plan_move(a, b)
     x = np.random.default_rng(1).standard_normal(a.shape)
-    got = run_plan(steps, a.shard(x))
+    got = run_moves(steps, a.shard(x))
     want = b.shard(x)
     for r in a.mesh.ranks():
         assert got[r].shape == want[r].shape and np.allclose(got[r], want[r]), (str(a), str(b), r, steps)
@@ -73,26 +76,31 @@ def test_plans_on_sub_axes_strided_and_uneven():
 def test_kinds_and_costs():
     m = Mesh.parse("dp=2,tp=4")
     s = lambda t: Sharding.parse(t, m)  # noqa: E731
-    kinds = lambda a, b: [(x.kind, x.axes) for x in plan_redistribution(s(a), s(b))]  # noqa: E731
+    kinds = lambda a, b: [(x.kind.value, x.axes_text()) for x in plan_move(s(a), s(b))]  # noqa: E731
     assert kinds("[dp*4, tp*3]", "[dp*4, tp*3]") == []
-    assert kinds("[dp*4, tp*3]", "[dp*4, 12]") == [("all_gather", ("tp",))]
-    assert kinds("[8, 12] +sum(tp)", "[8, 12]") == [("all_reduce", ("tp",))]
-    assert kinds("[8, 12] +sum(tp)", "[tp*2, 12]") == [("reduce_scatter", ("tp",))]
-    assert kinds("[tp*2, 12]", "[8, tp*3]") == [("all_to_all", ("tp",))]
-    assert kinds("[8, 12]", "[dp*4, tp*3]") == [("local", ("slice",))]
-    steps = plan_redistribution(s("[dp*4, tp*3]"), s("[dp*4, 12]"))
-    # DTensor's allgather_cost: 6.6 + hops*0.6 µs + bytes*hops/n / 87.7 GB/s; bytes = gathered size
+    assert kinds("[dp*4, tp*3]", "[dp*4, 12]") == [("all_gather", "tp")]
+    assert kinds("[8, 12] +sum(tp)", "[8, 12]") == [("all_reduce", "tp")]
+    assert kinds("[8, 12] +sum(tp)", "[tp*2, 12]") == [("reduce_scatter", "tp")]
+    assert kinds("[tp*2, 12]", "[8, tp*3]") == [("all_to_all", "tp")]
+    assert kinds("[8, 12]", "[dp*4, tp*3]") == [("local", "")]
+    assert kinds("[dp*4*tp:(1)2, tp:(2)2*3]", "[dp*4*tp:(1)2, 6]") == [("all_gather", "tp:(2)2")]
+    steps = plan_move(s("[dp*4, tp*3]"), s("[dp*4, 12]"))
+    c = steps[0]
+    assert c.kind is CollectiveKind.ALL_GATHER and c.axes == (AxisPiece("tp", 4),) and c.dims == (1,)
+    # DTensor's allgather_cost: 6.6 + hops*0.6 µs + bytes*hops/n / 87.7 GiB/s; bytes = gathered size
     nbytes = 4 * 12 * 4
-    assert steps[0].bytes == nbytes
-    assert steps[0].seconds == pytest.approx(6.6e-6 + 3 * 0.6e-6 + nbytes * 3 / 4 / 87.7e9)
+    assert c.bytes == nbytes and c.group_size == 4
+    assert cost(steps) == pytest.approx(6.6e-6 + 3 * 0.6e-6 + nbytes / 2**30 * 3 / 4 / 87.7, rel=1e-12)
     slow = CostModel(bandwidth={"tp": 1e9}, hop_latency={"tp": 5e-6})
-    assert plan_redistribution(s("[dp*4, tp*3]"), s("[dp*4, 12]"), slow)[0].seconds > steps[0].seconds
+    assert cost(steps, slow) > cost(steps)
+    rs = plan_move(s("[8, 12] +sum(tp)"), s("[tp*2, 12]"))[0]
+    assert rs.reduce_op == "sum" and rs.dims == (0,) and rs.bytes == 8 * 12 * 4
 
 
 def test_mismatched_tensors_are_refused():
     m = Mesh.parse("x=2")
     with pytest.raises(ShardingError, match="not the same tensor"):
-        plan_redistribution(Sharding.parse("[x*2]", m), Sharding.parse("[x*3]", m))
+        plan_move(Sharding.parse("[x*2]", m), Sharding.parse("[x*3]", m))
 
 
 def test_random_plans_with_dtensor_programs():

@@ -1,0 +1,195 @@
+"""``plan_move``: the only function that turns one sharding of a tensor into another.
+
+It returns the :class:`Collective` records that do it, in order; the strategy search prices
+its candidates by calling it, so what is priced is exactly what a plan emits and runs.
+
+The plan keeps every mesh-axis piece that sits at the same digit of the same dim in both
+shardings, gathers the others (an all-to-all when the piece only moves to another digit),
+reduces partial axes (a reduce-scatter when the target shards on that axis, else an
+all-reduce), and slices the target's new pieces locally (a ``local`` step, which also
+partitions values onto new partial axes). Valid for strided, sub-axis and uneven shardings
+and DTensor chunk programs; every plan is checked by running it on every rank
+(``shardlayout.execute``).
+
+    >>> from shardlayout import Mesh, Sharding
+    >>> m = Mesh.parse("dp=2,tp=4")
+    >>> [(c.kind.value, c.axes_text()) for c in plan_move(Sharding.parse("[8, 12] +sum(tp)", m),
+    ...                                                    Sharding.parse("[8, tp*3]", m))]
+    [('reduce_scatter', 'tp')]
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from ..errors import ShardingSpecError
+from .collective import AxisPiece, Collective, CollectiveKind
+from .core import ChunkProgram, Factor, Sharding, _product
+from .cost import itemsize
+
+
+def plan_move(src: Sharding, dst: Sharding, dtype: str = "float32") -> tuple:
+    """The collectives from ``src`` to ``dst`` (same mesh and shape); ``()`` when equal.
+
+    Memoised (shardings are immutable). Raises ``ShardingSpecError`` when the two are not
+    shardings of the same tensor on the same mesh.
+    """
+    if src.mesh != dst.mesh or src.shape != dst.shape:
+        raise ShardingSpecError(
+            f"redistribute: {src} (shape {src.shape}, mesh {src.mesh}) and {dst} (shape "
+            f"{dst.shape}, mesh {dst.mesh}) are not the same tensor on the same mesh; "
+            "plan a move only between two shardings of one tensor"
+        )
+    if src == dst:
+        return ()
+    return _plan_move(src, dst, itemsize(dtype))
+
+
+def communicating(moves) -> tuple:
+    """The moves that communicate (drops local slices). ``communicating(()) -> ()``."""
+    return tuple(c for c in moves if c.kind.communicates)
+
+
+# ------------------------------------------------------------------------------------------
+# digit positions of axis pieces
+# ------------------------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=1 << 14)
+def placed(s: Sharding) -> dict:
+    """``{(axis, pre, size): (dim, outer product before it)}`` for the even dims of ``s``."""
+    out = {}
+    for d, fs in enumerate(s.dims):
+        if type(fs) is ChunkProgram:
+            continue
+        p = 1
+        for f in fs:
+            if f.axis is not None:
+                out[(f.axis, f.pre, f.size)] = (d, p)
+            p *= f.size
+    return out
+
+
+def _localize(s: Sharding, keep) -> Sharding:
+    """``s`` with every axis piece not accepted by ``keep(dim, factor)`` made local."""
+    dims = []
+    for d, fs in enumerate(s.dims):
+        if type(fs) is ChunkProgram:
+            dims.append(fs if keep(d, None) else [])
+            continue
+        dims.append([f if f.axis is None or keep(d, f) else Factor(f.size) for f in fs])
+    return Sharding._trusted(s.mesh, s.shape, dims, s.partial)
+
+
+def _local_bytes(s: Sharding, nbytes: int) -> int:
+    return _product(s.local_shape(0)) * nbytes
+
+
+@lru_cache(maxsize=1 << 15)
+def _plan_move(src: Sharding, dst: Sharding, item: int) -> tuple:
+    a_place, b_place = placed(src), placed(dst)
+    same_dims = {d for d in range(src.ndim) if src.dims[d] == dst.dims[d]}
+
+    def kept(d, f):
+        if d in same_dims:
+            return True
+        if f is None or not src.is_even(d) or not dst.is_even(d):
+            return False
+        key = (f.axis, f.pre, f.size)
+        return key in b_place and b_place[key] == a_place.get(key)
+
+    out: list = []
+    cur = src
+    # 1. gather (or move) the pieces that are not at the same digit in the target
+    common = _localize(src, kept)
+    common_keys = set(placed(common))
+    for axis, pre, size, dim in _lost_pieces(src, common):
+        nxt = _drop_piece(cur, axis, pre, size)
+        if nxt == cur:  # a DTensor chunk program already gathered with another of its axes
+            continue
+        kind, dims = CollectiveKind.ALL_GATHER, (dim,)
+        if (axis, pre, size) in b_place and (axis, pre, size) not in common_keys:
+            # the same piece reappears elsewhere in the target: all-to-all, not gather + slice
+            moved = _add_piece(nxt, dst, axis, pre, size)
+            if moved is not None:
+                kind, nxt, dims = CollectiveKind.ALL_TO_ALL, moved, (dim, b_place[(axis, pre, size)][0])
+        pieces = (AxisPiece(axis, size, pre),)
+        prog = next((fs for fs in cur.dims if type(fs) is ChunkProgram and any(st.axis == axis for st in fs)),
+                    None)
+        if prog is not None:  # a DTensor chunk program is gathered whole, over all its axes
+            pieces = tuple(AxisPiece(st.axis, st.size) for st in prog)
+        nbytes = _local_bytes(cur if kind is CollectiveKind.ALL_TO_ALL else nxt, item)
+        out.append(Collective(kind, pieces, dims, nbytes, cur, nxt))
+        cur = nxt
+    # 2. partial axes
+    dst_partial = dict(dst.partial)
+    for axis, op in src.partial:
+        if dst_partial.get(axis) == op:
+            continue
+        n = src.mesh.axis_size(axis)
+        partial = tuple(p for p in cur.partial if p[0] != axis)
+        nbytes = _local_bytes(cur, item)
+        reduced = Sharding._trusted(cur.mesh, cur.shape, cur.dims, partial)
+        sliced = _add_piece(reduced, dst, axis, 1, n)
+        if sliced is not None:
+            out.append(Collective(CollectiveKind.REDUCE_SCATTER, (AxisPiece(axis, n),),
+                                  (b_place[(axis, 1, n)][0],), nbytes, cur, sliced, op))
+            cur = sliced
+        else:
+            out.append(Collective(CollectiveKind.ALL_REDUCE, (AxisPiece(axis, n),), (), nbytes, cur, reduced, op))
+            cur = reduced
+    # 3. local: slice the target's new pieces, partition onto new partial axes
+    if cur != dst:
+        out.append(Collective(CollectiveKind.LOCAL, (), (), 0, cur, dst))
+    return tuple(out)
+
+
+def _program_keys(s: Sharding) -> set:
+    return {(st.axis, 1, st.size) for fs in s.dims if type(fs) is ChunkProgram for st in fs}
+
+
+def _lost_pieces(src: Sharding, common: Sharding) -> list:
+    kept = set(placed(common)) | _program_keys(common)
+    return [(f.axis, f.pre, f.size, d) for d, fs in enumerate(src.dims) for f in fs
+            if f.axis is not None and (f.axis, f.pre, f.size) not in kept]
+
+
+def _drop_piece(s: Sharding, axis: str, pre: int, size: int) -> Sharding:
+    dims = []
+    for fs in s.dims:
+        if type(fs) is ChunkProgram:
+            dims.append([] if any(st.axis == axis for st in fs) else fs)
+            continue
+        dims.append([Factor(f.size) if (f.axis, f.pre, f.size) == (axis, pre, size) else f for f in fs])
+    return Sharding._trusted(s.mesh, s.shape, dims, s.partial)
+
+
+def _add_piece(cur: Sharding, dst: Sharding, axis: str, pre: int, size: int):
+    """``cur`` with the target's piece ``axis:(pre)size`` sliced in at the target's digit, if
+    the local digits of ``cur`` there allow it; else None."""
+    where = placed(dst).get((axis, pre, size))
+    if where is None:
+        return None
+    d, p = where
+    if type(cur.dims[d]) is ChunkProgram or not cur.is_even(d):
+        return None
+    out, pos, done = [], 1, False
+    for f in cur.dims[d]:
+        lo, hi = pos, pos * f.size
+        if not done and f.axis is None and lo <= p and p * size <= hi and p % lo == 0:
+            a = p // lo
+            rest = f.size // a
+            if f.size % a == 0 and rest % size == 0:
+                out += [Factor(a), Factor(size, axis, pre), Factor(rest // size)]
+                done = True
+                pos = hi
+                continue
+        out.append(f)
+        pos = hi
+    if not done:
+        return None
+    return Sharding._trusted(cur.mesh, cur.shape, [out if i == d else fs for i, fs in enumerate(cur.dims)],
+                             cur.partial)
+
+
+__all__ = ["communicating", "placed", "plan_move"]
