@@ -83,7 +83,7 @@ class Sharding:
     or ``Sharding.from_partition_spec``.
     """
 
-    __slots__ = ("mesh", "shape", "dims", "partial", "_hash", "_cache")
+    __slots__ = ("mesh", "shape", "dims", "partial", "_hash")
 
     def __init__(self, mesh: Mesh, shape, dims=None, partial=()):
         if not isinstance(mesh, Mesh):
@@ -110,7 +110,6 @@ class Sharding:
         object.__setattr__(self, "dims", canon)
         object.__setattr__(self, "partial", partial)
         object.__setattr__(self, "_hash", None)
-        object.__setattr__(self, "_cache", {})
 
     def __setattr__(self, name, value):
         raise AttributeError("Sharding is immutable")
@@ -142,7 +141,6 @@ class Sharding:
         sa(obj, "dims", tuple(canon))
         sa(obj, "partial", partial)
         sa(obj, "_hash", None)
-        sa(obj, "_cache", {})
         return obj
 
     # -- identity -------------------------------------------------------------------------

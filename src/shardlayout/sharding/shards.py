@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from ..errors import ShardingSpecError, ShardMismatch
@@ -83,32 +85,23 @@ def _dim_digits(s: Sharding, d: int, coord: tuple) -> list:
     return [None if f.axis is None else factor_digit(s.mesh, f, coord) for f in s.dims[d]]
 
 
+@lru_cache(maxsize=1 << 16)
 def local_indices(s: Sharding, rank: int) -> tuple:
-    """Global indices per dim (int arrays, local order) held by ``rank``."""
-    key = ("idx", rank)
-    hit = s._cache.get(key)
-    if hit is not None:
-        return hit
+    """Global indices per dim (read-only int arrays, local order) held by ``rank``."""
     coord = s.mesh.coord(rank)
     out = []
     for d in range(s.ndim):
         rs = dim_ranges(s.shape[d], s.dims[d], _dim_digits(s, d, coord))
-        out.append(
-            np.concatenate([np.arange(lo, hi) for lo, hi in rs]) if rs else np.zeros(0, dtype=np.int64)
-        )
-    out = tuple(out)
-    s._cache[key] = out
-    return out
+        idx = np.concatenate([np.arange(lo, hi) for lo, hi in rs]) if rs else np.zeros(0, dtype=np.int64)
+        idx.setflags(write=False)
+        out.append(idx)
+    return tuple(out)
 
 
+@lru_cache(maxsize=1 << 16)
 def local_shape(s: Sharding, rank: int) -> tuple:
     """Shape of the piece ``rank`` holds (uneven shards: torch.chunk sizes, possibly 0)."""
-    key = ("shape", rank)
-    hit = s._cache.get(key)
-    if hit is not None:
-        return hit
-    hit = s._cache[key] = _local_shape(s, rank)
-    return hit
+    return _local_shape(s, rank)
 
 
 def _local_shape(s: Sharding, rank: int) -> tuple:
