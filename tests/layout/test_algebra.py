@@ -247,6 +247,18 @@ def test_layout_basics():
     assert Layout([2, 3], [3, 1]) == Layout((2, 3), (3, 1))
 
 
+@pytest.mark.parametrize("name", ["shape", "stride", "_hash", "_fshape", "_fstride", "other"])
+def test_layout_is_immutable(name):
+    for L in (Layout((4, 2)), composition(Layout((4, 2)), Layout(2, 2))):  # validated and internal
+        hash(L), L.flat_shape  # caches filled: still only readable
+        before = (L.shape, L.stride, hash(L))
+        with pytest.raises(AttributeError, match="Layout is immutable"):
+            setattr(L, name, (8,))
+        with pytest.raises(AttributeError, match="Layout is immutable"):
+            delattr(L, name)
+        assert type(L) is Layout and (L.shape, L.stride, hash(L)) == before
+
+
 @pytest.mark.parametrize(
     "shape,stride,needle",
     [

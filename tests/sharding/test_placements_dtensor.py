@@ -158,3 +158,45 @@ def test_design_examples_strided_uneven():
     assert [list(s.indices(r)[0]) for r in range(2)] == [[0, 1, 3], [2, 4]]
     s = Sharding.from_placements(Mesh.parse("x=3"), (10,), ["SS(0,2)"])
     assert [list(s.indices(r)[0]) for r in range(3)] == [[0, 1, 5, 6], [2, 3, 7, 8], [4, 9]]
+
+
+def test_every_placement_list_round_trips():
+    """Any DTensor placement list converts to a Sharding and back to placements that mean
+    the same: the same Sharding, and torch's own split functions give every rank the same
+    piece from the placements we return."""
+    rng = random.Random(4)
+    uneven_strided = 0
+    for _ in range(300):
+        mesh, shape, placements = random_case(rng)
+        s = compare(mesh, shape, placements)
+        back = s.to_dtensor()
+        assert compare(mesh, shape, back) == s, (placements, str(s), back)
+        uneven_strided += not s.is_even() and any(isinstance(p, _StridedShard) for p in placements)
+    assert uneven_strided >= 30
+
+
+@pytest.mark.parametrize(
+    "mesh,shape,placements,text",
+    [
+        # SS(2,2) on a leaves each a-rank two blocks of 2; S(2) on b then picks the block
+        # with b's major half and the element with its minor half: b is split into sub-axes
+        (Mesh((3, 4, 2), ("a", "b", "c")), (2, 9, 12), ["SS(2,2)", "S(2)", "S(2)"],
+         "[2, 9, b:(1)2*a*b:(2)2*c of 12]"),
+        # the second SS cuts innermost, behind the local chunks of the first: its split
+        # factor is the run of local factors right before b, not all of them
+        (Mesh((3, 3), ("a", "b")), (6,), ["SS(0,2)", "SS(0,2)"], "[2*a*2*b of 6]"),
+    ],
+)
+def test_to_placements_inverts_uneven_strided_cuts(mesh, shape, placements, text):
+    s = Sharding.from_placements(mesh, shape, placements)
+    assert str(s) == text
+    assert s.to_placements() == tuple(placements)
+    assert compare(mesh, shape, s.to_dtensor()) == s
+
+
+def test_to_placements_refuses_an_uneven_order_dtensor_cannot_cut():
+    # a DTensor cut numbers the pieces of its axis major first, outer to inner
+    mesh = Mesh((2, 4), ("a", "b"))
+    s = Sharding.parse("[b:(2)2*a*2*b:(1)2 of 13]", mesh)
+    with pytest.raises(NotRepresentable, match="order of mesh axes"):
+        s.to_placements()

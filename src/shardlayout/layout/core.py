@@ -38,13 +38,20 @@ def _norm(x, what: str, positive: bool, where: str):
     return x
 
 
-class Layout:
-    """A CuTe layout ``shape:stride`` (nested int tuples, congruent).
+class _Slots:
+    """The storage of a ``Layout``, still writable: ``Layout._make`` fills one with plain
+    (fast) attribute stores, then makes it a ``Layout``, which refuses every write."""
+
+    __slots__ = ("shape", "stride", "_hash", "_fshape", "_fstride")
+
+
+class Layout(_Slots):
+    """A CuTe layout ``shape:stride`` (nested int tuples, congruent). Immutable.
 
     ``Layout((4, 2))`` is column-major ``(4,2):(1,4)``; ``Layout(8, 1)`` is ``8:1``.
     """
 
-    __slots__ = ("shape", "stride", "_hash", "_fshape", "_fstride")
+    __slots__ = ()
 
     def __init__(self, shape: IntTuple, stride: IntTuple | None = None):
         where = "Layout"
@@ -58,18 +65,30 @@ class Layout:
                     f"{where}: shape {_fmt(shape)} and stride {_fmt(stride)} are not congruent "
                     "(they must have the same nesting); give one stride per shape entry"
                 )
-        self.shape = shape
-        self.stride = stride
-        self._hash = self._fshape = self._fstride = None
+        _set_shape(self, shape)
+        _set_stride(self, stride)
+        _set_hash(self, None)
+        _set_fshape(self, None)
+        _set_fstride(self, None)
 
     # -- construction without validation (internal, hot path) -------------------------
     @classmethod
     def _make(cls, shape, stride) -> "Layout":
-        obj = object.__new__(cls)
+        obj = object.__new__(_Slots)
         obj.shape = shape
         obj.stride = stride
         obj._hash = obj._fshape = obj._fstride = None
+        obj.__class__ = cls  # from here on immutable
         return obj
+
+    # -- immutability: only this module writes the slots (``_Slots``, ``_set_*``) ----------
+    def __setattr__(self, name, value):
+        raise AttributeError(
+            f"Layout is immutable: cannot set {name!r} of {self}; build a new Layout instead"
+        )
+
+    def __delattr__(self, name):
+        raise AttributeError(f"Layout is immutable: cannot delete {name!r} of {self}")
 
     # -- attributes ---------------------------------------------------------------------
     @property
@@ -77,7 +96,8 @@ class Layout:
         """Leaves of the shape. ``Layout(((2, 2), 4)).flat_shape -> (2, 2, 4)``."""
         f = self._fshape
         if f is None:
-            f = self._fshape = flatten(self.shape)
+            f = flatten(self.shape)
+            _set_fshape(self, f)
         return f
 
     @property
@@ -85,7 +105,8 @@ class Layout:
         """Leaves of the stride. ``Layout(((2, 2), 4)).flat_stride -> (1, 2, 4)``."""
         f = self._fstride
         if f is None:
-            f = self._fstride = flatten(self.stride)
+            f = flatten(self.stride)
+            _set_fstride(self, f)
         return f
 
     def size(self) -> int:
@@ -175,7 +196,8 @@ class Layout:
     def __hash__(self) -> int:
         h = self._hash
         if h is None:
-            h = self._hash = hash((self.shape, self.stride))
+            h = hash((self.shape, self.stride))
+            _set_hash(self, h)
         return h
 
     def __str__(self) -> str:
@@ -199,6 +221,15 @@ class Layout:
         shape = _parse_inttuple(left, text)
         stride = _parse_inttuple(right, text)
         return Layout(shape, stride)
+
+
+# Writers of the slots of a Layout, bypassing its ``__setattr__`` (which refuses every
+# write): the slot descriptors' own ``__set__``, bound once, for ``__init__`` and the caches.
+_set_shape = _Slots.shape.__set__
+_set_stride = _Slots.stride.__set__
+_set_hash = _Slots._hash.__set__
+_set_fshape = _Slots._fshape.__set__
+_set_fstride = _Slots._fstride.__set__
 
 
 def _fmt(t) -> str:

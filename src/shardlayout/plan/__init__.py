@@ -80,6 +80,11 @@ class Plan:
         """Estimated seconds of all collectives (``sharding.cost.cost``)."""
         return cost(self.collectives, self.cost_model)
 
+    @property
+    def cost(self) -> float:
+        """The same as ``total_seconds``: the price of every collective the plan emits."""
+        return self.total_seconds
+
     def seconds(self, c) -> float:
         """Estimated seconds of one collective under this plan's cost model."""
         return self.cost_model.seconds(c)

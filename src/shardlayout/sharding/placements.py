@@ -16,6 +16,7 @@ definition itself. A conversion that would lose information raises ``NotRepresen
 from __future__ import annotations
 
 import re
+from itertools import product
 
 from ..errors import NotRepresentable, ShardingSpecError
 from ..mesh import Mesh
@@ -25,6 +26,7 @@ from .core import (
     Factor,
     Sharding,
     Step,
+    _canonical_dim,
     _fmt_factor,
     _product,
     ceil_div,
@@ -134,28 +136,9 @@ def from_placements(mesh: Mesh, shape, placements) -> Sharding:
         programs.setdefault(d, []).append(Step(n, name, 1, sf))
         if n == 1 or levels[d] is None:
             continue
-        N = shape[d]
-        lv = levels[d]
-        body = lv[:-1] if lv and lv[-1].local else lv
-        if all(not f.local for f in body):
-            # the local piece is one range: cut it (exact, even or not)
-            new = body + ([Factor(sf)] if sf > 1 else []) + [Factor(n, name)]
-            ext = chain_extent(N, [f.size for f in new])
-            levels[d] = new + ([Factor(ext)] if ext > 1 else [])
-            continue
-        # several local pieces: bind the right digits (exact on even dims), or else cut
-        # innermost; uneven candidates are checked against DTensor's own definition
-        cands = []
-        absorbed = _absorb(lv, sf, n, name)
-        if absorbed is not None:
-            cands.append(absorbed)
-        new = body + ([Factor(sf)] if sf > 1 else []) + [Factor(n, name)]
-        ext = chain_extent(N, [f.size for f in new])
-        cands.append(new + ([Factor(ext)] if ext > 1 else []))
-        levels[d] = None  # no factor layout: the dim becomes a ChunkProgram
-        for cand in cands:
-            even = _product(f.size for f in cand) == N and _product(f.size for f in lv) == N
-            if (even and cand is absorbed) or _matches_dtensor(mesh, shape, progs[: i + 1], cand, d):
+        lv, levels[d] = levels[d], None  # None: no factor layout, the dim becomes a ChunkProgram
+        for cand, exact in _cut_candidates(shape[d], lv, sf, n, name):
+            if exact or _matches_dtensor(mesh, shape, progs[: i + 1], cand, d):
                 levels[d] = cand
                 break
     dims = [
@@ -163,6 +146,31 @@ def from_placements(mesh: Mesh, shape, placements) -> Sharding:
         for d, lv in enumerate(levels)
     ]
     return Sharding(mesh, shape, dims, partial)
+
+
+def _cut_candidates(N: int, lv: list, sf: int, n: int, axis: str) -> list:
+    """The factor lists ``S``/``SS(d, sf)`` on ``axis`` (size n) may give a dim of size N
+    whose factors are ``lv``, in the order tried, each with ``exact`` (True: no check needed).
+
+    One local range is cut exactly, even or not. Several local pieces: bind the right digits
+    (exact on even dims), else cut innermost; uneven candidates must be checked against
+    DTensor's own definition (``_matches_dtensor``).
+    ``_cut_candidates(8, [Factor(8)], 1, 2, "x") -> [([Factor(2, 'x'), Factor(4)], True)]``
+    """
+    body = lv[:-1] if lv and lv[-1].local else lv
+    new = body + ([Factor(sf)] if sf > 1 else []) + [Factor(n, axis)]
+    ext = chain_extent(N, [f.size for f in new])
+    if ext > 1:
+        new.append(Factor(ext))
+    if all(not f.local for f in body):
+        return [(new, True)]
+    out = []
+    absorbed = _absorb(lv, sf, n, axis)
+    if absorbed is not None:
+        even = _product(f.size for f in absorbed) == N and _product(f.size for f in lv) == N
+        out.append((absorbed, even))
+    out.append((new, False))
+    return out
 
 
 def _absorb(levels: list, sf: int, n: int, axis: str):
@@ -206,28 +214,66 @@ def _dtensor_dim_indices(N: int, progs, mesh: Mesh, d: int, coord) -> list:
             continue
         n, c = mesh.shape[i], coord[i]
         if p[0] == "S":
-            cur = _torch_chunk(cur, n)[c]
+            cur = _torch_chunk(cur, n, c)
         else:
-            cur = [x for part in _torch_chunk(cur, p[2]) for x in _torch_chunk(part, n)[c]]
+            cur = [x for part in _torch_chunks(cur, p[2]) for x in _torch_chunk(part, n, c)]
     return cur
 
 
-def _torch_chunk(xs: list, k: int) -> list:
+def _torch_chunk(xs: list, k: int, i: int) -> list:
+    """``torch.chunk(xs, k)[i]`` (ceil-sized chunks; trailing ones short or empty)."""
     c = ceil_div(len(xs), k) if xs else 0
-    return [xs[i * c : (i + 1) * c] if c else [] for i in range(k)]
+    return xs[i * c : (i + 1) * c]
+
+
+def _torch_chunks(xs: list, k: int) -> list:
+    """The non-empty chunks of ``torch.chunk(xs, k)``, in order (at most ``len(xs)``)."""
+    c = ceil_div(len(xs), k) if xs else 0
+    return [xs[a : a + c] for a in range(0, len(xs), c)] if c else []
 
 
 def _matches_dtensor(mesh, shape, progs, factors, d: int) -> bool:
-    from .shards import dim_ranges, factor_digit
+    """True when ``factors`` give every device the elements of dim d that DTensor's
+    placements ``progs`` give it, in the same order. Only the mesh axes cutting dim d
+    matter, so only their coordinates are enumerated."""
+    from .shards import factor_digit
 
-    for r in mesh.ranks():
-        coord = mesh.coord(r)
-        want = _dtensor_dim_indices(shape[d], progs, mesh, d, coord)
-        digits = [None if f.axis is None else factor_digit(mesh, f, coord) for f in factors]
-        got = [x for lo, hi in dim_ranges(shape[d], tuple(factors), digits) for x in range(lo, hi)]
+    axes = {i for i, p in enumerate(progs) if p[0] in ("S", "SS") and p[1] == d}
+    axes |= {mesh.axis_index(f.axis) for f in factors if f.axis is not None}
+    axes = sorted(axes)
+    coord = [0] * mesh.ndim
+    for vals in product(*(range(mesh.shape[i]) for i in axes)):
+        for i, v in zip(axes, vals):
+            coord[i] = v
+        c = tuple(coord)
+        want = _dtensor_dim_indices(shape[d], progs, mesh, d, c)
+        digits = [None if f.axis is None else factor_digit(mesh, f, c) for f in factors]
+        got = [x for lo, hi in _held_ranges(shape[d], factors, digits) for x in range(lo, hi)]
         if want != got:
             return False
     return True
+
+
+def _held_ranges(N: int, factors, digits) -> list:
+    """``shards.dim_ranges`` for a check: the same chunk tree, but empty chunks are dropped
+    as they appear, so a large split factor on a short dim stays cheap (a candidate such
+    as ``SS(0,405)`` on 24 elements would otherwise enumerate every empty chunk).
+    ``_held_ranges(9, [Factor(2, "x"), Factor(5)], [1, None]) -> [(5, 9)]``"""
+    ranges = [(0, N)]
+    last = len(factors) - 1
+    for j, f in enumerate(factors):
+        if f.axis is None and j == last:
+            break
+        out = []
+        for lo, hi in ranges:
+            c = ceil_div(hi - lo, f.size)
+            for k in range(f.size) if f.axis is None else (digits[j],):
+                a = lo + k * c
+                if a >= hi:
+                    break
+                out.append((a, min(a + c, hi)))
+        ranges = out
+    return ranges
 
 
 # ------------------------------------------------------------------------------------------
@@ -236,18 +282,27 @@ def _matches_dtensor(mesh, shape, progs, factors, d: int) -> bool:
 
 
 def to_placements(s: Sharding) -> tuple:
-    """DTensor placements reproducing ``s`` exactly, or ``NotRepresentable`` saying why."""
+    """DTensor placements reproducing ``s`` exactly, or ``NotRepresentable`` saying why.
+
+    ``Sharding.parse("[tp*2*dp*2]", Mesh.parse("dp=2,tp=4")).to_placements() -> ('SS(0,8)', 'S(0)')``
+
+    Exact by construction: the answer is a placement list whose ``from_placements`` is
+    ``s`` itself. The split factors are first read off the factors (the local digits in
+    front of each axis's major piece: exact on even dims), and that list is checked; an
+    uneven dim where the reading fails (a cut made innermost, behind local chunks of an
+    earlier cut) searches the split factors its factors allow (``_search_dim``).
+    """
     mesh = s.mesh
     partial = dict(s.partial)
     out = []
-    applied: set = set()
     steps = {
         st.axis: (d, st.sf)
         for d, fs in enumerate(s.dims)
         if isinstance(fs, ChunkProgram)
         for st in fs
     }
-    for name, n in zip(mesh.names, mesh.shape):
+    on_dim: dict = {}  # dim -> [(mesh index, axis)] of the axes its factors use, mesh order
+    for i, (name, n) in enumerate(zip(mesh.names, mesh.shape)):
         if name in partial:
             out.append(f"P({partial[name]})")
             continue
@@ -259,29 +314,135 @@ def to_placements(s: Sharding) -> tuple:
         if not pieces:
             out.append("R")
             continue
-        if len(pieces) > 1 or pieces[0][2].size != n:
-            shown = ", ".join(_fmt_factor(f, mesh) for _, _, f in pieces)
+        if len({d for d, _, _ in pieces}) > 1 or _product(f.size for _, _, f in pieces) != n:
+            shown = ", ".join(f"{_fmt_factor(f, mesh)} in dim {d}" for d, _, f in pieces)
             raise NotRepresentable(
-                f"{s}: mesh axis {name!r} is split into sub-axes ({shown}); DTensor has no "
-                "placement for a piece of a mesh dim (Shardy and shardlayout do)"
+                f"{s}: mesh axis {name!r} is split into sub-axes ({shown}) that are not the whole "
+                "axis in one dim; DTensor has no placement for a piece of a mesh dim (Shardy and "
+                "shardlayout do): gather the axis or keep the sharding in shardlayout/Shardy form"
             )
-        d, j, _ = pieces[0]
-        sf = _product(
-            f.size for f in s.dims[d][:j] if f.local or mesh.axis_index(f.axis) > mesh.axis_index(name)
-        )
-        out.append("S(%d)" % d if sf == 1 else "SS(%d,%d)" % (d, sf))
-        applied.add(name)
+        d, j, _ = pieces[0]  # the major piece; before it, the local digits when it was cut
+        sf = _product(f.size for f in s.dims[d][:j] if f.local or mesh.axis_index(f.axis) > i)
+        out.append(_placement(d, sf))
+        on_dim.setdefault(d, []).append((i, name))
     result = tuple(out)
-    try:
-        back = from_placements(mesh, s.shape, result)
-    except NotRepresentable:
-        back = None
-    if back != s:
+    back = _try_from_placements(mesh, s.shape, result)
+    if back == s:
+        return result
+    found = list(result)
+    for d, axes in on_dim.items():
+        if back is not None and back.dims[d] == s.dims[d]:
+            continue
+        # An even dim is cut by binding digits at every step, and the first reading inverts
+        # that exactly; only uneven dims (cut innermost, checked element-wise) need a search.
+        sfs = None if s.is_even(d) else _search_dim(s, d, axes)
+        if sfs is None:
+            nearest = "" if back is None else f" (the nearest, {list(result)}, means {back})"
+            raise NotRepresentable(
+                f"{s}: no S/SS placements of axes {', '.join(a for _, a in axes)} cut dim {d} this "
+                f"way: no DTensor placement list reproduces this order of mesh axes within a "
+                f"dim{nearest}; DTensor applies mesh dims left to right. Redistribute to an order "
+                "DTensor can say, or keep the sharding in shardlayout form"
+            )
+        for (i, _), sf in zip(axes, sfs):
+            found[i] = _placement(d, sf)
+    found = tuple(found)
+    back = _try_from_placements(mesh, s.shape, found)
+    if back != s:  # each dim was matched exactly and dims are cut independently
         raise NotRepresentable(
-            f"{s}: no DTensor placement list reproduces this order of mesh axes within a dim "
-            f"(the nearest, {list(result)}, means {back}); DTensor applies mesh dims left to right"
+            f"{s}: the placements found dim by dim, {list(found)}, mean {back} (an internal "
+            "inconsistency: please report it with this sharding)"
         )
-    return result
+    return found
+
+
+def _placement(d: int, sf: int) -> str:
+    return "S(%d)" % d if sf == 1 else "SS(%d,%d)" % (d, sf)
+
+
+def _try_from_placements(mesh, shape, placements):
+    try:
+        return from_placements(mesh, shape, placements)
+    except NotRepresentable:
+        return None
+
+
+def _split_factors(mesh: Mesh, fs: tuple, i: int, name: str) -> list:
+    """Split factors that may have put axis ``name`` (mesh dim i) where it is in ``fs``.
+
+    An ``SS(d, sf)`` cut leaves the ``sf`` chunks as local factors (later split by later
+    axes) in front of the axis's major piece: either all the local digits before it
+    (binding digits, as on even dims: the first answer) or a run right before it (uneven
+    dims cut innermost). So each product of a run of local or later-axis factors ending
+    at the major piece is a candidate; earlier axes count 1.
+    ``_split_factors(Mesh.parse("a=3,b=3"), [Factor(2), Factor(3, "a"), Factor(2), Factor(3, "b")],
+    1, "b") -> [4, 2, 1]``
+    """
+    j = min((j for j, f in enumerate(fs) if f.axis == name), key=lambda j: fs[j].pre)
+    out = [1]
+    sf = 1
+    for f in reversed(fs[:j]):
+        if f.local or mesh.axis_index(f.axis) > i:
+            sf *= f.size
+            if sf not in out:
+                out.append(sf)
+    out.reverse()  # all of them first, then shorter runs
+    return out
+
+
+def _frame(fs, names) -> tuple:
+    """What later cuts leave of ``fs`` for the axes ``names`` already placed: their pieces
+    ``(axis, size, pre)`` in order, with the product of the other factors in front of and
+    between them (later cuts only split those, or redo the local chunks after the last
+    piece). Adjacent pieces of one axis are joined, as the canonical form joins them."""
+    out: list = []
+    gap = 1
+    for f in fs:
+        if f.axis is None or f.axis not in names:
+            gap *= f.size
+            continue
+        if gap == 1 and out and out[-1][0] == f.axis and out[-1][1] * out[-1][2] == f.pre:
+            out[-1] = (f.axis, out[-1][1] * f.size, out[-1][2])
+        else:
+            out += [gap, (f.axis, f.size, f.pre)]
+            gap = 1
+    return tuple(out)
+
+
+def _search_dim(s: Sharding, d: int, axes: list):
+    """Split factors (one per axis of ``axes``, mesh order) whose ``S``/``SS`` placements
+    make ``from_placements`` give dim d exactly ``s.dims[d]``, or None when none does.
+
+    Depth first over each axis's ``_split_factors``, the first answer in that order. Later
+    cuts keep the frame of the axes already placed (``_frame``), so a cut whose frame is
+    not that of ``s`` is dropped before any element-wise check."""
+    mesh, shape, target = s.mesh, s.shape, s.dims[d]
+    cands = [_split_factors(mesh, target, i, name) for i, name in axes]
+    wants = [_frame(target, {name for _, name in axes[: t + 1]}) for t in range(len(axes))]
+    progs = [("R",)] * mesh.ndim
+    everything = {name for _, name in axes}
+
+    def go(t: int, lv: list):
+        if t == len(axes):
+            return [] if _canonical_dim(mesh, shape, d, lv) == target else None
+        i, name = axes[t]
+        for sf in cands[t]:
+            progs[i] = ("S", d) if sf == 1 else ("SS", d, sf)
+            options = _cut_candidates(shape[d], lv, sf, mesh.shape[i], name)
+            fits = [_frame(c, everything) == wants[t] for c, _ in options]
+            for k, (cand, exact) in enumerate(options):
+                if not any(fits[k:]):
+                    break
+                if exact or _matches_dtensor(mesh, shape, progs[: i + 1], cand, d):
+                    # from_placements takes this candidate: follow it only if it fits
+                    rest = go(t + 1, cand) if fits[k] else None
+                    if rest is not None:
+                        return [sf] + rest
+                    break
+        progs[i] = ("R",)
+        return None
+
+    return go(0, [Factor(shape[d])])
 
 
 def to_dtensor(s: Sharding) -> list:
