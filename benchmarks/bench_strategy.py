@@ -1,13 +1,32 @@
-"""Strategy selection: shardlayout vs DTensor's ``propagate_op_sharding_non_cached``.
+"""Strategy selection, cold: shardlayout's ``propagate`` vs DTensor 2.13's
+``propagate_op_sharding_non_cached``, in the same run, on the same inputs.
 
-mm and einsum on 1-D to 4-D meshes, the same inputs on both sides, a fresh ``OpSchema``
-(DTensor) and fresh Shardings (ours) for every call; also our own brute-force enumeration of
-the full N-D expansion. Prints medians, ratios and candidate counts.
-Run: ``python benchmarks/bench_strategy.py``.
+For each row (an op on a mesh) ``REPS`` cases are drawn: random ``Replicate`` / ``Shard(0)`` /
+``Shard(1)`` placements per mesh axis for both operands of ``[m, k] @ [k, n]`` (distinct shapes per
+case), converted for us with ``Sharding.from_placements``. Per case, in random order:
+
+* **DTensor**: a fresh ``OpSchema`` of fresh ``DTensorSpec``s, DTensor's module-level caches
+  cleared, then ``propagate_op_sharding_non_cached`` timed with its fake-tensor shape inference
+  (``_propagate_tensor_meta_non_cached``) answered by the output ``TensorMeta`` computed
+  beforehand: we time its sharding propagation (strategy expansion, redistribute costs, choice),
+  not FakeTensorMode running the op. That shape inference is timed separately and shown, but
+  excluded from the ratio (our search does not run the op either).
+* **ours, cold**: every ``functools`` cache in every loaded ``shardlayout`` module cleared (the
+  per-call memo, the search's, ``plan_move``'s, the Sharding and layout-algebra ones), fresh
+  ``Mesh`` and ``Sharding`` objects (no cached hashes), then ``propagate`` timed.
+* **ours, warm**: the same call again right after (median of ``WARM_CALLS`` back-to-back calls):
+  a memo hit (validation, key hashing, lookup), shown only as such; not compared.
+
+``gc.collect()`` runs before every cold call on both sides (gc stays enabled while timing; the
+collection itself evicts the CPU caches, which costs either side ~0.1 ms on the next call). One untimed case per
+row first pays one-time set-up (imports, FakeTensorMode) on both sides. Prints a Markdown table:
+medians with the interquartile range, and the ratio DTensor median / ours cold median from this run
+(> 1: ours is faster; < 1: ours is slower). Run: ``python benchmarks/bench_strategy.py``.
 """
 
 from __future__ import annotations
 
+import gc
 import random
 import statistics
 import sys
@@ -17,80 +36,225 @@ import torch
 import torch.distributed as dist
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
+import shardlayout
 from shardlayout import Mesh, Sharding, propagate
-from shardlayout.ops.strategy import FactorMap, brute_force, search
 
-MESHES = {1: (8,), 2: (2, 4), 3: (2, 2, 4), 4: (2, 2, 2, 2)}
-REPS = 15
+ROWS = [("mm", (8,)), ("mm", (2, 4)), ("mm", (2, 2, 4)), ("mm", (2, 2, 2, 2)), ("einsum", (2, 2, 2, 2))]
+REPS = 21
+WARM_CALLS = 5
+SEED = 0
 
 
-def dtensor_setup():
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=16)
-    from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.tensor import DTensor
+# ------------------------------------------------------------------------------------------
+# caches
+# ------------------------------------------------------------------------------------------
 
-    meshes = {}
-    for k, v in MESHES.items():
-        meshes[k] = DeviceMesh("cpu", torch.arange(int(torch.tensor(v).prod())).reshape(v))
-    return meshes, DTensor._op_dispatcher.sharding_propagator
+
+def _caches_in(package: str) -> list:
+    """Every functools cache at module level (or on a class) in the loaded modules of
+    ``package``."""
+    found, seen = [], set()
+
+    def add(v):
+        v = getattr(v, "__func__", v)  # staticmethod / classmethod
+        if (not isinstance(v, type) and callable(getattr(v, "cache_clear", None))
+                and callable(getattr(v, "cache_info", None)) and id(v) not in seen):
+            seen.add(id(v))
+            found.append(v)
+
+    for name, mod in list(sys.modules.items()):
+        if mod is None or not (name == package or name.startswith(package + ".")):
+            continue
+        for v in list(vars(mod).values()):
+            add(v)
+            if isinstance(v, type) and v.__module__ == name:
+                for w in list(vars(v).values()):
+                    add(w)
+    return found
+
+
+def clear_ours() -> None:
+    """Forget everything shardlayout memoised (found afresh each time: modules may change)."""
+    from shardlayout.layout import algebra
+
+    algebra.clear_caches()  # also its plain-dict _COALESCED cache
+    for c in _caches_in("shardlayout"):
+        c.cache_clear()
+
+
+def clear_dtensor() -> None:
+    """Forget DTensor's module-level caches (redistribute transform infos, mesh topology)."""
+    for c in _caches_in("torch.distributed.tensor"):
+        c.cache_clear()
+
+
+# ------------------------------------------------------------------------------------------
+# timing
+# ------------------------------------------------------------------------------------------
+
+
+def timed(fn):
+    gc.collect()
+    t0 = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t0, out
+
+
+def q(xs, p):
+    """The p-quantile (inclusive method) of xs."""
+    return statistics.quantiles(xs, n=4, method="inclusive")[p] if len(xs) > 1 else xs[0]
+
+
+def fmt_ms(xs) -> str:
+    """``median (p25–p75)`` in ms, with a precision that fits."""
+    med = statistics.median(xs) * 1e3
+    lo, hi = q(xs, 0) * 1e3, q(xs, 2) * 1e3
+    d = 3 if med < 1 else 2 if med < 10 else 1 if med < 100 else 0
+    return f"{med:.{d}f} ({lo:.{d}f}–{hi:.{d}f})"
+
+
+def fmt_us(xs) -> str:
+    med, lo, hi = statistics.median(xs) * 1e6, q(xs, 0) * 1e6, q(xs, 2) * 1e6
+    return f"{med:.1f} µs ({lo:.1f}–{hi:.1f})"
+
+
+# ------------------------------------------------------------------------------------------
+# the two sides
+# ------------------------------------------------------------------------------------------
+
+
+class DTensorSide:
+    def __init__(self):
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=16)
+        from torch.distributed.tensor import DTensor
+
+        self.prop = DTensor._op_dispatcher.sharding_propagator
+
+    def device_mesh(self, shape):
+        from torch.distributed.device_mesh import DeviceMesh
+
+        return DeviceMesh("cpu", torch.arange(int(torch.tensor(shape).prod())).reshape(shape))
+
+    def schema(self, dm, m, k, n, pa, pb):
+        """A fresh OpSchema of fresh specs."""
+        from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+        from torch.distributed.tensor._op_schema import OpSchema
+
+        def spec(sz, pl):
+            t = torch.empty(sz)
+            return DTensorSpec(dm, tuple(pl), tensor_meta=TensorMeta(t.shape, t.stride(), t.dtype))
+
+        return OpSchema(torch.ops.aten.mm.default, (spec((m, k), pa), spec((k, n), pb)), {})
+
+    def run(self, dm, case):
+        """(propagation seconds, fake shape-inference seconds) of one cold call."""
+        prop = self.prop
+        t_meta, meta = timed(lambda: prop._propagate_tensor_meta_non_cached(self.schema(dm, *case)))
+        clear_dtensor()
+        schema = self.schema(dm, *case)
+        prop._propagate_tensor_meta_non_cached = lambda s: meta  # shape inference answered, not run
+        try:
+            t, out = timed(lambda: prop.propagate_op_sharding_non_cached(schema))
+        finally:
+            del prop._propagate_tensor_meta_non_cached
+        assert out.output_spec is not None
+        return t, t_meta
+
+
+def ours_inputs(shape, case):
+    """Fresh Mesh and Shardings (equal to earlier ones, but with no cached hash)."""
+    m, k, n, pa, pb = case
+    mesh = Mesh(shape, tuple(f"m{i}" for i in range(len(shape))))
+    return Sharding.from_placements(mesh, (m, k), pa), Sharding.from_placements(mesh, (k, n), pb)
+
+
+def ours_call(op, a, b):
+    if op == "mm":
+        return propagate("mm", [a, b])
+    return propagate("einsum", [a, b], equation="mk,kn->mn")
+
+
+def ours_run(op, shape, case):
+    """(cold seconds, warm seconds, candidates priced)."""
+    clear_ours()
+    a, b = ours_inputs(shape, case)
+    t_cold, p = timed(lambda: ours_call(op, a, b))
+    warm = []
+    for _ in range(WARM_CALLS):  # back to back, no gc.collect (it evicts the CPU caches: ~0.1 ms)
+        t0 = time.perf_counter()
+        p2 = ours_call(op, a, b)
+        warm.append(time.perf_counter() - t0)
+        assert p2 is p, "the warm call should be a memo hit"
+    return t_cold, statistics.median(warm), len(p.candidates)
+
+
+# ------------------------------------------------------------------------------------------
+
+
+def draw_cases(rng, nd):
+    from torch.distributed.tensor import Replicate, Shard
+
+    cases = []
+    for rep in range(REPS + 1):  # the first is the untimed set-up case
+        m, k, n = 64 + 8 * rep, 128, 32 + 8 * rep  # distinct shapes per case
+        pa = [rng.choice([Replicate(), Shard(0), Shard(1)]) for _ in range(nd)]
+        pb = [rng.choice([Replicate(), Shard(0), Shard(1)]) for _ in range(nd)]
+        cases.append((m, k, n, pa, pb))
+    return cases
 
 
 def main() -> int:
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
-    from torch.distributed.tensor._op_schema import OpSchema
-
-    dmeshes, prop = dtensor_setup()
-    aten = torch.ops.aten
-    rng = random.Random(0)
-    print(f"{'op':8}{'mesh':>12}{'DTensor ms':>12}{'ours ms':>10}{'ratio':>8}{'brute ms':>10}"
-          f"{'ours cand':>10}{'N-D cand':>10}")
-    for nd, shape in MESHES.items():
-        names = tuple(f"m{i}" for i in range(nd))
-        mesh = Mesh(shape, names)
-        for op in ("mm", "einsum"):
-            t_dt, t_ours, t_bf, cands = [], [], [], (0, 0)
-            cases = []
-            for rep in range(REPS):
-                m, k, n = 64 + 8 * rep, 128, 32 + 8 * rep  # distinct shapes: no cache can help
-                pa = [rng.choice([Replicate(), Shard(0), Shard(1)]) for _ in range(nd)]
-                pb = [rng.choice([Replicate(), Shard(0), Shard(1)]) for _ in range(nd)]
-                cases.append((m, k, n, pa, pb))
-
-            def spec(sz, pl, dm=dmeshes[nd]):
-                t = torch.empty(sz)
-                return DTensorSpec(dm, tuple(pl), tensor_meta=TensorMeta(t.shape, t.stride(), t.dtype))
-
-            if op == "mm":  # DTensor has no einsum strategy (it decomposes einsum first)
-                for m, k, n, pa, pb in cases:
-                    schema = OpSchema(aten.mm.default, (spec((m, k), pa), spec((k, n), pb)), {})
-                    t0 = time.perf_counter()
-                    prop.propagate_op_sharding_non_cached(schema)
-                    t_dt.append(time.perf_counter() - t0)
-            fm = FactorMap(("mk", "kn"), "mn", linear="multi")
-            ins = [(Sharding.from_placements(mesh, (m, k), pa), Sharding.from_placements(mesh, (k, n), pb))
-                   for m, k, n, pa, pb in cases]
-            for a, b in ins:
-                t0 = time.perf_counter()
-                if op == "mm":
-                    propagate("mm", [a, b])
+    rng = random.Random(SEED)
+    dt = DTensorSide()
+    t_start = time.perf_counter()
+    rows = []
+    for op, shape in ROWS:
+        cases = draw_cases(rng, len(shape))
+        dm = dt.device_mesh(shape)
+        t_dt, t_meta, t_cold, t_warm, cands, first = [], [], [], [], [], {"ours": 0, "DTensor": 0}
+        for i, case in enumerate(cases):
+            sides = ["ours", "DTensor"] if op == "mm" else ["ours"]  # DTensor has no einsum strategy
+            rng.shuffle(sides)
+            for side in sides:
+                if side == "ours":
+                    got = ours_run(op, shape, case)
+                    if i:
+                        t_cold.append(got[0])
+                        t_warm.append(got[1])
+                        cands.append(got[2])
                 else:
-                    propagate("einsum", [a, b], equation="mk,kn->mn")
-                t_ours.append(time.perf_counter() - t0)
-            for a, b in ins:
-                t0 = time.perf_counter()
-                _, count = brute_force(fm, [a, b])
-                t_bf.append(time.perf_counter() - t0)
-                _, considered = search(fm, [a, b])
-                cands = (len(considered), count)
-            mo, mb = (statistics.median(x) * 1e3 for x in (t_ours, t_bf))
-            if t_dt:
-                md = statistics.median(t_dt) * 1e3
-                dt, ratio = f"{md:12.2f}", f"{md / mo:7.0f}x"
-            else:
-                dt, ratio = f"{'n/a':>12}", f"{'-':>8}"
-            print(f"{op:8}{'x'.join(map(str, shape)):>12}{dt}{mo:10.3f}{ratio}{mb:10.2f}"
-                  f"{cands[0]:10d}{cands[1]:10d}")
+                    got = dt.run(dm, case)
+                    if i:
+                        t_dt.append(got[0])
+                        t_meta.append(got[1])
+            if i and len(sides) == 2:
+                first[sides[0]] += 1
+        rows.append((op, shape, t_dt, t_meta, t_cold, t_warm, cands, first))
+    elapsed = time.perf_counter() - t_start
+
+    print(f"torch {torch.__version__}, shardlayout {getattr(shardlayout, '__version__', '?')}; "
+          f"{REPS} cases per row (seed {SEED}), {elapsed:.0f} s in all")
+    print()
+    print("| op | mesh | DTensor propagation, ms | ours cold, ms | DTensor ÷ ours cold | ours warm (memo hit) "
+          "| candidates we price | DTensor fake shape inference (excluded), ms |")
+    print("|---|---|---|---|---|---|---|---|")
+    for op, shape, t_dt, t_meta, t_cold, t_warm, cands, _ in rows:
+        mesh = "x".join(map(str, shape))
+        cand = f"{statistics.median(cands):.0f} ({min(cands)}–{max(cands)})"
+        if t_dt:
+            r = statistics.median(t_dt) / statistics.median(t_cold)
+            paired = [d / c for d, c in zip(t_dt, t_cold)]
+            ratio = (f"{r:.2f}x ({q(paired, 0):.2f}–{q(paired, 2):.2f})"
+                     + (" **ours slower**" if r < 1 else ""))
+            dcol, mcol = fmt_ms(t_dt), fmt_ms(t_meta)
+        else:
+            ratio, dcol, mcol = "n/a", "n/a: no strategy for aten.einsum", "n/a"
+        print(f"| {op} | {mesh} | {dcol} | {fmt_ms(t_cold)} | {ratio} | {fmt_us(t_warm)} | {cand} | {mcol} |")
+    print()
+    print("Medians over the cases, (p25–p75) in brackets; the ratio is DTensor's median over our cold median"
+          " (> 1: ours faster), its brackets the p25–p75 of the per-case paired ratios. Which side ran first"
+          " was random per case: " + ", ".join(
+              f"{'x'.join(map(str, s))} ours first {f['ours']}/{REPS}" for o, s, *_, f in rows if o == "mm") + ".")
     return 0
 
 
