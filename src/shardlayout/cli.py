@@ -410,6 +410,59 @@ def cmd_demo(args) -> int:
     return 0 if v.ok else 1
 
 
+def cmd_run(args) -> int:
+    """Run the plan on torch.distributed (forward) and compare with the unsharded run."""
+    import os
+
+    from .mesh import Mesh
+
+    opts = {k: v for k, v in vars(args).items() if k != "func"}
+    mesh = Mesh.parse(args.mesh)
+    if args.timeout <= 0:
+        raise ShardingError(f"--timeout {args.timeout}: give a positive number of seconds")
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # started by torchrun
+        from .run import rank_main
+
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        report = rank_main(rank, world, lambda: build_plan(args), opts)
+        if rank != 0:
+            return 0
+    else:
+        from .run import RunError, launch
+
+        nproc = args.nproc or mesh.size
+        if nproc != mesh.size:
+            raise ShardingError(f"--nproc {nproc}: the mesh {mesh} has {mesh.size} devices; one rank per device")
+        build_plan(args)  # bad input fails here, once, before any rank starts
+        try:
+            report = launch(opts, nproc)
+        except RunError as e:  # the run failed (a rank died, a timeout): exit 1, not 2
+            print(f"shardlayout: error: {e}", file=sys.stderr)
+            return 1
+    if args.json:
+        print(json.dumps(report, sort_keys=True))
+    else:
+        print(f"ran {report['ranks']} ranks on mesh {report['mesh']} ({report['backend']}) in "
+              f"{report['seconds']:.2f} s")
+        print(f"collectives executed on rank 0: {report['collectives'] or 'none'}; planned: "
+              f"{report['planned_collectives'] or 'none'}")
+        verdict = "equal to" if report["equal"] else "NOT equal to"
+        print(f"{verdict} the unsharded run: {report['tensors_compared']} tensors compared on every rank, "
+              f"max abs error {report['max_abs_err']:.2e}")
+    return 0 if report["equal"] else 1
+
+
+def _add_model_args(pl) -> None:
+    pl.add_argument("--model", default="llama", help="built-in model: llama or moe")
+    pl.add_argument("--program", help="a program JSON file instead of a built-in model")
+    pl.add_argument("--module", help="pkg.mod:factory returning (torch module, example args); via torch.export")
+    pl.add_argument("--export", help="a torch.export .pt2 file")
+    pl.add_argument("--layers", type=int, default=2)
+    pl.add_argument("--mesh", default="dp=2,tp=4")
+    pl.add_argument("--style", choices=["dp", "megatron", "megatron-sp", "fsdp", "ep"], default=None)
+    pl.add_argument("--pin", action="append", help="name=SHARDING pins any tensor (repeatable)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="shardlayout", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -425,18 +478,21 @@ def build_parser() -> argparse.ArgumentParser:
                     help="only outputs DTensor can express (no sub-axes; gathers instead)")
     vw.set_defaults(func=cmd_view)
     pl = sub.add_parser("plan", help="plan a whole model: every tensor's sharding and every collective")
-    pl.add_argument("--model", default="llama", help="built-in model: llama or moe")
-    pl.add_argument("--program", help="a program JSON file instead of a built-in model")
-    pl.add_argument("--module", help="pkg.mod:factory returning (torch module, example args); via torch.export")
-    pl.add_argument("--export", help="a torch.export .pt2 file")
-    pl.add_argument("--layers", type=int, default=2)
-    pl.add_argument("--mesh", default="dp=2,tp=4")
-    pl.add_argument("--style", choices=["dp", "megatron", "megatron-sp", "fsdp", "ep"], default=None)
-    pl.add_argument("--pin", action="append", help="name=SHARDING pins any tensor (repeatable)")
+    _add_model_args(pl)
     pl.add_argument("--verify", action="store_true", help="simulate every rank and compare with the unsharded run")
     pl.add_argument("--json", action="store_true")
     pl.add_argument("--max-rows", type=int, default=40, help="tensor rows to print")
     pl.set_defaults(func=cmd_plan)
+    rn = sub.add_parser("run", help="run the plan on torch.distributed (forward) and compare with the unsharded run")
+    _add_model_args(rn)
+    rn.add_argument("--nproc", type=int, default=None, help="ranks to start (default: the mesh size)")
+    rn.add_argument("--backend", choices=["gloo", "nccl"], default="gloo")
+    rn.add_argument("--seed", type=int, default=0)
+    rn.add_argument("--dtype", choices=["float32", "float64"], default="float32",
+                    help="element type of the run (float64: equal to 1e-10 relative)")
+    rn.add_argument("--timeout", type=float, default=60.0, help="seconds a collective may wait (default 60)")
+    rn.add_argument("--json", action="store_true")
+    rn.set_defaults(func=cmd_run)
     ex = sub.add_parser("explain", help="the strategy chosen for one op, the alternatives and collectives")
     ex.add_argument("op", help="op name, short or aten (mm, aten.mm.default, _softmax, ...)")
     ex.add_argument("--mesh", required=True)

@@ -23,8 +23,8 @@ def propagate(op: str, inputs, *, out_pins=None, cost_model: CostModel | None = 
     ``params`` are named as torch names them (``shape=``, ``dims=``, ``dim0=`` ...) and are
     checked against the op's signature first. ``out_pins`` (one Sharding or None per output)
     makes the search price moving each output to its pin; ``cost_model`` and ``tensor_dtype``
-    (the element type of the inputs) price the collectives; ``mesh=`` gives creation ops their mesh; ``subaxes=`` overrides the
-    setting for views.
+    (the element type of the inputs, one name or one per input) price the collectives; ``mesh=``
+    gives creation ops their mesh; ``subaxes=`` overrides the setting for views.
     """
     if isinstance(inputs, Sharding):
         inputs = [inputs]

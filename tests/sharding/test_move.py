@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from shardlayout import Mesh, Sharding, ShardingError
 from shardlayout.execute import run_moves
-from shardlayout.sharding.cost import CostModel, cost
 from shardlayout.sharding.collective import AxisPiece, CollectiveKind
+from shardlayout.sharding.cost import CostModel, cost
 from shardlayout.sharding.move import plan_move
 
 from .strategies import meshes

@@ -46,16 +46,22 @@ def walk(plan, executor: Executor, inputs: dict):
     from ..ops.registry import get_op
 
     values = dict(inputs)
+    moved: dict = {}  # (tensor, target) -> value: one move serves every consumer, as planned
     for op, po in zip(plan.program.ops, plan.ops):
         local = []
         for name, tgt in zip(op.inputs, po.input_targets):
             if not isinstance(name, str):
                 local.append(name)
                 continue
-            v = values[name]
-            for c in plan.moves.get((name, tgt), ()) if tgt != plan.shardings[name] else ():
-                v = executor.collective(c, v)
-            local.append(v)
+            if tgt == plan.shardings[name]:
+                local.append(values[name])
+                continue
+            if (name, tgt) not in moved:
+                v = values[name]
+                for c in plan.moves.get((name, tgt), ()):
+                    v = executor.collective(c, v)
+                moved[(name, tgt)] = v
+            local.append(moved[(name, tgt)])
         outs = executor.op(get_op(op.target), local, po.params, po.outputs)
         for name, s, v in zip(op.outputs, po.outputs, outs):
             final = plan.shardings[name]

@@ -57,7 +57,7 @@ def group_of(mesh: Mesh, rank: int, pieces: tuple) -> list:
 def run_collective(c, pieces: dict) -> dict:
     """Run one :class:`Collective` on ``{rank: piece}``; returns the new pieces."""
     src, dst, mesh = c.src, c.dst, c.src.mesh
-    src_partial, dst_partial = dict(src.partial), dict(dst.partial)
+    src_partial = dict(src.partial)
     reduce_op = c.reduce_op if c.kind.communicates else None
     out = {}
     for r in mesh.ranks():

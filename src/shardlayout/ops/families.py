@@ -410,7 +410,8 @@ def layer_norm_backward_rule(name, inputs, normalized_shape=None, cost_model=Non
 
 
 register_op("native_layer_norm_backward",
-            "grad, x, mean?, rstd?, weight?, bias? ; normalized_shape: ints, output_mask: any = None, eps: float = 1e-5",
+            "grad, x, mean?, rstd?, weight?, bias? ; normalized_shape: ints, output_mask: any = None, "
+            "eps: float = 1e-5",
             layer_norm_backward_rule, _np_layer_norm_backward)
 
 

@@ -27,15 +27,15 @@ the minimum under our own cost model over the whole candidate set.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
-import math
 from itertools import product as cartesian
 
 from ..errors import OpError, ShardingSpecError
 from ..sharding import Factor, Sharding
 from ..sharding.core import ChunkProgram, _product
-from ..sharding.cost import DEFAULT_COST_MODEL, CostModel, cost
+from ..sharding.cost import DEFAULT_COST_MODEL, CostModel
 from ..sharding.move import plan_move
 
 
@@ -326,7 +326,7 @@ def candidates(fm: FactorMap, inputs: list, out_shapes: list, out_pins: tuple = 
         for pick in cartesian(*options):
             structure = tuple((L, (sizes[L], fs)) for L, fs in zip(letters, pick))
             targets = []
-            for k, (x, lt) in enumerate(zip(inputs, fm.inputs)):
+            for x, lt in zip(inputs, fm.inputs):
                 if x is None:
                     targets.append(None)
                     continue
