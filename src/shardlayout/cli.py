@@ -448,7 +448,8 @@ def cmd_run(args) -> int:
               f"{report['planned_collectives'] or 'none'}")
         verdict = "equal to" if report["equal"] else "NOT equal to"
         print(f"{verdict} the unsharded run: {report['tensors_compared']} tensors compared on every rank, "
-              f"max abs error {report['max_abs_err']:.2e}")
+              f"max abs error {report['max_abs_err']:.2e}, relative to each tensor's scale "
+              f"{report['max_rel_err']:.1e}")
     return 0 if report["equal"] else 1
 
 

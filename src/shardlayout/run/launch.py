@@ -87,7 +87,7 @@ def rank_main(rank: int, world: int, build, options: dict, init_method: str | No
         glob = _global_inputs(plan, options.get("seed", 0), options.get("dtype", "float32"))
         ref = _reference(plan, glob)
         local = {n: glob[n][_ix(plan.shardings[n].indices(rank))] for n in plan.program.inputs()}
-        err, compared, ok, first_bad = 0.0, 0, True, None
+        err, rel, compared, ok, first_bad = 0.0, 0.0, 0, True, None
         tight = options.get("dtype") == "float64"
         rtol, atol = (1e-10, 1e-12) if tight else (1e-4, 1e-5)
         with torch.no_grad():
@@ -104,19 +104,21 @@ def rank_main(rank: int, world: int, build, options: dict, init_method: str | No
                     # float32 tolerance relative to the tensor's scale: a sharded sum adds in
                     # another order than the unsharded one
                     diff = float((value.double() - want.double()).abs().max())
-                    close = diff <= atol + rtol * float(want.double().abs().max())
+                    scale = float(want.double().abs().max())
+                    rel = max(rel, diff / scale if scale else diff)
+                    close = diff <= atol + rtol * scale
                     if not close and ok:
                         first_bad = name
                     ok = ok and close
                 compared += 1
-        worst = torch.tensor([err if err == err else float("inf"), 0.0 if ok else 1.0], dtype=torch.float64)
+        worst = torch.tensor([err if err == err else float("inf"), 0.0 if ok else 1.0, rel], dtype=torch.float64)
         dist.all_reduce(worst, op=dist.ReduceOp.MAX)
         planned: dict = {}  # SPMD: every rank takes part in every planned collective, in its group
         for c in plan.collectives:
             planned[c.kind.value] = planned.get(c.kind.value, 0) + 1
         report = {
             "ranks": world, "mesh": str(plan.mesh), "backend": options.get("backend", "gloo"),
-            "equal": worst[1].item() == 0.0, "max_abs_err": worst[0].item(),
+            "equal": worst[1].item() == 0.0, "max_abs_err": worst[0].item(), "max_rel_err": worst[2].item(),
             "grads_max_abs_err": None, "collectives": dict(sorted(ex.counts.items())),
             "planned_collectives": dict(sorted(planned.items())), "tensors_compared": compared,
             "first_mismatch_on_rank0": first_bad,
