@@ -6,7 +6,8 @@
     ('[dp*4, tp*3]', ('S(0)', 'S(1)'), ('dp', 'tp'))
 """
 
-from .core import REDUCE_OPS, Factor, Sharding, parse_factor
+from .core import Sharding
+from .factors import REDUCE_OPS, Factor, parse_factor
 from .placements import parse_placement
 
 __all__ = ["Factor", "Sharding", "REDUCE_OPS", "parse_factor", "parse_placement"]

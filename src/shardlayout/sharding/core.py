@@ -1,12 +1,16 @@
-"""``Factor`` and ``Sharding``: one representation for every kind of shard.
+"""``Sharding``: one representation for every kind of shard, and its text form.
 
-A dim of global size N is written outer to inner as factors, each *local* or bound to
-a mesh axis or a piece of one (a sub-axis, Shardy's ``"x":(m)k``). Its meaning is a
-chunk tree: the outermost factor cuts ``[0, N)`` into ``size`` chunks the way
-``torch.chunk`` does (ceil-sized, trailing chunks short or empty); a factor on an axis
-keeps the chunk of the device's coordinate, a local factor keeps them all, in order;
-the next factor cuts each kept chunk again. When N is the product of the sizes (an
-*even* dim) this is plain mixed radix, i.e. a CuTe layout.
+A Sharding is a tensor's global shape, per dim a tuple of factors (``factors.py``: local,
+a mesh axis or a sub-axis, cut as ``torch.chunk`` cuts), and its partial axes. The class
+checks its parts once, at the boundary, and puts them in canonical form; its conversions
+(``placements.py``) and local pieces (``shards.py``) are functions of those parts.
+
+Imports run one way (``A -> B``: A imports B):
+
+    core.py        Sharding, its checks, its text form     -> placements.py, shards.py, factors.py
+    placements.py  DTensor placements, JAX PartitionSpecs  -> factors.py
+    shards.py      local pieces, shard / unshard, layout   -> factors.py
+    factors.py     Factor, Step, ChunkProgram, one dim's canonical and text form
 
     >>> from shardlayout.mesh import Mesh
     >>> s = Sharding.parse("[dp*4, tp*3]", Mesh.parse("dp=2,tp=4")); s.shape, str(s)
@@ -16,63 +20,46 @@ the next factor cuts each kept chunk again. When N is the product of the sizes (
 from __future__ import annotations
 
 import re
-from typing import NamedTuple
 
 from ..errors import ShardingSpecError
-from ..layout.inttuple import ceil_div
 from ..mesh import Mesh
+from .factors import (
+    REDUCE_OPS,
+    ChunkProgram,
+    Factor,
+    Step,
+    _canonical_dim,
+    _fmt_factor,
+    _merge_even,
+    _product,
+    chain_extent,
+    parse_factor,
+)
+from .placements import (
+    parts_from_partition_spec,
+    parts_from_placements,
+    to_dtensor,
+    to_partition_spec,
+    to_placements,
+)
+from .shards import local_indices, local_shape, shard, sharding_layout, unshard
 
-REDUCE_OPS = ("sum", "avg", "max", "min")
-
-
-class Factor(NamedTuple):
-    """One mixed-radix digit of a dim: ``Factor(4)`` is local; ``Factor(2, "dp")`` is bound to
-    axis dp; ``Factor(2, "tp", pre=2)`` to the sub-axis ``tp:(2)2`` (size 2 after pre-size 2)."""
-
-    size: int
-    axis: str | None = None
-    pre: int = 1
-
-    @property
-    def local(self) -> bool:
-        """True for a local factor. ``Factor(4).local -> True``."""
-        return self.axis is None
-
-
-class Step(NamedTuple):
-    """One DTensor cut of a ``ChunkProgram`` dim: ``sf`` groups, each cut ``size`` ways by ``axis``."""
-
-    size: int
-    axis: str
-    pre: int = 1
-    sf: int = 1
-
-    @property
-    def local(self) -> bool:
-        """Always False: a step cuts by a mesh axis. ``Step(2, "x").local -> False``."""
-        return False
-
-
-class ChunkProgram(tuple):
-    """A dim cut exactly as a sequence of DTensor placements cuts it (``Shard`` /
-    ``_StridedShard``, mesh dims left to right), kept where no factor layout reproduces
-    DTensor's uneven chunks. Text: ``chunks(a/3, c) of 16`` (``a/3``: SS with split factor 3).
-    Such a dim is never even: views and ops treat it as needing a gather."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return f"ChunkProgram({tuple(self)!r})"
-
-
-def chain_extent(n: int, sizes) -> int:
-    """Length of the largest chunk after cutting ``n`` by each size in turn (torch.chunk).
-
-    ``chain_extent(9, [2, 2]) -> 3``
-    """
-    for s in sizes:
-        n = ceil_div(n, s)
-    return n
+# The factor vocabulary lives in factors.py; it is re-exported here, where it was first
+# defined, so ``from shardlayout.sharding.core import ChunkProgram, _product`` keeps working.
+__all__ = [
+    "REDUCE_OPS",
+    "ChunkProgram",
+    "Factor",
+    "Sharding",
+    "Step",
+    "_product",
+    "chain_extent",
+    "format_dim",
+    "format_sharding",
+    "parse_factor",
+    "parse_sharding",
+    "split_top_level",
+]
 
 
 class Sharding:
@@ -204,7 +191,7 @@ class Sharding:
         """Same factors, other partial axes. ``s.with_partial({"tp": "sum"})``."""
         return Sharding(self.mesh, self.shape, self.dims, partial)
 
-    # -- conversions and shards (implemented in sibling modules) ----------------------------
+    # -- conversions and shards (placements.py, shards.py) ----------------------------------
     @staticmethod
     def parse(text: str, mesh: Mesh) -> "Sharding":
         """Read the text form. ``Sharding.parse("[dp*4, tp*3] +sum(x)", mesh)``."""
@@ -215,82 +202,55 @@ class Sharding:
         """Every device holds the whole tensor. ``Sharding.replicated(mesh, (8, 12))``."""
         return Sharding(mesh, shape)
 
-    @staticmethod
-    def from_placements(mesh: Mesh, shape, placements) -> "Sharding":
+    @classmethod
+    def from_placements(cls, mesh: Mesh, shape, placements) -> "Sharding":
         """From DTensor placements, one per mesh dim (DTensor semantics exactly).
 
         ``Sharding.from_placements(mesh, (8, 12), ["S(0)", "S(1)"])``
         """
-        from .placements import from_placements
-
-        return from_placements(mesh, shape, placements)
+        return cls(mesh, *parts_from_placements(mesh, shape, placements))
 
     def to_placements(self) -> tuple:
         """DTensor placements as strings (``"R"``, ``"S(d)"``, ``"SS(d,sf)"``, ``"P(op)"``)."""
-        from .placements import to_placements
-
         return to_placements(self)
 
     def to_dtensor(self) -> list:
         """DTensor placement objects (needs torch). ``s.to_dtensor() -> [Shard(0), ...]``."""
-        from .placements import to_dtensor
-
         return to_dtensor(self)
 
-    @staticmethod
-    def from_partition_spec(mesh: Mesh, shape, spec) -> "Sharding":
+    @classmethod
+    def from_partition_spec(cls, mesh: Mesh, shape, spec) -> "Sharding":
         """From a JAX PartitionSpec (per dim: None, an axis, or a tuple of axes, major first)."""
-        from .placements import from_partition_spec
-
-        return from_partition_spec(mesh, shape, spec)
+        return cls(mesh, *parts_from_partition_spec(mesh, shape, spec))
 
     def to_partition_spec(self) -> tuple:
         """JAX PartitionSpec entries, sub-axes in Shardy's notation ``'x:(1)2'``."""
-        from .placements import to_partition_spec
-
         return to_partition_spec(self)
 
     def local_shape(self, rank: int) -> tuple:
         """Shape of the piece ``rank`` holds. ``Sharding.parse("[x*4]", m).local_shape(0) -> (4,)``."""
-        from .shards import local_shape
-
         return local_shape(self, rank)
 
     def indices(self, rank: int) -> tuple:
         """Global indices (one int array per dim) of the piece ``rank`` holds, in local order."""
-        from .shards import local_indices
-
         return local_indices(self, rank)
 
     def layout(self):
         """CuTe layout ``((local dims), (mesh axes)) -> global row-major offset`` (even only)."""
-        from .shards import sharding_layout
-
         return sharding_layout(self)
 
     def shard(self, array) -> dict:
         """Split a global array into ``{rank: local piece}``."""
-        from .shards import shard
-
         return shard(self, array)
 
     def unshard(self, pieces, tolerance: float = 0.0):
         """Reassemble ``{rank: local piece}`` (reduces partial axes; replicas must agree)."""
-        from .shards import unshard
-
         return unshard(self, pieces, tolerance)
 
 
 # ------------------------------------------------------------------------------------------
 # validation and canonical form
 # ------------------------------------------------------------------------------------------
-
-
-def _product(xs) -> int:
-    p = 1
-    for x in xs:
-        p *= x
-    return p
 
 
 def _check_shape(shape) -> tuple:
@@ -339,42 +299,6 @@ def _check_program(mesh: Mesh, d: int, prog: ChunkProgram) -> ChunkProgram:
         if st.sf < 1:
             raise ShardingSpecError(f"dim {d}: split factor {st.sf} must be >= 1")
     return prog
-
-
-def _canonical_dim(mesh: Mesh, shape: tuple, d: int, fs: list) -> tuple:
-    """Drop size-1 factors, fill in (or check) the innermost local factor, merge when even."""
-    n = shape[d]
-    fs = [f for f in fs if f.size != 1]
-    trailing = bool(fs) and fs[-1].local
-    body = fs[:-1] if trailing else fs
-    ext = chain_extent(n, [f.size for f in body])
-    if trailing and fs[-1].size != ext:
-        shown = "*".join(_fmt_factor(f, mesh) for f in fs)
-        raise ShardingSpecError(
-            f"dim {d} (size {n}): factors {shown} do not cover it exactly: cut as torch.chunk "
-            f"does, the innermost local factor must be {ext}, not {fs[-1].size} "
-            f"(write '{'*'.join([_fmt_factor(f, mesh) for f in body] + [str(ext)])}')"
-        )
-    if not trailing and ext > 1:
-        fs = body + [Factor(ext)]
-    if _product(f.size for f in fs) == n:
-        fs = _merge_even(fs, mesh)
-    return tuple(fs)
-
-
-def _merge_even(fs: list, mesh: Mesh) -> list:
-    out: list = []
-    for f in fs:
-        if out:
-            g = out[-1]
-            if g.local and f.local:
-                out[-1] = Factor(g.size * f.size)
-                continue
-            if g.axis is not None and g.axis == f.axis and g.pre * g.size == f.pre:
-                out[-1] = Factor(g.size * f.size, g.axis, g.pre)
-                continue
-        out.append(f)
-    return out
 
 
 def _check_partial(mesh: Mesh, partial) -> tuple:
@@ -428,14 +352,6 @@ def _check_axis_use(mesh: Mesh, dims: tuple, partial: tuple) -> None:
 # ------------------------------------------------------------------------------------------
 
 
-def _fmt_factor(f: Factor, mesh: Mesh) -> str:
-    if f.axis is None:
-        return str(f.size)
-    if f.pre == 1 and f.size == mesh.axis_size(f.axis):
-        return f.axis
-    return f"{f.axis}:({f.pre}){f.size}"
-
-
 def format_dim(s: Sharding, d: int) -> str:
     """Text of one dim: ``dp*4``, ``2*tp*2``, ``dp*tp*3 of 9`` (uneven). ``format_dim(s, 0)``."""
     fs = s.dims[d]
@@ -458,32 +374,6 @@ def format_sharding(s: Sharding) -> str:
         if op in ops:
             text += f" +{op}({','.join(ops[op])})"
     return text
-
-
-_SUBAXIS = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*):\((\d+)\)(\d+)$")
-
-
-def parse_factor(text: str, mesh: Mesh) -> Factor:
-    """``"4"`` local, ``"dp"`` an axis, ``"tp:(2)2"`` a sub-axis. ``parse_factor("dp", mesh)``."""
-    t = text.strip().replace(" ", "")
-    if t.isdigit():
-        return Factor(int(t))
-    if t in mesh.names:
-        return Factor(mesh.axis_size(t), t)
-    m = _SUBAXIS.match(t)
-    if m:
-        name, pre, size = m.group(1), int(m.group(2)), int(m.group(3))
-        n = mesh.axis_size(name)
-        if pre < 1 or size < 1 or n % (pre * size):
-            raise ShardingSpecError(
-                f"sub-axis {t!r}: '{name}:(m)k' needs m*k to divide the size {n} of axis {name!r}"
-            )
-        return Factor(size, name, pre)
-    if re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", t):
-        mesh.axis_index(t)  # raises a MeshError naming the axes
-    raise ShardingSpecError(
-        f"factor {text!r} is not an int, a mesh axis ({', '.join(mesh.names)}) or a sub-axis like 'tp:(2)2'"
-    )
 
 
 def split_top_level(inner: str) -> list:

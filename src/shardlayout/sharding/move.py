@@ -24,8 +24,9 @@ from functools import lru_cache
 
 from ..errors import ShardingSpecError
 from .collective import AxisPiece, Collective, CollectiveKind
-from .core import ChunkProgram, Factor, Sharding, _product
+from .core import Sharding
 from .cost import itemsize
+from .factors import ChunkProgram, Factor, _product
 
 
 def plan_move(src: Sharding, dst: Sharding, dtype: str = "float32") -> tuple:

@@ -7,9 +7,16 @@ the device's chunk of each, in order. On even dims both only bind digits of the 
 index to the mesh axis; we do exactly that, and check uneven cases against the
 definition itself. A conversion that would lose information raises ``NotRepresentable``.
 
-    >>> from shardlayout.mesh import Mesh
+Reading placements or a spec gives the parts of a Sharding (``ShardingParts``), which
+``Sharding.from_placements`` / ``from_partition_spec`` check and build; writing them
+reads a Sharding's fields (``ShardingLike``). So this module needs only ``factors.py``,
+never ``core.py``, which is built on it.
+
+    >>> from shardlayout import Mesh, Sharding
     >>> m = Mesh.parse("dp=2,tp=2")
-    >>> str(from_placements(m, (8, 8), ["SS(0,2)", "S(0)"]))
+    >>> parts_from_placements(m, (8, 8), ["SS(0,2)", "S(0)"]).dims[0]
+    (Factor(size=2, axis='tp', pre=1), Factor(size=2, axis='dp', pre=1), Factor(size=2, axis=None, pre=1))
+    >>> str(Sharding.from_placements(m, (8, 8), ["SS(0,2)", "S(0)"]))
     '[tp*dp*2, 8]'
 """
 
@@ -17,20 +24,23 @@ from __future__ import annotations
 
 import re
 from itertools import product
+from typing import NamedTuple
 
 from ..errors import NotRepresentable, ShardingSpecError
+from ..layout.inttuple import ceil_div
 from ..mesh import Mesh
-from .core import (
+from .factors import (
     REDUCE_OPS,
     ChunkProgram,
     Factor,
-    Sharding,
+    ShardingLike,
     Step,
     _canonical_dim,
     _fmt_factor,
     _product,
-    ceil_div,
     chain_extent,
+    factor_digit,
+    parse_factor,
 )
 
 # ------------------------------------------------------------------------------------------
@@ -109,8 +119,22 @@ def format_placement(p: tuple) -> str:
 # ------------------------------------------------------------------------------------------
 
 
-def from_placements(mesh: Mesh, shape, placements) -> Sharding:
-    """DTensor placements (one per mesh dim) to a Sharding, DTensor semantics exactly."""
+class ShardingParts(NamedTuple):
+    """What a Sharding is built from, before it checks them: ``Sharding(mesh, *parts)``.
+
+    ``ShardingParts((8,), ((Factor(2, "x"), Factor(4)),)).partial -> ()``
+    """
+
+    shape: tuple
+    dims: tuple
+    partial: tuple = ()
+
+
+def parts_from_placements(mesh: Mesh, shape, placements) -> ShardingParts:
+    """DTensor placements (one per mesh dim) to a Sharding's parts, DTensor semantics exactly.
+
+    ``parts_from_placements(Mesh.parse("x=2"), (8,), ["S(0)"]).dims -> ((Factor(2, "x"), Factor(4)),)``
+    """
     if isinstance(shape, int):
         shape = (shape,)
     shape = tuple(shape)
@@ -141,11 +165,11 @@ def from_placements(mesh: Mesh, shape, placements) -> Sharding:
             if exact or _matches_dtensor(mesh, shape, progs[: i + 1], cand, d):
                 levels[d] = cand
                 break
-    dims = [
-        lv if lv is not None else ChunkProgram(st for st in programs[d] if st.size > 1)
+    dims = tuple(
+        tuple(lv) if lv is not None else ChunkProgram(st for st in programs[d] if st.size > 1)
         for d, lv in enumerate(levels)
-    ]
-    return Sharding(mesh, shape, dims, partial)
+    )
+    return ShardingParts(shape, dims, tuple(partial))
 
 
 def _cut_candidates(N: int, lv: list, sf: int, n: int, axis: str) -> list:
@@ -236,8 +260,6 @@ def _matches_dtensor(mesh, shape, progs, factors, d: int) -> bool:
     """True when ``factors`` give every device the elements of dim d that DTensor's
     placements ``progs`` give it, in the same order. Only the mesh axes cutting dim d
     matter, so only their coordinates are enumerated."""
-    from .shards import factor_digit
-
     axes = {i for i, p in enumerate(progs) if p[0] in ("S", "SS") and p[1] == d}
     axes |= {mesh.axis_index(f.axis) for f in factors if f.axis is not None}
     axes = sorted(axes)
@@ -281,7 +303,7 @@ def _held_ranges(N: int, factors, digits) -> list:
 # ------------------------------------------------------------------------------------------
 
 
-def to_placements(s: Sharding) -> tuple:
+def to_placements(s: ShardingLike) -> tuple:
     """DTensor placements reproducing ``s`` exactly, or ``NotRepresentable`` saying why.
 
     ``Sharding.parse("[tp*2*dp*2]", Mesh.parse("dp=2,tp=4")).to_placements() -> ('SS(0,8)', 'S(0)')``
@@ -326,7 +348,7 @@ def to_placements(s: Sharding) -> tuple:
         out.append(_placement(d, sf))
         on_dim.setdefault(d, []).append((i, name))
     result = tuple(out)
-    back = _try_from_placements(mesh, s.shape, result)
+    back = _try_from_placements(s, result)
     if back == s:
         return result
     found = list(result)
@@ -347,7 +369,7 @@ def to_placements(s: Sharding) -> tuple:
         for (i, _), sf in zip(axes, sfs):
             found[i] = _placement(d, sf)
     found = tuple(found)
-    back = _try_from_placements(mesh, s.shape, found)
+    back = _try_from_placements(s, found)
     if back != s:  # each dim was matched exactly and dims are cut independently
         raise NotRepresentable(
             f"{s}: the placements found dim by dim, {list(found)}, mean {back} (an internal "
@@ -360,9 +382,11 @@ def _placement(d: int, sf: int) -> str:
     return "S(%d)" % d if sf == 1 else "SS(%d,%d)" % (d, sf)
 
 
-def _try_from_placements(mesh, shape, placements):
+def _try_from_placements(s: ShardingLike, placements):
+    """The Sharding ``placements`` give a tensor of ``s``'s shape on its mesh (built with
+    ``s``'s own class), or None when they give none."""
     try:
-        return from_placements(mesh, shape, placements)
+        return type(s)(s.mesh, *parts_from_placements(s.mesh, s.shape, placements))
     except NotRepresentable:
         return None
 
@@ -409,7 +433,7 @@ def _frame(fs, names) -> tuple:
     return tuple(out)
 
 
-def _search_dim(s: Sharding, d: int, axes: list):
+def _search_dim(s: ShardingLike, d: int, axes: list):
     """Split factors (one per axis of ``axes``, mesh order) whose ``S``/``SS`` placements
     make ``from_placements`` give dim d exactly ``s.dims[d]``, or None when none does.
 
@@ -445,7 +469,7 @@ def _search_dim(s: Sharding, d: int, axes: list):
     return go(0, [Factor(shape[d])])
 
 
-def to_dtensor(s: Sharding) -> list:
+def to_dtensor(s: ShardingLike) -> list:
     """torch placement objects for ``s`` (needs the torch extra)."""
     try:
         from torch.distributed.tensor import Partial, Replicate, Shard
@@ -471,13 +495,11 @@ def to_dtensor(s: Sharding) -> list:
 # ------------------------------------------------------------------------------------------
 
 
-def from_partition_spec(mesh: Mesh, shape, spec) -> Sharding:
-    """JAX's per-dim axes (major first) to a Sharding; sub-axes as ``'x:(1)2'``.
+def parts_from_partition_spec(mesh: Mesh, shape, spec) -> ShardingParts:
+    """JAX's per-dim axes (major first) to a Sharding's parts; sub-axes as ``'x:(1)2'``.
 
-    ``from_partition_spec(Mesh.parse("x=2,y=2"), (8, 4), (("x", "y"), None))``
+    ``parts_from_partition_spec(Mesh.parse("x=2,y=2"), (8, 4), (("x", "y"), None))``
     """
-    from .core import parse_factor
-
     if isinstance(shape, int):
         shape = (shape,)
     shape = tuple(shape)
@@ -490,7 +512,7 @@ def from_partition_spec(mesh: Mesh, shape, spec) -> Sharding:
     dims = []
     for d, entry in enumerate(spec):
         if entry is None:
-            dims.append([])
+            dims.append(())
             continue
         names = (entry,) if isinstance(entry, str) else tuple(entry)
         fs = [parse_factor(a, mesh) for a in names]
@@ -500,11 +522,11 @@ def from_partition_spec(mesh: Mesh, shape, spec) -> Sharding:
                 f"from_partition_spec: dim {d} (size {shape[d]}) on {names} is uneven; JAX cuts "
                 f"it once into {total} padded chunks, which differs from cutting axis by axis"
             )
-        dims.append(fs)
-    return Sharding(mesh, shape, dims)
+        dims.append(tuple(fs))
+    return ShardingParts(shape, tuple(dims))
 
 
-def to_partition_spec(s: Sharding) -> tuple:
+def to_partition_spec(s: ShardingLike) -> tuple:
     """Per dim: None, an axis name, or a tuple of axes (major first); raises
     ``NotRepresentable`` for partial values or local factors between sharded ones."""
     if s.partial:

@@ -1,5 +1,9 @@
 """Local pieces of a sharded tensor: which global elements each rank holds.
 
+These functions read a Sharding's fields (``ShardingLike``); the ``Sharding`` methods
+``local_shape``, ``indices``, ``layout``, ``shard`` and ``unshard`` call them. So this
+module needs only ``factors.py``, never ``core.py``, which is built on it.
+
     >>> from shardlayout.mesh import Mesh
     >>> from shardlayout.sharding.core import Sharding
     >>> s = Sharding.parse("[dp*tp*3 of 9]", Mesh.parse("dp=2,tp=2"))
@@ -14,17 +18,9 @@ from functools import lru_cache
 import numpy as np
 
 from ..errors import ShardingSpecError, ShardMismatch
-from .core import ChunkProgram, Factor, Sharding, ceil_div
-
-
-def factor_digit(mesh, f: Factor, coord: tuple) -> int:
-    """The digit of an axis factor at a mesh coordinate (sub-axes read their piece).
-
-    ``factor_digit(Mesh.parse("tp=4"), Factor(2, "tp", 2), (3,)) -> 1``
-    """
-    n = mesh.shape[mesh.axis_index(f.axis)]
-    c = coord[mesh.axis_index(f.axis)]
-    return (c // (n // (f.pre * f.size))) % f.size
+from ..layout import Layout
+from ..layout.inttuple import ceil_div
+from .factors import ChunkProgram, ShardingLike, factor_digit
 
 
 def _chunk(lo: int, hi: int, k: int, i: int) -> tuple:
@@ -81,12 +77,12 @@ def _cut_ranges(ranges: list, k: int) -> list:
     return parts
 
 
-def _dim_digits(s: Sharding, d: int, coord: tuple) -> list:
+def _dim_digits(s: ShardingLike, d: int, coord: tuple) -> list:
     return [None if f.axis is None else factor_digit(s.mesh, f, coord) for f in s.dims[d]]
 
 
 @lru_cache(maxsize=1 << 16)
-def local_indices(s: Sharding, rank: int) -> tuple:
+def local_indices(s: ShardingLike, rank: int) -> tuple:
     """Global indices per dim (read-only int arrays, local order) held by ``rank``."""
     coord = s.mesh.coord(rank)
     out = []
@@ -99,12 +95,12 @@ def local_indices(s: Sharding, rank: int) -> tuple:
 
 
 @lru_cache(maxsize=1 << 16)
-def local_shape(s: Sharding, rank: int) -> tuple:
+def local_shape(s: ShardingLike, rank: int) -> tuple:
     """Shape of the piece ``rank`` holds (uneven shards: torch.chunk sizes, possibly 0)."""
     return _local_shape(s, rank)
 
 
-def _local_shape(s: Sharding, rank: int) -> tuple:
+def _local_shape(s: ShardingLike, rank: int) -> tuple:
     coord = s.mesh.coord(rank)
     shape = []
     for d in range(s.ndim):
@@ -113,7 +109,7 @@ def _local_shape(s: Sharding, rank: int) -> tuple:
     return tuple(shape)
 
 
-def _partial_divisor(s: Sharding) -> int:
+def _partial_divisor(s: ShardingLike) -> int:
     p = 1
     for axis, op in s.partial:
         if op == "sum":
@@ -121,7 +117,7 @@ def _partial_divisor(s: Sharding) -> int:
     return p
 
 
-def shard(s: Sharding, array) -> dict:
+def shard(s: ShardingLike, array) -> dict:
     """``{rank: piece}``; onto partial(sum) axes each rank gets ``v / n`` (DTensor's
     ``Partial._partition_value``), onto avg/max/min it gets ``v``."""
     a = np.asarray(array)
@@ -138,7 +134,7 @@ def shard(s: Sharding, array) -> dict:
 _REDUCE = {"sum": np.sum, "avg": np.mean, "max": np.max, "min": np.min}
 
 
-def unshard(s: Sharding, pieces: dict, tolerance: float = 0.0):
+def unshard(s: ShardingLike, pieces: dict, tolerance: float = 0.0):
     """The global array from ``{rank: piece}``: partial axes reduced, replicas checked.
 
     Raises ``ShardMismatch`` naming the rank and the problem when a piece is missing, has
@@ -185,7 +181,7 @@ def unshard(s: Sharding, pieces: dict, tolerance: float = 0.0):
     return out
 
 
-def _reduce_group(s: Sharding, pieces: dict, coord: tuple, partial_idx: list):
+def _reduce_group(s: ShardingLike, pieces: dict, coord: tuple, partial_idx: list):
     """Reduce the pieces of the ranks that differ from ``coord`` only on partial axes, axis by
     axis in mesh order (sum and avg commute; one op per axis)."""
     mesh = s.mesh
@@ -209,15 +205,13 @@ def _reduce_group(s: Sharding, pieces: dict, coord: tuple, partial_idx: list):
     return stacked
 
 
-def sharding_layout(s: Sharding):
+def sharding_layout(s: ShardingLike):
     """The CuTe layout ``((local dims), (mesh axes)) -> global row-major offset``.
 
     Each local-dim mode lists that dim's local factors, each mesh-axis mode the pieces of
     that axis (minor first, as CuTe modes are column-major); an axis piece that shards
     nothing has stride 0. Defined for even shardings only.
     """
-    from ..layout import Layout
-
     if not s.is_even():
         raise ShardingSpecError(
             f"layout of {s}: uneven dims are not a single layout (chunk sizes depend on the "
