@@ -12,6 +12,7 @@ import argparse
 import json
 import sys
 
+from . import jobs
 from .errors import ShardingError
 
 
@@ -287,63 +288,8 @@ def _collective_line(c, cm) -> str:
             f"~{cm.seconds(c) * 1e6:.2f} µs")
 
 
-def _load_program(args):
-    from .program import Program
-    from .program.models import MODELS
-
-    if getattr(args, "module", None):
-        import importlib
-
-        from .program.torch_import import from_torch
-
-        mod_name, _, attr = args.module.partition(":")
-        try:
-            factory = getattr(importlib.import_module(mod_name), attr or "make")
-        except (ImportError, AttributeError) as e:
-            raise ShardingError(f"--module {args.module}: {e}") from None
-        module, example_args = factory()
-        return from_torch(module, example_args)
-    if getattr(args, "export", None):
-        import torch
-
-        from .program.torch_import import from_exported
-
-        try:
-            return from_exported(torch.export.load(args.export))
-        except (OSError, RuntimeError) as e:
-            raise ShardingError(f"--export {args.export}: {e}") from None
-    if args.program:
-        try:
-            with open(args.program) as f:
-                return Program.from_json(f.read())
-        except OSError as e:
-            raise ShardingError(f"--program {args.program}: {e.strerror}") from None
-    if args.model not in MODELS:
-        raise ShardingError(f"unknown model {args.model!r}; built-in models: {', '.join(MODELS)}")
-    return MODELS[args.model](layers=args.layers)
-
-
-def build_plan(args):
-    """The Plan the ``plan`` command describes."""
-    from .mesh import Mesh
-    from .plan import plan
-    from .program.models import style_pins
-
-    mesh = Mesh.parse(args.mesh)
-    prog = _load_program(args)
-    pins = style_pins(prog, mesh, args.style) if args.style else {}
-    for text in args.pin or []:
-        if "=" not in text:
-            raise ShardingError(f"--pin {text!r}: write name=SHARDING, e.g. 'x=[dp, 8, 16]'")
-        name, sh = text.split("=", 1)
-        from .sharding import Sharding
-
-        pins[name.strip()] = Sharding.parse(sh, mesh)
-    return plan(prog, mesh, pins)
-
-
 def cmd_plan(args) -> int:
-    p = build_plan(args)
+    p = jobs.build_plan(args)
     v = p.verify() if args.verify else None
     if args.json:
         print(p.to_json())
@@ -400,7 +346,7 @@ def cmd_demo(args) -> int:
     ns = argparse.Namespace(model="llama", program=None, layers=2, mesh="dp=2,tp=4", style="megatron-sp",
                             pin=None, max_rows=24)
     print("shardlayout demo: a 2-layer Llama block on mesh dp=2,tp=4, Megatron tensor + sequence parallel\n")
-    p = build_plan(ns)
+    p = jobs.build_plan(ns)
     v = p.verify()
     print_plan(p, v, ns)
     print("\nThe same with --style megatron gives exactly 4 all-reduces on tp; try:")
@@ -424,7 +370,7 @@ def cmd_run(args) -> int:
         from .run import rank_main
 
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        report = rank_main(rank, world, lambda: build_plan(args), opts)
+        report = rank_main(rank, world, lambda: jobs.build_plan(args), opts)
         if rank != 0:
             return 0
     else:
@@ -433,7 +379,7 @@ def cmd_run(args) -> int:
         nproc = args.nproc or mesh.size
         if nproc != mesh.size:
             raise ShardingError(f"--nproc {nproc}: the mesh {mesh} has {mesh.size} devices; one rank per device")
-        build_plan(args)  # bad input fails here, once, before any rank starts
+        jobs.build_plan(args)  # bad input fails here, once, before any rank starts
         try:
             report = launch(opts, nproc)
         except RunError as e:  # the run failed (a rank died, a timeout): exit 1, not 2

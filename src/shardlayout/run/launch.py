@@ -15,6 +15,7 @@ import numpy as np
 
 from ..errors import ShardingError
 from ..execute import walk
+from ..jobs import build_plan
 
 
 class RunError(ShardingError):
@@ -141,8 +142,6 @@ def _ix(idx):
 def _child(rank, world, args_dict, init_method, result_path):
     """Entry point of a spawned rank (module level: picklable)."""
     import argparse
-
-    from ..cli import build_plan
 
     ns = argparse.Namespace(**args_dict)
     try:
