@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from shardlayout.cli import main
 
 
@@ -142,3 +144,16 @@ def test_plan_user_module_and_export(capsys, tmp_path, monkeypatch):
     assert "verified" in capsys.readouterr().out
     assert main(["plan", "--module", "nosuchmod:make"]) == 2
     assert "No module named" in capsys.readouterr().err
+
+
+def test_export_command(capsys):
+    assert main(["export", "--to", "dtensor", "--mesh", "dp=2,tp=2", "--style", "megatron", "--layers", "1",
+                 "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["mesh"] == {"names": ["dp", "tp"], "shape": [2, 2]}
+    assert data["tensors"]["layers.0.wq"]["placements"] == ["Replicate()", "Shard(dim=1)"]
+    assert main(["export", "--to", "jax", "--mesh", "dp=2,tp=2", "--style", "fsdp", "--layers", "1"]) == 0
+    assert 'layers.0.wq         (16, 16)       ["dp", null]' in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:  # argparse refuses it: usage on stderr, exit 2
+        main(["export", "--to", "onnx"])
+    assert e.value.code == 2

@@ -399,6 +399,24 @@ def cmd_run(args) -> int:
     return 0 if report["equal"] else 1
 
 
+def cmd_export(args) -> int:
+    """Per parameter, the plan's sharding as DTensor placements or a JAX PartitionSpec."""
+    p = jobs.build_plan(args)
+    entries = p.to_dtensor() if args.to == "dtensor" else p.to_partition_specs()
+    data = {"target": args.to, "mesh": {"names": list(p.mesh.names), "shape": list(p.mesh.shape)},
+            "tensors": entries}
+    if args.json:
+        print(json.dumps(data, sort_keys=True))
+        return 0
+    key = "placements" if args.to == "dtensor" else "partition_spec"
+    print(f"{args.to} export of the plan on mesh {p.mesh} (mesh dims {', '.join(p.mesh.names)})")
+    w = max((len(n) for n in entries), default=6)
+    for name, e in entries.items():
+        what = json.dumps(e[key]) if key in e else f"not representable: {e['not_representable']}"
+        print(f"  {name.ljust(w)}  {str(tuple(e['shape'])):<14} {what}")
+    return 0
+
+
 def _add_model_args(pl) -> None:
     pl.add_argument("--model", default="llama", help="built-in model: llama or moe")
     pl.add_argument("--program", help="a program JSON file instead of a built-in model")
@@ -440,6 +458,11 @@ def build_parser() -> argparse.ArgumentParser:
     rn.add_argument("--timeout", type=float, default=60.0, help="seconds a collective may wait (default 60)")
     rn.add_argument("--json", action="store_true")
     rn.set_defaults(func=cmd_run)
+    xp = sub.add_parser("export", help="the plan's parameter shardings as DTensor placements or JAX PartitionSpecs")
+    _add_model_args(xp)
+    xp.add_argument("--to", choices=["dtensor", "jax"], required=True)
+    xp.add_argument("--json", action="store_true")
+    xp.set_defaults(func=cmd_export)
     ex = sub.add_parser("explain", help="the strategy chosen for one op, the alternatives and collectives")
     ex.add_argument("op", help="op name, short or aten (mm, aten.mm.default, _softmax, ...)")
     ex.add_argument("--mesh", required=True)

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import ShardingError
+from ..errors import NotRepresentable, ShardingError
 from ..execute import NumpySimulator, walk
 from ..mesh import Mesh
 from ..ops.registry import get_op
@@ -117,6 +117,35 @@ class Plan:
         if include_timing:
             data["plan_seconds"] = self.plan_seconds
         return json.dumps(data, indent=1, sort_keys=True)
+
+    def _exported(self, convert) -> dict:
+        out = {}
+        for name in self.program.inputs():
+            t = self.program.tensors[name]
+            if t.kind not in ("param", "buffer"):
+                continue
+            try:
+                out[name] = {"shape": list(t.shape), **convert(self.shardings[name])}
+            except NotRepresentable as e:
+                out[name] = {"shape": list(t.shape), "not_representable": str(e)}
+        return out
+
+    def to_dtensor(self) -> dict:
+        """Per parameter and buffer: DTensor placements in DTensor's own reprs, one per mesh dim
+        (``{"placements": ["Shard(dim=0)", "Replicate()"]}``), or ``{"not_representable": why}``
+        when DTensor cannot say it (never approximated)."""
+        from ..sharding.placements import dtensor_repr, parse_placement
+
+        return self._exported(lambda s: {"placements": [dtensor_repr(parse_placement(p, s.ndim))
+                                                        for p in s.to_placements()]})
+
+    def to_partition_specs(self) -> dict:
+        """Per parameter and buffer: a JAX PartitionSpec as JSON (a list per dim of None, an axis
+        name, or a list of names; sub-axes in Shardy's ``"tp:(1)2"``), or ``{"not_representable": why}``."""
+        def spec(s):
+            return {"partition_spec": [list(e) if isinstance(e, tuple) else e for e in s.to_partition_spec()]}
+
+        return self._exported(spec)
 
     def summary_json(self) -> str:
         """What a user sets up and pays for: the shardings of inputs, parameters and outputs, and the

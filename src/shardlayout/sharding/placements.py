@@ -55,11 +55,14 @@ _RE_P = re.compile(r"^P(?:\(\s*([a-z]+)\s*\))?$")
 def parse_placement(p, ndim: int, where: str = "placement") -> tuple:
     """Normalise one placement to ``("R",)``, ``("S", d)``, ``("SS", d, sf)`` or ``("P", op)``.
 
-    Accepts ``"R"``, ``"S(0)"``, ``"SS(0,2)"``, ``"P"``, ``"P(max)"`` and torch's objects.
+    Accepts ``"R"``, ``"S(0)"``, ``"SS(0,2)"``, ``"P"``, ``"P(max)"``, torch's objects and their
+    reprs (``"Shard(dim=0)"``, ``"_StridedShard(dim=0, sf=2)"``, ``"Replicate()"``, ``"Partial(sum)"``).
     ``parse_placement("SS(1,2)", 2) -> ('SS', 1, 2)``
     """
     if isinstance(p, str):
-        t = p.strip().replace("Shard", "S").replace("Replicate()", "R").replace("Partial", "P")
+        t = re.sub(r"\b(dim|sf|split_factor)\s*=\s*", "", p.strip())
+        t = re.sub(r"^_StridedShard\(|^_S\(", "SS(", t)
+        t = t.replace("Shard", "S").replace("Replicate()", "R").replace("Partial", "P")
         t = t.replace("P()", "P")
         if t == "R":
             return ("R",)
@@ -101,6 +104,17 @@ def _dim(d: int, ndim: int, where: str) -> int:
     if not -ndim <= d < ndim:
         raise ShardingSpecError(f"{where}: dim {d} is out of range for a tensor with {ndim} dims")
     return d % ndim
+
+
+def dtensor_repr(p: tuple) -> str:
+    """DTensor's own repr of a normalised placement. ``dtensor_repr(("SS", 0, 2)) -> '_StridedShard(dim=0, sf=2)'``."""
+    if p[0] == "R":
+        return "Replicate()"
+    if p[0] == "S":
+        return f"Shard(dim={p[1]})"
+    if p[0] == "SS":
+        return f"_StridedShard(dim={p[1]}, sf={p[2]})"
+    return f"Partial({p[1]})"
 
 
 def format_placement(p: tuple) -> str:
