@@ -392,6 +392,8 @@ def cmd_run(args) -> int:
               f"{report['seconds']:.2f} s")
         print(f"collectives executed on rank 0: {report['collectives'] or 'none'}; planned: "
               f"{report['planned_collectives'] or 'none'}")
+        if report["grads_max_abs_err"] is not None:
+            print(f"gradients and updated parameters: max abs error {report['grads_max_abs_err']:.2e}")
         verdict = "equal to" if report["equal"] else "NOT equal to"
         print(f"{verdict} the unsharded run: {report['tensors_compared']} tensors compared on every rank, "
               f"max abs error {report['max_abs_err']:.2e}, relative to each tensor's scale "
@@ -453,6 +455,8 @@ def build_parser() -> argparse.ArgumentParser:
     rn.add_argument("--nproc", type=int, default=None, help="ranks to start (default: the mesh size)")
     rn.add_argument("--backend", choices=["gloo", "nccl"], default="gloo")
     rn.add_argument("--seed", type=int, default=0)
+    rn.add_argument("--train", action="store_true",
+                    help="also backward through the planned collectives and one SGD step, compared too")
     rn.add_argument("--dtype", choices=["float32", "float64"], default="float32",
                     help="element type of the run (float64: equal to 1e-10 relative)")
     rn.add_argument("--timeout", type=float, default=60.0, help="seconds a collective may wait (default 60)")

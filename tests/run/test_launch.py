@@ -22,17 +22,27 @@ def run(*args, env=None):
 
 
 @pytest.mark.parametrize("args,planned", [
-    (["--mesh", "dp=2,tp=2", "--style", "megatron-sp", "--layers", "2"], {"all_gather": 4, "reduce_scatter": 4}),
+    (["--mesh", "dp=2,tp=2", "--style", "megatron-sp", "--layers", "2"],
+     {"all_gather": 4, "reduce_scatter": 4, "backward_all_reduce": 8, "grad_all_reduce": 18}),
     (["--mesh", "tp=3", "--style", "megatron", "--layers", "1"], None),  # uneven heads and features
+    (["--model", "moe", "--mesh", "ep=4", "--style", "ep"], None),
 ])
-def test_run_equals_the_unsharded_run_and_executes_the_planned_collectives(args, planned):
-    r = run(*args, "--json", "--dtype", "float64")
+def test_training_step_equals_the_unsharded_run_and_executes_the_planned_collectives(args, planned):
+    r = run(*args, "--json", "--dtype", "float64", "--train")
     assert r.returncode == 0, r.stderr
     rep = json.loads(r.stdout)
-    assert rep["equal"] and rep["max_abs_err"] < 1e-8 and rep["tensors_compared"] > 20
+    assert rep["equal"] and rep["max_abs_err"] < 1e-8 and rep["grads_max_abs_err"] < 1e-8
+    assert rep["tensors_compared"] > 10
     assert rep["collectives"] == rep["planned_collectives"]
     if planned is not None:
         assert rep["planned_collectives"] == planned
+
+
+def test_forward_run_in_float32():
+    r = run("--mesh", "dp=2,tp=2", "--style", "megatron", "--layers", "1", "--json")
+    rep = json.loads(r.stdout)
+    assert r.returncode == 0 and rep["equal"] and rep["grads_max_abs_err"] is None
+    assert rep["collectives"] == rep["planned_collectives"] == {"all_reduce": 2}
 
 
 def test_a_dead_rank_stops_the_job_with_one_line_naming_it():
@@ -46,3 +56,17 @@ def test_a_dead_rank_stops_the_job_with_one_line_naming_it():
 def test_bad_input_is_refused_before_any_rank_starts():
     r = run("--mesh", "tp=2", "--nproc", "3")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "one rank per device" in r.stderr
+
+
+def test_grad_tensors_follow_parameters_to_outputs_through_differentiable_ops():
+    from shardlayout.program import ProgramBuilder
+    from shardlayout.run.launch import grad_tensors
+
+    b = ProgramBuilder()
+    x, w = b.input("x", (4, 8)), b.param("w", (8, 6))
+    y = b.op("mm", [x, w], name="y")
+    mask = b.op("gt", [y, 0.0], name="mask")  # boolean: no gradient flows through it
+    dead = b.op("relu", [y], name="dead")  # depends on w but no output needs it
+    b.output(b.op("mul", [y, mask], name="z"))
+    assert grad_tensors(b.build()) == {"w", "y", "z"}
+    assert dead not in grad_tensors(b.build())

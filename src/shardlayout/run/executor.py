@@ -61,41 +61,115 @@ class TorchRankExecutor:
         return torch_op(opdef, inputs, params, [s.local_shape(self.rank) for s in outputs])
 
     def collective(self, c, x):
-        """Run one planned collective on this rank's piece ``x``."""
+        """Run one planned collective on this rank's piece ``x`` (differentiable: its backward
+        is the exact adjoint, one ``all_reduce`` on the same group)."""
         import torch
-        import torch.distributed as dist
 
         if c.kind.communicates:
             self.counts[c.kind.value] = self.counts.get(c.kind.value, 0) + 1
-        group, members = self.groups.get(c.axes, (None, (self.rank,)))
         src, dst, r = c.src, c.dst, self.rank
         if c.reduce_op is not None:
-            y = x.detach().clone().contiguous()
-            op = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
-                  "min": dist.ReduceOp.MIN}[c.reduce_op]
-            dist.all_reduce(y, op=op, group=group)
-            if c.reduce_op == "avg":
-                y = y / len(members)
-            out = y[_ix(torch, _positions(src.indices(r), dst.indices(r)))]
+            out = _Reduce.apply(x, self, c)
         elif c.kind is CollectiveKind.LOCAL:
             out = x[_ix(torch, _positions(src.indices(r), dst.indices(r)))]
         else:
-            sizes = [int(np.prod(src.local_shape(q))) for q in members]
-            flat = x.detach().reshape(-1)
-            pad = torch.zeros(max(sizes), dtype=x.dtype)
-            pad[: flat.numel()] = flat
-            got = [torch.empty_like(pad) for _ in members]
-            dist.all_gather(got, pad, group=group)
-            buf = torch.zeros(src.shape, dtype=x.dtype)
-            for q, n, piece in zip(members, sizes, got):
-                buf[_ix(torch, src.indices(q))] = piece[:n].reshape(src.local_shape(q))
-            out = buf[_ix(torch, dst.indices(r))]
+            out = _Gather.apply(x, self, c)
         for a, op in dst.partial:
             if a not in dict(src.partial) and op == "sum":
                 out = out / self.mesh.axis_size(a)  # DTensor's Partial._partition_value
         if self.after_collective is not None and c.kind.communicates:
             self.after_collective(c)
         return out.contiguous()
+
+    def group(self, c):
+        """``(process group, members)`` of this rank for collective ``c``."""
+        return self.groups.get(c.axes, (None, (self.rank,)))
+
+    def backward_all_reduce(self, buf, c):
+        """The adjoint's one all_reduce (sum) on ``c``'s group; counted under ``backward``."""
+        import torch.distributed as dist
+
+        group, members = self.group(c)
+        self.counts["backward_all_reduce"] = self.counts.get("backward_all_reduce", 0) + 1
+        dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=group)
+        return buf
+
+
+def _autograd():
+    import torch
+
+    return torch.autograd.Function
+
+
+class _Gather(_autograd()):
+    """Pieces that move: one all_gather of the group's pieces (padded: gloo refuses uneven
+    sizes), then this rank keeps what its target names. Adjoint: scatter the gradient into the
+    tensor's extent, sum it over the group, keep this rank's source piece."""
+
+    @staticmethod
+    def forward(ctx, x, ex, c):
+        import torch
+        import torch.distributed as dist
+
+        ctx.ex, ctx.c = ex, c
+        group, members = ex.group(c)
+        src, r = c.src, ex.rank
+        sizes = [int(np.prod(src.local_shape(q))) for q in members]
+        flat = x.detach().reshape(-1)
+        pad = torch.zeros(max(sizes), dtype=x.dtype)
+        pad[: flat.numel()] = flat
+        got = [torch.empty_like(pad) for _ in members]
+        dist.all_gather(got, pad, group=group)
+        buf = torch.zeros(src.shape, dtype=x.dtype)
+        for q, n, piece in zip(members, sizes, got):
+            buf[_ix(torch, src.indices(q))] = piece[:n].reshape(src.local_shape(q))
+        return buf[_ix(torch, c.dst.indices(r))]
+
+    @staticmethod
+    def backward(ctx, g):
+        import torch
+
+        ex, c, r = ctx.ex, ctx.c, ctx.ex.rank
+        buf = torch.zeros(c.src.shape, dtype=g.dtype)
+        buf[_ix(torch, c.dst.indices(r))] = g
+        buf = ex.backward_all_reduce(buf, c)
+        return buf[_ix(torch, c.src.indices(r))], None, None
+
+
+class _Reduce(_autograd()):
+    """Partial values reduced on the group (all_reduce), then this rank keeps what its target
+    names (a reduce-scatter keeps a slice). Adjoint of a sum: scatter the gradient into the
+    source piece and sum it over the group (an average divides by the group size)."""
+
+    @staticmethod
+    def forward(ctx, x, ex, c):
+        import torch
+        import torch.distributed as dist
+
+        ctx.ex, ctx.c = ex, c
+        group, members = ex.group(c)
+        y = x.detach().clone().contiguous()
+        op = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
+              "min": dist.ReduceOp.MIN}[c.reduce_op]
+        dist.all_reduce(y, op=op, group=group)
+        if c.reduce_op == "avg":
+            y = y / len(members)
+        ctx.n = len(members)
+        return y[_ix(torch, _positions(c.src.indices(ex.rank), c.dst.indices(ex.rank)))]
+
+    @staticmethod
+    def backward(ctx, g):
+        import torch
+
+        from .launch import RunError
+
+        ex, c, r = ctx.ex, ctx.c, ctx.ex.rank
+        if c.reduce_op not in ("sum", "avg"):
+            raise RunError(f"training through a partial {c.reduce_op} is not supported (it has no unique gradient)")
+        buf = torch.zeros(c.src.local_shape(r), dtype=g.dtype)
+        buf[_ix(torch, _positions(c.src.indices(r), c.dst.indices(r)))] = g
+        buf = ex.backward_all_reduce(buf, c)
+        return (buf / ctx.n if c.reduce_op == "avg" else buf), None, None
 
 
 __all__ = ["TorchRankExecutor", "plan_groups"]

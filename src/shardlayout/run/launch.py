@@ -52,10 +52,55 @@ def _global_inputs(plan, seed: int, dtype: str = "float32") -> dict:
     return out
 
 
+class _Compare:
+    """Running comparison of local values with the reference: float tolerance relative to each
+    tensor's scale (a sharded sum adds in another order than the unsharded one)."""
+
+    def __init__(self, tight: bool):
+        self.rtol, self.atol = (1e-10, 1e-12) if tight else (1e-4, 1e-5)
+        self.err, self.rel, self.count, self.ok, self.first_bad = 0.0, 0.0, 0, True, None
+
+    def add(self, name: str, value, want) -> None:
+        if tuple(value.shape) != tuple(want.shape):
+            self.ok, self.err = False, float("inf")
+            self.first_bad = self.first_bad or name
+            return
+        if value.numel():
+            diff = float((value.detach().double() - want.detach().double()).abs().max())
+            scale = float(want.detach().double().abs().max())
+            self.err = max(self.err, diff)
+            self.rel = max(self.rel, diff / scale if scale else diff)
+            if diff > self.atol + self.rtol * scale:
+                self.first_bad = self.first_bad or name
+                self.ok = False
+        self.count += 1
+
+    def worst(self, torch, dist):
+        """(max abs error, any mismatch, max relative error) over every rank."""
+        t = torch.tensor([self.err if self.err == self.err else float("inf"), 0.0 if self.ok else 1.0, self.rel],
+                         dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return t[0].item(), t[1].item() == 0.0, t[2].item()
+
+
+def _replica_groups(plan) -> list:
+    """Per parameter: the groups of ranks that hold the same elements of it (their gradients
+    are summed), every rank computing the same list in the same order."""
+    out = []
+    for name in plan.program.inputs("param"):
+        s = plan.shardings[name]
+        by_piece: dict = {}
+        for r in plan.mesh.ranks():
+            key = tuple(tuple(int(v) for v in i) for i in s.indices(r))
+            by_piece.setdefault(key, []).append(r)
+        out.append((name, [tuple(g) for g in by_piece.values()]))
+    return out
+
+
 def rank_main(rank: int, world: int, build, options: dict, init_method: str | None = None,
               result_path: str | None = None) -> dict | None:
-    """Run one rank: ``build()`` returns the plan; ``options`` holds backend, timeout, seed.
-    Returns rank 0's report (None on the other ranks)."""
+    """Run one rank: ``build()`` returns the plan; ``options`` holds backend, timeout, seed,
+    dtype and train. Returns rank 0's report (None on the other ranks)."""
     import torch
     import torch.distributed as dist
 
@@ -64,6 +109,7 @@ def rank_main(rank: int, world: int, build, options: dict, init_method: str | No
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
     torch.set_default_dtype(torch.float64 if options.get("dtype") == "float64" else torch.float32)
+    train, lr = bool(options.get("train")), 0.1
     t0 = time.perf_counter()
     kw = {"init_method": init_method} if init_method else {}
     dist.init_process_group(options.get("backend", "gloo"), rank=rank, world_size=world,
@@ -78,6 +124,12 @@ def rank_main(rank: int, world: int, build, options: dict, init_method: str | No
             g = dist.new_group(list(members)) if len(members) > 1 else None
             if rank in members:
                 groups[pieces] = (g, members)
+        replicas = {}
+        for name, parts in _replica_groups(plan) if train else ():
+            for members in parts:
+                g = dist.new_group(list(members)) if len(members) > 1 else None
+                if rank in members:
+                    replicas[name] = (g, members)
         fail = os.environ.get("SHARDLAYOUT_FAIL_RANK")
 
         def after(c):
@@ -85,44 +137,38 @@ def rank_main(rank: int, world: int, build, options: dict, init_method: str | No
                 os._exit(1)
 
         ex = TorchRankExecutor(plan.mesh, rank, groups, after)
+        prog = plan.program
         glob = _global_inputs(plan, options.get("seed", 0), options.get("dtype", "float32"))
+        params = set(prog.inputs("param")) if train else set()
+        for n in params:
+            glob[n].requires_grad_(True)
         ref = _reference(plan, glob)
-        local = {n: glob[n][_ix(plan.shardings[n].indices(rank))] for n in plan.program.inputs()}
-        err, rel, compared, ok, first_bad = 0.0, 0.0, 0, True, None
-        tight = options.get("dtype") == "float64"
-        rtol, atol = (1e-10, 1e-12) if tight else (1e-4, 1e-5)
-        with torch.no_grad():
+        local = {}
+        for n in prog.inputs():
+            piece = glob[n].detach()[_ix(plan.shardings[n].indices(rank))].clone()
+            local[n] = piece.requires_grad_(True) if n in params else piece
+        forward = _Compare(options.get("dtype") == "float64")
+        values = {}
+        with torch.enable_grad() if train else torch.no_grad():
             for name, value in walk(plan, ex, local):
+                values[name] = value
                 s = plan.shardings[name]
-                if s.partial:
-                    continue  # a partial sum is compared once reduced, where the plan reduces it
-                want = ref[name][_ix(s.indices(rank))]
-                if tuple(value.shape) != tuple(want.shape):
-                    ok, err = False, float("inf")
-                    break
-                if value.numel():
-                    err = max(err, float((value.double() - want.double()).abs().max()))
-                    # float32 tolerance relative to the tensor's scale: a sharded sum adds in
-                    # another order than the unsharded one
-                    diff = float((value.double() - want.double()).abs().max())
-                    scale = float(want.double().abs().max())
-                    rel = max(rel, diff / scale if scale else diff)
-                    close = diff <= atol + rtol * scale
-                    if not close and ok:
-                        first_bad = name
-                    ok = ok and close
-                compared += 1
-        worst = torch.tensor([err if err == err else float("inf"), 0.0 if ok else 1.0, rel], dtype=torch.float64)
-        dist.all_reduce(worst, op=dist.ReduceOp.MAX)
-        planned: dict = {}  # SPMD: every rank takes part in every planned collective, in its group
-        for c in plan.collectives:
-            planned[c.kind.value] = planned.get(c.kind.value, 0) + 1
+                if not s.partial:  # a partial sum is compared once reduced, where the plan reduces it
+                    forward.add(name, value, ref[name][_ix(s.indices(rank))])
+        grads = None
+        if train:
+            grads = _train_step(plan, rank, ex, glob, ref, local, values, replicas, lr, options)
+        err, equal, rel = forward.worst(torch, dist)
+        g_err = g_equal = None
+        if grads is not None:
+            g_err, g_equal, _ = grads.worst(torch, dist)
+        planned = _planned_counts(plan, train, replicas_of=_replica_groups(plan) if train else ())
         report = {
             "ranks": world, "mesh": str(plan.mesh), "backend": options.get("backend", "gloo"),
-            "equal": worst[1].item() == 0.0, "max_abs_err": worst[0].item(), "max_rel_err": worst[2].item(),
-            "grads_max_abs_err": None, "collectives": dict(sorted(ex.counts.items())),
-            "planned_collectives": dict(sorted(planned.items())), "tensors_compared": compared,
-            "first_mismatch_on_rank0": first_bad,
+            "equal": bool(equal and (g_equal is None or g_equal)), "max_abs_err": err, "max_rel_err": rel,
+            "grads_max_abs_err": g_err, "collectives": dict(sorted(ex.counts.items())),
+            "planned_collectives": dict(sorted(planned.items())), "tensors_compared": forward.count,
+            "first_mismatch_on_rank0": forward.first_bad or (grads.first_bad if grads else None),
             "seconds": time.perf_counter() - t0,
         }
         if rank == 0 and result_path:
@@ -131,6 +177,91 @@ def rank_main(rank: int, world: int, build, options: dict, init_method: str | No
         return report if rank == 0 else None
     finally:
         dist.destroy_process_group()
+
+
+def _train_step(plan, rank, ex, glob, ref, local, values, replicas, lr, options) -> _Compare:
+    """Backward through the planned collectives and one SGD step, compared with the unsharded run.
+
+    The loss is ``sum(output * G)`` for a fixed random G per program output; each rank seeds its
+    piece with ``G / k`` (k ranks hold each element), so the per-rank losses add up to the global
+    one. A replicated parameter's gradient is the sum over the ranks holding it (one all_reduce
+    per parameter group)."""
+    import torch
+    import torch.distributed as dist
+
+    prog = plan.program
+    rng = np.random.default_rng(options.get("seed", 0) + 1)
+    outs, seeds, ref_loss = [], [], 0
+    for name in prog.outputs:
+        s = plan.shardings[name]
+        if s.partial:
+            raise RunError(f"--train: output {name} is a partial sum ({s}); pin it reduced to train")
+        G = torch.from_numpy(rng.standard_normal(prog.tensors[name].shape)).to(torch.get_default_dtype())
+        k = sum(1 for q in plan.mesh.ranks()
+                if all(np.array_equal(a, b) for a, b in zip(s.indices(q), s.indices(rank))))
+        outs.append(values[name])
+        seeds.append(G[_ix(s.indices(rank))] / k)
+        ref_loss = ref_loss + (ref[name] * G).sum()
+    ref_loss.backward()
+    torch.autograd.backward(outs, seeds)
+    cmp = _Compare(options.get("dtype") == "float64")
+    for name in prog.inputs("param"):
+        s = plan.shardings[name]
+        g = local[name].grad if local[name].grad is not None else torch.zeros_like(local[name])
+        group, members = replicas[name]
+        if len(members) > 1:
+            ex.counts["grad_all_reduce"] = ex.counts.get("grad_all_reduce", 0) + 1
+            dist.all_reduce(g, op=dist.ReduceOp.SUM, group=group)
+        ref_g = glob[name].grad if glob[name].grad is not None else torch.zeros_like(glob[name])
+        idx = _ix(s.indices(rank))
+        cmp.add(f"grad of {name}", g, ref_g[idx])
+        updated = local[name].detach() - lr * g
+        cmp.add(f"updated {name}", updated, (glob[name].detach() - lr * ref_g)[idx])
+    return cmp
+
+
+# outputs that carry no gradient (integer / boolean results, fresh tensors): op -> output indices
+# (None: all of them)
+_NO_GRAD = {**{n: None for n in ("eq", "ne", "le", "lt", "ge", "gt", "logical_and", "logical_or", "logical_not",
+                                 "bitwise_not", "argsort", "one_hot", "histc", "bincount", "nonzero", "argwhere",
+                                 "unique", "_unique2", "arange", "full", "zeros", "ones", "scalar_tensor", "empty",
+                                 "rand", "randn", "new_zeros", "new_ones", "new_full", "new_empty", "zeros_like",
+                                 "ones_like", "full_like", "empty_like")},
+            "topk": (1,), "sort": (1,)}
+
+
+def grad_tensors(program) -> set:
+    """Tensors whose gradient the backward pass computes: they depend on a parameter and a
+    program output depends on them, through ops that carry gradients."""
+    from ..ops import canonical_op_name
+
+    def carries(op, k):
+        cut = _NO_GRAD.get(canonical_op_name(op.target), ())
+        return not (cut is None or k in cut)
+
+    needs = set(program.inputs("param"))
+    for op in program.ops:
+        if any(isinstance(i, str) and i in needs for i in op.inputs):
+            needs |= {o for k, o in enumerate(op.outputs) if carries(op, k)}
+    reach = set(program.outputs)
+    for op in reversed(program.ops):
+        if any(o in reach and carries(op, k) for k, o in enumerate(op.outputs)):
+            reach |= {i for i in op.inputs if isinstance(i, str)}
+    return needs & reach
+
+
+def _planned_counts(plan, train: bool, replicas_of=()) -> dict:
+    """Collectives every rank runs: the plan's (SPMD: each in its own group); with training, one
+    backward all_reduce (its adjoint) per forward collective whose tensor carries a gradient, and
+    one per replicated parameter."""
+    planned: dict = {}
+    for c in plan.collectives:
+        planned[c.kind.value] = planned.get(c.kind.value, 0) + 1
+    if train:
+        needs = grad_tensors(plan.program)
+        planned["backward_all_reduce"] = sum(1 for c in plan.collectives if c.tensor in needs)
+        planned["grad_all_reduce"] = sum(1 for _, parts in replicas_of if max(len(g) for g in parts) > 1)
+    return {k: v for k, v in planned.items() if v}
 
 
 def _ix(idx):
