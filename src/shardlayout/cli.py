@@ -366,6 +366,8 @@ def cmd_run(args) -> int:
     mesh = Mesh.parse(args.mesh)
     if args.timeout <= 0:
         raise ShardingError(f"--timeout {args.timeout}: give a positive number of seconds")
+    if args.repeat < 0:
+        raise ShardingError(f"--repeat {args.repeat}: give 0 or more steps to time")
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # started by torchrun
         from .run import rank_main
 
@@ -392,6 +394,10 @@ def cmd_run(args) -> int:
               f"{report['seconds']:.2f} s")
         print(f"collectives executed on rank 0: {report['collectives'] or 'none'}; planned: "
               f"{report['planned_collectives'] or 'none'}")
+        if report.get("step_seconds"):
+            st = report["step_seconds"]
+            print(f"steady state: {st['median'] * 1e3:.2f} ms per {'training ' if args.train else ''}step "
+                  f"(median of {st['steps']}, {st['min'] * 1e3:.2f}-{st['max'] * 1e3:.2f} ms)")
         if report["grads_max_abs_err"] is not None:
             print(f"gradients and updated parameters: max abs error {report['grads_max_abs_err']:.2e}")
         verdict = "equal to" if report["equal"] else "NOT equal to"
@@ -455,6 +461,8 @@ def build_parser() -> argparse.ArgumentParser:
     rn.add_argument("--nproc", type=int, default=None, help="ranks to start (default: the mesh size)")
     rn.add_argument("--backend", choices=["gloo", "nccl"], default="gloo")
     rn.add_argument("--seed", type=int, default=0)
+    rn.add_argument("--repeat", type=int, default=0,
+                    help="time this many more steps after the checked one (steady state; median reported)")
     rn.add_argument("--train", action="store_true",
                     help="also backward through the planned collectives and one SGD step, compared too")
     rn.add_argument("--dtype", choices=["float32", "float64"], default="float32",

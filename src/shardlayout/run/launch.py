@@ -56,8 +56,8 @@ class _Compare:
     """Running comparison of local values with the reference: float tolerance relative to each
     tensor's scale (a sharded sum adds in another order than the unsharded one)."""
 
-    def __init__(self, tight: bool):
-        self.rtol, self.atol = (1e-10, 1e-12) if tight else (1e-4, 1e-5)
+    def __init__(self, tight: bool, loose_rtol: float = 1e-4):
+        self.rtol, self.atol = (1e-10, 1e-12) if tight else (loose_rtol, 1e-5)
         self.err, self.rel, self.count, self.ok, self.first_bad = 0.0, 0.0, 0, True, None
 
     def add(self, name: str, value, want) -> None:
@@ -158,17 +158,19 @@ def rank_main(rank: int, world: int, build, options: dict, init_method: str | No
         grads = None
         if train:
             grads = _train_step(plan, rank, ex, glob, ref, local, values, replicas, lr, options)
+        steps = _timed_steps(plan, rank, ex, local, options) if options.get("repeat") else None
         err, equal, rel = forward.worst(torch, dist)
-        g_err = g_equal = None
+        g_err = g_equal = g_rel = None
         if grads is not None:
-            g_err, g_equal, _ = grads.worst(torch, dist)
+            g_err, g_equal, g_rel = grads.worst(torch, dist)
         planned = _planned_counts(plan, train, replicas_of=_replica_groups(plan) if train else ())
         report = {
             "ranks": world, "mesh": str(plan.mesh), "backend": options.get("backend", "gloo"),
             "equal": bool(equal and (g_equal is None or g_equal)), "max_abs_err": err, "max_rel_err": rel,
-            "grads_max_abs_err": g_err, "collectives": dict(sorted(ex.counts.items())),
+            "grads_max_abs_err": g_err, "grads_max_rel_err": g_rel, "collectives": dict(sorted(ex.counts.items())),
             "planned_collectives": dict(sorted(planned.items())), "tensors_compared": forward.count,
             "first_mismatch_on_rank0": forward.first_bad or (grads.first_bad if grads else None),
+            "step_seconds": steps,
             "seconds": time.perf_counter() - t0,
         }
         if rank == 0 and result_path:
@@ -177,6 +179,31 @@ def rank_main(rank: int, world: int, build, options: dict, init_method: str | No
         return report if rank == 0 else None
     finally:
         dist.destroy_process_group()
+
+
+def _timed_steps(plan, rank, ex, local, options) -> dict:
+    """Steady state: ``repeat`` more steps (forward, or forward + backward with ``train``) after
+    the checked one, each between barriers; the median, min and max seconds of a step."""
+    import statistics
+
+    import torch
+    import torch.distributed as dist
+
+    counts = dict(ex.counts)
+    times = []
+    for _ in range(int(options["repeat"])):
+        inputs = {n: (v.detach().clone().requires_grad_(v.requires_grad)) for n, v in local.items()}
+        dist.barrier()
+        t = time.perf_counter()
+        with torch.enable_grad() if options.get("train") else torch.no_grad():
+            values = dict(walk(plan, ex, inputs))
+            if options.get("train"):
+                outs = [values[n] for n in plan.program.outputs]
+                torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
+        dist.barrier()
+        times.append(time.perf_counter() - t)
+    ex.counts = counts  # the report counts the checked step only
+    return {"median": statistics.median(times), "min": min(times), "max": max(times), "steps": len(times)}
 
 
 def _train_step(plan, rank, ex, glob, ref, local, values, replicas, lr, options) -> _Compare:
@@ -204,7 +231,7 @@ def _train_step(plan, rank, ex, glob, ref, local, values, replicas, lr, options)
         ref_loss = ref_loss + (ref[name] * G).sum()
     ref_loss.backward()
     torch.autograd.backward(outs, seeds)
-    cmp = _Compare(options.get("dtype") == "float64")
+    cmp = _Compare(options.get("dtype") == "float64", loose_rtol=1e-3)  # float32 gradients: 1e-3 of scale
     for name in prog.inputs("param"):
         s = plan.shardings[name]
         g = local[name].grad if local[name].grad is not None else torch.zeros_like(local[name])
