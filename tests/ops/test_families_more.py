@@ -163,8 +163,11 @@ def test_creation_and_counting():
     assert str(propagate("full", [], mesh=m, size=(2, 3), fill_value=0.0).outputs[0]) == "[2, 3]"
     with pytest.raises(ShardingError, match="pass mesh="):
         propagate("zeros", [], size=(2,))
-    h = propagate("histc", [Sharding.parse("[dp*4, tp*3]", m)], bins=5)
+    h = propagate("histc", [Sharding.parse("[dp*4, tp*3]", m)], bins=5, min=-3, max=3)
     assert h.outputs[0].partial == (("dp", "sum"), ("tp", "sum")) and not h.needs_communication
+    # without a range the bins follow the data's own min and max: every rank needs all of it
+    own = propagate("histc", [Sharding.parse("[dp*4, tp*3]", m)], bins=5)
+    assert not own.outputs[0].partial and own.needs_communication
     oh = propagate("one_hot", [Sharding.parse("[dp*4]", m)], num_classes=7)
     assert str(oh.outputs[0]) == "[dp*4, 7]"
 

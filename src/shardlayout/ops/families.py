@@ -47,12 +47,26 @@ def _pointwise_map(name: str, inputs: list, linear: str | None) -> FactorMap:
         linear = None  # partial + a constant would add the constant once per rank
     if linear == "first" and inputs[0] is None:
         linear = None
-    return FactorMap(ins, out, linear=linear)
+    return FactorMap(ins, out, linear=linear, broadcast=frozenset(out))
 
 
-def pointwise_map(name: str, inputs: list) -> FactorMap:
+_FLOAT_TYPES = ("float", "bfloat", "complex", "half", "double")
+
+
+def _linearity(name: str, params: dict):
+    """How partial inputs pass through ``name`` with these params: a rounding division or a
+    cast to an integer or boolean type is not linear."""
+    if name == "div" and params.get("rounding_mode") is not None:
+        return None
+    dt = params.get("dtype")
+    if name == "_to_copy" and dt is not None and not str(dt).replace("torch.", "").startswith(_FLOAT_TYPES):
+        return None
+    return _LINEARITY.get(name)
+
+
+def pointwise_map(name: str, inputs: list, params=None) -> FactorMap:
     """The factor map of a registered pointwise op on ``inputs`` (None for constants)."""
-    return _pointwise_map(name, inputs, _LINEARITY.get(name))
+    return _pointwise_map(name, inputs, _linearity(name, params or {}))
 
 
 _LINEARITY: dict = {}
@@ -68,7 +82,7 @@ def pointwise(name: str, signature: str, fn, linear: str | None = None, aliases=
     partial inputs pass (``"sum"``, ``"multi"``, ``"first"``)."""
     for n in (name, *aliases):
         _LINEARITY[n] = linear
-    rule = factor_rule(lambda nm, ins, params: _pointwise_map(nm, ins, _LINEARITY.get(nm)))
+    rule = factor_rule(lambda nm, ins, params: _pointwise_map(nm, ins, _linearity(nm, params)))
     register_op(name, signature, rule, fn, check=_check_pointwise, aliases=aliases)
 
 
@@ -76,20 +90,31 @@ def _f(x):
     return np.asarray(x, dtype=float)
 
 
+def _np_cast(a, dtype=None):
+    """``_to_copy``'s value change: to an integer type truncates toward zero, to bool tests != 0."""
+    dt = str(dtype or "float").replace("torch.", "")
+    if dt == "bool":
+        return (_f(a) != 0) * 1.0
+    if not dt.startswith(_FLOAT_TYPES):
+        return np.trunc(_f(a))
+    return np.array(a, dtype=float)
+
+
 _UNARY = {
     "rsqrt": lambda a: 1 / np.sqrt(a), "sqrt": np.sqrt, "exp": np.exp, "log": np.log, "abs": np.abs,
     "sigmoid": lambda a: 1 / (1 + np.exp(-a)), "silu": lambda a: a / (1 + np.exp(-a)),
     "relu": lambda a: np.maximum(a, 0), "tanh": np.tanh, "cos": np.cos, "sin": np.sin, "erf": _erf,
     "reciprocal": lambda a: 1 / a, "sign": np.sign, "floor": np.floor, "ceil": np.ceil,
-    "logical_not": lambda a: (a == 0).astype(float), "bitwise_not": lambda a: (a == 0).astype(float),
+    "logical_not": lambda a: (a == 0).astype(float),
 }
 for _n, _fn in _UNARY.items():
     pointwise(_n, "x", (lambda g: lambda a: g(_f(a)))(_fn))
+pointwise("bitwise_not", "x", lambda a: np.invert(a) if np.asarray(a).dtype.kind in "iub" else (_f(a) == 0) * 1.0)
 pointwise("neg", "x", lambda a: -_f(a), linear="sum")
 pointwise("detach", "x", lambda a: a, linear="sum")
 pointwise("_to_copy", "x ; dtype: dtype? = None, layout: ignored = None, device: ignored = None, "
           "pin_memory: ignored = None, non_blocking: ignored = False, memory_format: ignored = None",
-          lambda a, **_: np.array(a, dtype=float), linear="sum")
+          lambda a, dtype=None, **_: _np_cast(a, dtype), linear="sum")
 pointwise("gelu", "x ; approximate: str = 'none'",
           lambda a, approximate="none": a * 0.5 * (1 + _erf(_f(a) / np.sqrt(2))) if approximate == "none"
           else 0.5 * a * (1 + np.tanh(np.sqrt(2 / np.pi) * (a + 0.044715 * a ** 3))))
@@ -107,8 +132,8 @@ for _n, _fn in {"eq": np.equal, "ne": np.not_equal, "le": np.less_equal, "lt": n
     pointwise(_n, "x|scalar, y|scalar", (lambda g: lambda a, b: g(a, b).astype(float))(_fn))
 pointwise("logical_and", "x, y", lambda a, b: ((a != 0) & (b != 0)).astype(float))
 pointwise("logical_or", "x, y", lambda a, b: ((a != 0) | (b != 0)).astype(float))
-pointwise("maximum", "x, y", lambda a, b: np.maximum(a, b))
-pointwise("minimum", "x, y", lambda a, b: np.minimum(a, b))
+pointwise("maximum", "x, y", lambda a, b: np.maximum(a, b), linear="max")
+pointwise("minimum", "x, y", lambda a, b: np.minimum(a, b), linear="min")
 pointwise("clamp", "x ; min: scalar? = None, max: scalar? = None", lambda a, min=None, max=None: np.clip(a, min, max))
 pointwise("where", "cond, x|scalar, y|scalar", lambda c, a, b: np.where(np.asarray(c) != 0, a, b))
 pointwise("masked_fill", "x, mask, value|scalar", lambda a, m, v: np.where(np.asarray(m) != 0, v, a))
@@ -175,11 +200,12 @@ def _matmul_map(name, inputs, params) -> FactorMap:
         lb = "k" if b.ndim == 1 else LETTERS[: b.ndim - 2] + "kn"
         out = (la[:-1] if a.ndim > 1 else "") + ("n" if b.ndim > 1 else "")
         out = (LETTERS[: b.ndim - 2] if a.ndim == 1 and b.ndim > 2 else "") + out if a.ndim == 1 else out
-        return FactorMap((la, lb), out, linear="multi")
+        batch = frozenset(LETTERS[: max(a.ndim, b.ndim)]) - set("mkn")
+        return FactorMap((la, lb), out, linear="multi", broadcast=batch)
     batch = max(a.ndim, b.ndim) - 2
     bl = LETTERS[:batch]
     return FactorMap((bl[batch - (a.ndim - 2):] + "mk", bl[batch - (b.ndim - 2):] + "kn"), bl + "mn",
-                     linear="multi")
+                     linear="multi", broadcast=frozenset(bl))
 
 
 register_op("matmul", "a, b", factor_rule(_matmul_map), lambda a, b: np.matmul(a, b),
@@ -205,7 +231,8 @@ def _addmm_map(name, inputs, params) -> FactorMap:
     """``addmm(bias, a, b)``: ``bias + a @ b``; bias + partial(a @ b) would add the bias once
     per rank, so the contraction stays whole."""
     bias = inputs[0]
-    return FactorMap(("mn"[2 - bias.ndim:], "mk", "kn"), "mn", linear=None, whole=frozenset("k"))
+    return FactorMap(("mn"[2 - bias.ndim:], "mk", "kn"), "mn", linear=None, whole=frozenset("k"),
+                     broadcast=frozenset("mn"))
 
 
 register_op("addmm", "bias, a, b ; beta: scalar = 1, alpha: scalar = 1, out_dtype: dtype? = None",
@@ -232,13 +259,11 @@ def reduction_map(name: str, s: Sharding, dim, keepdim: bool) -> tuple:
         else:
             out += ins[d]
             shape.append(s.shape[d])
-    linear = "sum" if name in ("sum", "mean") else None
-    whole = frozenset()
-    if name != "sum":
-        # the average of unequal chunks' means is not the mean, and max/min/any/all of an empty
-        # chunk has no value: shard a reduced dim only where every mesh assignment cuts it evenly
-        whole = frozenset(ins[d] for d in dims if s.shape[d] % s.mesh.size)
-    return FactorMap((ins,), out, reduce=REDUCE_OP[name], whole=whole, linear=linear), tuple(shape)
+    linear = {"sum": "sum", "mean": "sum", "amax": "max", "any": "max", "amin": "min", "all": "min"}[name]
+    # the average of unequal chunks' means is not the mean, and max/min/any/all of an empty
+    # chunk has no value: a reduced dim may be sharded only evenly
+    even = frozenset() if name == "sum" else frozenset(ins[d] for d in dims)
+    return FactorMap((ins,), out, reduce=REDUCE_OP[name], linear=linear, even=even), tuple(shape)
 
 
 def _reduction(name, inputs, params):
@@ -502,6 +527,7 @@ def _along_dim_rule(name, inputs, dim=0, start=None, end=None, step=1, length=No
     lx = LETTERS[: s.ndim]
     if name in ("slice", "narrow"):
         if name == "narrow":
+            start = start + s.shape[d] if start < 0 else start
             start, end, step = start, start + length, 1
         size = slice_bounds(s.shape[d], start, end, step)[2]
         shape = s.shape[:d] + (size,) + s.shape[d + 1:]
@@ -526,16 +552,18 @@ def _check_index(name, inputs, params):
     n = inputs[0].shape[params["dim"]]
     if name == "select" and not -n <= params["index"] < n:
         raise OpError(f"op select: index {params['index']} is out of range for dim {params['dim']} of size {n}")
-    if name == "narrow" and not (0 <= (params["start"] % n if n else 0) and params["start"] + params["length"] <= n
-                                 and params["start"] >= -n):
-        raise OpError(f"op narrow: start {params['start']} + length {params['length']} exceeds dim "
-                      f"{params['dim']} of size {n}")
+    if name == "narrow":
+        start = params["start"] + n if params["start"] < 0 else params["start"]
+        if not (0 <= start and start + params["length"] <= n):
+            raise OpError(f"op narrow: start {params['start']} + length {params['length']} exceeds dim "
+                          f"{params['dim']} of size {n}; give -{n} <= start and start + length <= {n}")
 
 
 register_op("slice", "x ; dim: dim = 0, start: int? = None, end: int? = None, step: int[1..] = 1", _along_dim_rule,
             _np_slice)
 register_op("narrow", "x ; dim: dim, start: int, length: int[0..]", _along_dim_rule,
-            lambda a, dim, start, length: _np_slice(a, dim, start, start + length), check=_check_index)
+            lambda a, dim, start, length: _np_slice(a, dim, start % max(a.shape[dim], 1),
+                                                    start % max(a.shape[dim], 1) + length), check=_check_index)
 register_op("select", "x ; dim: dim, index: int", _along_dim_rule, lambda a, dim, index: np.take(a, index, axis=dim),
             check=_check_index)
 register_op("cumsum", "x ; dim: dim, dtype: dtype? = None", _along_dim_rule,
@@ -652,15 +680,33 @@ def _np_index_add(a, i, src, dim=0, alpha=1):
     return np.moveaxis(out, 0, dim)
 
 
+def _check_indexing(name, inputs, params):
+    x, idx = inputs[0], inputs[1]
+    if name == "index_select" and idx.ndim != 1:
+        raise OpError(f"op index_select: the index must be 1-D, got shape {idx.shape}")
+    if name == "gather" and (idx.ndim != x.ndim or any(a > b for k, (a, b) in enumerate(zip(idx.shape, x.shape))
+                                                       if k != params["dim"])):
+        raise OpError(f"op gather: index of shape {idx.shape} must have the input's rank ({x.shape}) and no "
+                      f"larger size outside dim {params['dim']}")
+    if name in ("scatter", "scatter_add") and idx.ndim != x.ndim:
+        raise OpError(f"op {name}: index of shape {idx.shape} must have the input's rank ({x.shape})")
+    if name == "index_add" and (idx.ndim != 1 or inputs[2].ndim != x.ndim):
+        raise OpError(f"op index_add: index must be 1-D and source of the input's rank; got {idx.shape}, "
+                      f"{inputs[2].shape} for {x.shape}")
+
+
 register_op("index_select", "x, index ; dim: dim", _index_rule,
-            lambda a, i, dim: np.take(a, np.asarray(i).astype(int), axis=dim))
+            lambda a, i, dim: np.take(a, np.asarray(i).astype(int), axis=dim), check=_check_indexing)
 register_op("gather", "x, index ; dim: dim, sparse_grad: bool = False", _index_rule,
-            lambda a, i, dim, sparse_grad=False: np.take_along_axis(a, np.asarray(i).astype(int), dim))
+            lambda a, i, dim, sparse_grad=False: np.take_along_axis(a, np.asarray(i).astype(int), dim),
+            check=_check_indexing)
 register_op("scatter", "x, index, src? ; dim: dim, value: scalar? = None, reduce: str? = None", _index_rule,
-            lambda a, i, src=None, dim=0, value=None, reduce=None: _np_scatter(a, i, src, dim, False, value))
+            lambda a, i, src=None, dim=0, value=None, reduce=None: _np_scatter(a, i, src, dim, False, value),
+            check=_check_indexing)
 register_op("scatter_add", "x, index, src ; dim: dim", _index_rule,
-            lambda a, i, src, dim: _np_scatter(a, i, src, dim, True))
-register_op("index_add", "x, index, source ; dim: dim, alpha: scalar = 1", _index_rule, _np_index_add)
+            lambda a, i, src, dim: _np_scatter(a, i, src, dim, True), check=_check_indexing)
+register_op("index_add", "x, index, source ; dim: dim, alpha: scalar = 1", _index_rule, _np_index_add,
+            check=_check_indexing)
 register_op("embedding", "weight, indices ; padding_idx: int = -1, scale_grad_by_freq: bool = False, "
             "sparse: bool = False", _index_rule, lambda w, i, **_: w[np.asarray(i).astype(int)],
             check=lambda n, i, p: _check_ranks(n, i, p, (2, None)))
@@ -678,11 +724,13 @@ register_op("one_hot", "x ; num_classes: int = -1", _one_hot_rule,
             lambda a, num_classes: np.eye(num_classes)[np.asarray(a).astype(int)])
 
 
-def _histc_rule(name, inputs, bins=100, cost_model=None, tensor_dtype="float32", out_pins=(), **_):
-    """Counting is linear: a sharded input gives a partial(sum) histogram."""
+def _histc_rule(name, inputs, bins=100, min=0, max=0, cost_model=None, tensor_dtype="float32", out_pins=(), **_):
+    """Counting is linear: a sharded input gives a partial(sum) histogram — when the bin range
+    is given; with ``min == max`` the range is the data's own, so the input stays whole."""
     s = inputs[0]
     lx = LETTERS[: s.ndim]
-    return _whole(name, [s], [lx], "Z", {"Z"}, [(bins,)], cost_model, tensor_dtype, out_pins)
+    whole = {"Z"} | (set(lx) if min == max else set())
+    return _whole(name, [s], [lx], "Z", whole, [(bins,)], cost_model, tensor_dtype, out_pins)
 
 
 def _np_histc(a, bins=100, min=0, max=0):
@@ -715,8 +763,11 @@ def _sdpa_rule(name, inputs, is_causal=False, cost_model=None, tensor_dtype="flo
     return replace(p, outputs=(o, lse))
 
 
-def _np_sdpa(q, k, v, is_causal=False, scale=None, **_):
+def _np_sdpa(q, k, v, attn_mask=None, is_causal=False, scale=None, **_):
     s = q @ np.swapaxes(k, -1, -2) * (scale if scale is not None else 1 / np.sqrt(q.shape[-1]))
+    if attn_mask is not None:
+        m = np.asarray(attn_mask)
+        s = np.where(m != 0, s, -np.inf) if m.dtype == bool else s + m
     if is_causal:
         s = s + np.triu(np.full(s.shape[-2:], -np.inf), 1)
     e = np.exp(s - s.max(-1, keepdims=True))
@@ -730,6 +781,16 @@ def _check_sdpa(name, inputs, params):
         raise OpError(f"op {name}: q {q.shape}, k {k.shape}, v {v.shape} do not fit [b,h,s,d], [b,h,t,d], [b,h,t,e]")
     if params.get("dropout_p"):
         raise OpError(f"op {name}: dropout_p = {params['dropout_p']} makes values random; plan with dropout_p=0")
+    if params.get("enable_gqa"):
+        raise OpError(f"op {name}: enable_gqa (grouped-query attention) is not supported yet; repeat k and v "
+                      "to the query heads before the call")
+    if len(inputs) > 3 and isinstance(inputs[3], Sharding):
+        m = inputs[3]
+        want = q.shape[:2] + (q.shape[2], k.shape[2])
+        if m.ndim > 4 or any(a not in (1, b) for a, b in zip(m.shape[::-1], want[::-1])):
+            raise OpError(f"op {name}: attn_mask of shape {m.shape} does not broadcast to [b, h, s, t] = {want}")
+        raise OpError(f"op {name}: an attn_mask is not supported by the sharding rule yet; use is_causal or "
+                      "apply the mask before the call")
 
 
 _SDPA = "q, k, v ; dropout_p: float = 0.0, is_causal: bool = False, scale: float? = None"
@@ -916,10 +977,18 @@ def _np_index_put(a, i, v, accumulate=False, unsafe=False):
     return out
 
 
+def _check_index_put(name, inputs, params):
+    x, idx, vals = inputs[0], inputs[1], inputs[2]
+    want = idx.shape + x.shape[1:]
+    if vals.ndim > len(want) or any(a not in (1, b) for a, b in zip(vals.shape[::-1], want[::-1])):
+        raise OpError(f"op {name}: values of shape {vals.shape} do not broadcast to the indexed shape {want}")
+
+
 register_op("index", "x, index", _advanced_index_rule, lambda a, i: a[np.asarray(i).astype(int)])
-register_op("index_put", "x, index, values ; accumulate: bool = False", _advanced_index_rule, _np_index_put)
+register_op("index_put", "x, index, values ; accumulate: bool = False", _advanced_index_rule, _np_index_put,
+            check=_check_index_put)
 register_op("_index_put_impl", "x, index, values ; accumulate: bool = False, unsafe: bool = False",
-            _advanced_index_rule, _np_index_put)
+            _advanced_index_rule, _np_index_put, check=_check_index_put)
 
 
 __all__ = ["LETTERS", "REDUCE_OP", "parse_einsum", "pointwise", "pointwise_map", "reduction_map", "slice_bounds",

@@ -43,16 +43,22 @@ from ..sharding.move import plan_move
 class FactorMap:
     """``inputs``: letters per input dim ('' for a non-tensor input); ``output``: letters of
     the output; ``reduce``: reduce op of the letters not in the output; ``whole``: letters
-    that may not be sharded; ``linear``: how partial inputs may pass through — "sum" (output
-    is the sum of the inputs: partial inputs stay partial, replicated ones are partitioned
-    for free), "multi" (multilinear: exactly one partial input), "first" (linear in the first
-    input only, e.g. div's numerator), or None."""
+    that may not be sharded; ``even``: letters that may be sharded only evenly (a mean, max or
+    min of unequal or empty chunks is wrong); ``broadcast``: letters whose size may be 1 in one
+    operand and n in another (pointwise dims, matmul batch dims; any other mismatch is refused);
+    ``linear``: how partial inputs may pass through — "sum" (output is the sum of the inputs:
+    partial inputs stay partial, replicated ones are partitioned for free), "multi"
+    (multilinear: exactly one partial input), "first" (linear in the first input only, e.g.
+    div's numerator), "max" / "min" (the op commutes with a partial max / min, e.g. amax,
+    maximum: replicated inputs join the partial for free), or None."""
 
     inputs: tuple
     output: str
     reduce: str = "sum"
     whole: frozenset = field(default_factory=frozenset)
     linear: str | None = None
+    even: frozenset = field(default_factory=frozenset)
+    broadcast: frozenset = field(default_factory=frozenset)
 
     def letters(self) -> tuple:
         """Letters in first-seen order. ``MM.letters() -> ('m', 'k', 'n')``."""
@@ -166,7 +172,9 @@ def axis_options(fm: FactorMap, inputs: list, axis: str) -> list:
     partial = [axis_usage(s)[axis] for s in tensors]
     ops = {u[1] for u in partial if u[0] == "P"}
     n_partial = sum(u[0] == "P" for u in partial)
-    if fm.linear and len(ops) == 1:
+    if fm.linear in ("max", "min") and ops == {fm.linear}:  # max of maxes: a lattice, not a sum
+        opts.append(("P", fm.linear))
+    elif fm.linear and len(ops) == 1:
         op = next(iter(ops))
         if op in ("sum", "avg"):  # linear ops commute with sums and averages, not max/min
             ok = {"sum": True, "multi": n_partial == 1,
@@ -179,6 +187,13 @@ def axis_options(fm: FactorMap, inputs: list, axis: str) -> list:
 # ------------------------------------------------------------------------------------------
 # factor structures of a sharded letter
 # ------------------------------------------------------------------------------------------
+
+
+def _even(fs, n: int, mesh) -> bool:
+    """Does the factor list ``fs`` cut a dim of ``n`` into equal chunks at every level?"""
+    if type(fs) is ChunkProgram:
+        return False
+    return Sharding._trusted(mesh, (n,), [fs], ()).is_even(0)
 
 
 def _covers(fs, axes, mesh) -> bool:
@@ -320,6 +335,8 @@ def candidates(fm: FactorMap, inputs: list, out_shapes: list, out_pins: tuple = 
         letters = sorted(letter_axes)
         options = [letter_structures(tuple(letter_axes[L]), sizes[L],
                                      _carriers(fm, inputs, out_pins, L, sizes[L]), mesh) for L in letters]
+        options = [[fs for fs in opts if _even(fs, sizes[L], mesh)] if L in fm.even else opts
+                   for L, opts in zip(letters, options)]
         red = [(a, fm.reduce) for L in letters if L not in fm.output for a in letter_axes[L]]
         out_partial = tuple(sorted(partial + red, key=lambda p: order[p[0]]))
         choices = tuple(zip(mesh.names, combo))
@@ -332,7 +349,7 @@ def candidates(fm: FactorMap, inputs: list, out_shapes: list, out_pins: tuple = 
                     continue
                 use = axis_usage(x)
                 keep = tuple((a, op) for a, op in partial
-                             if use[a] == ("P", op) or fm.linear == "sum")
+                             if use[a] == ("P", op) or fm.linear in ("sum", "max", "min"))
                 targets.append(_build(mesh, x.shape, lt, structure, keep))
             outputs = tuple(_build(mesh, shape, fm.output, structure, out_partial) for shape in out_shapes)
             key = (tuple(targets), outputs)
@@ -423,10 +440,11 @@ def infer_out_shape(fm: FactorMap, inputs: list) -> tuple:
             continue
         for d, L in enumerate(letters):
             n = s.shape[d]
-            if L in sizes and sizes[L][0] != n and 1 not in (n, sizes[L][0]):
+            if L in sizes and sizes[L][0] != n and (1 not in (n, sizes[L][0]) or L not in fm.broadcast):
                 raise OpError(
                     f"input {k} dim {d} has size {n} where input {sizes[L][1]} has {sizes[L][0]} "
-                    f"(index {L!r} of the rule); the shapes must agree (or be 1 to broadcast)"
+                    f"(index {L!r} of the rule); the shapes must agree"
+                    + (" (or be 1 to broadcast)" if L in fm.broadcast else "")
                 )
             if L not in sizes or sizes[L][0] == 1:
                 sizes[L] = (n, k)

@@ -152,8 +152,10 @@ class ProgramBuilder:
         """A parameter (weights). Returns its name."""
         return self._add(TensorSpec(name, tuple(shape), dtype, "param"))
 
-    def op(self, target: str, inputs, name: str | None = None, n_out: int = 1, **params):
-        """Add an op; returns its output name (a tuple of names when ``n_out > 1``)."""
+    def op(self, target: str, inputs, name: str | None = None, n_out: int = 1, dtypes=None, **params):
+        """Add an op; returns its output name (a tuple of names when ``n_out > 1``, None for an op
+        with no output such as a runtime assert). ``dtypes``: the outputs' element types (default:
+        the first tensor input's)."""
         from .shapes import shape_of
 
         specs = [self._tensors[i] if isinstance(i, str) else i for i in inputs]
@@ -162,10 +164,15 @@ class ProgramBuilder:
         self._count += 1
         base = name or f"{target.split('.')[0].replace('aten', '').strip('_:') or 'op'}_{self._count}"
         outs = [base] if len(shapes) == 1 else [f"{base}.{k}" for k in range(len(shapes))]
-        for o, shp in zip(outs, shapes):
-            self._add(TensorSpec(o, tuple(shp), dtype, "value"))
+        if not shapes:
+            outs = []
+        dts = list(dtypes) if dtypes is not None else [dtype] * len(outs)
+        for o, shp, dt in zip(outs, shapes, dts):
+            self._add(TensorSpec(o, tuple(shp), str(dt or dtype), "value"))
         frozen = tuple(sorted((k, _freeze(v)) for k, v in params.items()))
         self._add_op(Op(target, tuple(inputs), frozen, tuple(outs), base))
+        if not outs:
+            return None
         return outs[0] if n_out == 1 else tuple(outs)
 
     def output(self, name: str) -> None:

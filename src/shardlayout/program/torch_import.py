@@ -97,13 +97,14 @@ def from_exported(ep, decompose: bool = True) -> Program:
                     kwargs[arg.name] = _jsonable(v)
             val = node.meta.get("val")
             n_out = len(val) if isinstance(val, (list, tuple)) else 1
+            vals = val if isinstance(val, (list, tuple)) else (val,)
+            dtypes = [str(v.dtype).replace("torch.", "") if hasattr(v, "dtype") else None for v in vals]
             try:
-                out = b.op(target, inputs, name=node.name, n_out=n_out, **kwargs)
+                out = b.op(target, inputs, name=node.name, n_out=n_out, dtypes=dtypes, **kwargs)
             except Exception as e:  # noqa: BLE001 - name the node whatever the rule raised
                 raise ProgramError(f"node {node.name!r} ({target}): {e}") from None
             names[node] = out
-            outs = out if isinstance(out, tuple) else (out,)
-            vals = val if isinstance(val, (list, tuple)) else (val,)
+            outs = () if out is None else out if isinstance(out, tuple) else (out,)
             for o, v in zip(outs, vals):
                 if v is not None and hasattr(v, "shape") and tuple(b._tensors[o].shape) != tuple(v.shape):
                     raise ProgramError(
