@@ -30,7 +30,8 @@ def propagate(op: str, inputs, *, out_pins=None, cost_model: CostModel | None = 
         inputs = [inputs]
     opdef = get_op(op)
     return opdef.propagate(tuple(inputs), params, out_pins=out_pins, cost_model=cost_model or DEFAULT_COST_MODEL,
-                           tensor_dtype=str(tensor_dtype))
+                           tensor_dtype=tuple(map(str, tensor_dtype)) if isinstance(tensor_dtype, (tuple, list))
+                           else str(tensor_dtype))
 
 
 __all__ = ["Propagation", "canonical_op_name", "propagate"]

@@ -78,3 +78,12 @@ def test_pointwise_still_broadcasts_size_one_dims():
     m = Mesh.parse("x=2")
     p = propagate("add", [Sharding.parse("[x*4, 6]", m), Sharding(m, (1, 6))])
     assert p.outputs[0].shape == (8, 6)
+
+
+def test_a_pinned_output_is_priced_in_its_own_dtype():
+    m = Mesh.parse("tp=4")
+    x = Sharding.parse("[tp*64, 64]", m)
+    pin = Sharding.parse("[256, 64]", m)
+    p = propagate("_to_copy", [x], dtype="bfloat16", out_pins=[pin], tensor_dtype=("float32", "bfloat16"))
+    (gather,) = p.collectives
+    assert gather.bytes == 256 * 64 * 2  # the bf16 output is gathered, not the fp32 input

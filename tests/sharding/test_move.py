@@ -131,3 +131,25 @@ def test_plans_between_sub_axis_strided_uneven_and_placement_shardings(data):
     b = Sharding.from_placements(a.mesh, a.shape, pl)
     check_plan(a, b)
     check_plan(b, a)
+
+
+def test_partials_are_reduced_before_pieces_move_when_that_is_cheaper():
+    m = Mesh.parse("dp=2,tp=4")
+    a, b = Sharding.parse("[dp*64, 64] +sum(tp)", m), Sharding.parse("[128, 64]", m)
+    moves = plan_move(a, b)
+    assert [c.kind.value for c in moves] == ["all_reduce", "all_gather"]
+    assert moves[0].bytes == 64 * 64 * 4  # the reduction runs on the un-gathered piece
+    check_plan(a, b)
+    # where the target shards on the partial axis, the gather goes first and a reduce-scatter lands
+    c = Sharding.parse("[tp*32, 64]", m)
+    assert [x.kind.value for x in plan_move(Sharding.parse("[dp*64, 64] +sum(tp)", m), c)][-1] == "reduce_scatter"
+    check_plan(Sharding.parse("[dp*64, 64] +sum(tp)", m), c)
+
+
+def test_the_order_is_chosen_under_the_given_cost_model():
+    m = Mesh.parse("dp=2,tp=4")
+    a, b = Sharding.parse("[dp*64, 64] +sum(tp)", m), Sharding.parse("[128, 64]", m)
+    for cm in (CostModel(), CostModel(bandwidth={"dp": 1e6}), CostModel(bandwidth={"tp": 1e6})):
+        got = plan_move(a, b, cost_model=cm)
+        assert cost(got, cm) <= cost(plan_move(a, b), cm) + 1e-15
+        check_plan(a, b)

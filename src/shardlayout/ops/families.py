@@ -30,7 +30,7 @@ _erf = np.vectorize(math.erf)
 
 
 def _moves_to(name, s: Sharding, target: Sharding, tensor_dtype, cost_model) -> tuple:
-    return tuple(c.attributed("input 0") for c in communicating(plan_move(s, target, tensor_dtype)))
+    return tuple(c.attributed("input 0") for c in communicating(plan_move(s, target, tensor_dtype, cost_model)))
 
 
 # ------------------------------------------------------------------------------------------

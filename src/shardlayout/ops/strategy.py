@@ -102,11 +102,13 @@ class Candidate:
     inputs: tuple = field(default=(), repr=False, compare=False)
     out_pins: tuple = field(default=(), repr=False, compare=False)
     tensor_dtype: object = field(default="float32", repr=False, compare=False)
+    cost_model: object = field(default=None, repr=False, compare=False)
 
     @cached_property
     def collectives(self) -> tuple:
         """Every communicating collective of this strategy (computed on first use)."""
-        return move_collectives(self.inputs, self.input_targets, self.outputs, self.out_pins, self.tensor_dtype)
+        return move_collectives(self.inputs, self.input_targets, self.outputs, self.out_pins, self.tensor_dtype,
+                                self.cost_model)
 
     def describe(self) -> str:
         """``"dp: shard index 'm'; tp: replicate"``."""
@@ -358,24 +360,25 @@ def candidates(fm: FactorMap, inputs: list, out_shapes: list, out_pins: tuple = 
                 yield choices, tuple(targets), outputs
 
 
-def move_collectives(inputs, targets, outputs, out_pins, tensor_dtype="float32") -> tuple:
+def move_collectives(inputs, targets, outputs, out_pins, tensor_dtype="float32", cost_model=None) -> tuple:
     """The communicating collectives of a candidate: ``plan_move`` of every input to its target
     and of every pinned output to its pin, attributed "input i" / "output k"."""
     moves = []
     for i, (x, t) in enumerate(zip(inputs, targets)):
         if x is not None and t is not None and x != t:
-            moves.extend(c.attributed(f"input {i}") for c in plan_move(x, t, dtype_of(tensor_dtype, i))
+            moves.extend(c.attributed(f"input {i}") for c in plan_move(x, t, dtype_of(tensor_dtype, i), cost_model)
                          if c.kind.communicates)
     for k, (o, p) in enumerate(zip(outputs, out_pins)):
         if p is not None and o != p:
-            moves.extend(c.attributed(f"output {k}") for c in plan_move(o, p, dtype_of(tensor_dtype, 0))
+            moves.extend(c.attributed(f"output {k}")
+                         for c in plan_move(o, p, dtype_of(tensor_dtype, len(inputs) + k), cost_model)
                          if c.kind.communicates)
     return tuple(moves)
 
 
 @lru_cache(maxsize=1 << 16)
 def _move_prices(src: Sharding, dst: Sharding, tensor_dtype: str, cost_model: CostModel) -> tuple:
-    return tuple(cost_model.seconds(c) for c in plan_move(src, dst, tensor_dtype))
+    return tuple(cost_model.seconds(c) for c in plan_move(src, dst, tensor_dtype, cost_model))
 
 
 def price(inputs: list, targets: tuple, outputs: tuple, out_pins: tuple, cost_model: CostModel,
@@ -386,15 +389,16 @@ def price(inputs: list, targets: tuple, outputs: tuple, out_pins: tuple, cost_mo
     for i, (x, t) in enumerate(zip(inputs, targets)):
         if x is not None and t is not None and x != t:
             parts.extend(_move_prices(x, t, dtype_of(tensor_dtype, i), cost_model))
-    for o, p in zip(outputs, out_pins):
+    for k, (o, p) in enumerate(zip(outputs, out_pins)):
         if p is not None and o != p:
-            parts.extend(_move_prices(o, p, dtype_of(tensor_dtype, 0), cost_model))
+            parts.extend(_move_prices(o, p, dtype_of(tensor_dtype, len(inputs) + k), cost_model))
     return math.fsum(parts)
 
 
 def dtype_of(tensor_dtype, i: int) -> str:
-    """The element type of input ``i``: ``tensor_dtype`` is one name or one per input (an
-    output is priced with input 0's). ``dtype_of(("bf16", "f32"), 1) -> 'f32'``."""
+    """The element type of operand ``i``: ``tensor_dtype`` is one name, or one per input followed
+    by one per output (output k is operand ``len(inputs) + k``; missing ones take input 0's).
+    ``dtype_of(("bf16", "f32"), 1) -> 'f32'``"""
     if isinstance(tensor_dtype, tuple):
         return tensor_dtype[i] if i < len(tensor_dtype) else (tensor_dtype[0] if tensor_dtype else "float32")
     return tensor_dtype
@@ -423,7 +427,7 @@ def choose(fm: FactorMap, inputs: list, out_shapes: list | None = None, cost_mod
     ins = tuple(inputs)
     for choices, targets, outputs in candidates(fm, inputs, list(out_shapes), pins):
         seconds = price(inputs, targets, outputs, pins, cm, tensor_dtype)
-        cand = Candidate(choices, targets, outputs, seconds, ins, pins, tensor_dtype)
+        cand = Candidate(choices, targets, outputs, seconds, ins, pins, tensor_dtype, cm)
         priced.append(cand)
         key = (seconds,) + _tie_key(choices, inputs, targets, outputs, pins)
         if best is None or key < best[0]:

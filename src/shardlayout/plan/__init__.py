@@ -262,7 +262,7 @@ def _forward(program: Program, mesh: Mesh, pins: dict, cm: CostModel) -> "Plan":
         key = (tensor, dst)
         if key in moves:
             return
-        moves[key] = plan_move(src, dst, program.tensors[tensor].dtype)
+        moves[key] = plan_move(src, dst, program.tensors[tensor].dtype, cm)
         collectives.extend(c.attributed(tensor, opname) for c in moves[key] if c.kind.communicates)
 
     for op in program.ops:
@@ -272,7 +272,8 @@ def _forward(program: Program, mesh: Mesh, pins: dict, cm: CostModel) -> "Plan":
         kw = op.kwargs()
         if not any(isinstance(a, Sharding) for a in args) and opdef.signature.param("mesh") is not None:
             kw["mesh"] = mesh  # creation ops: replicated (consumers slice them for free)
-        dtypes = tuple(program.tensors[i].dtype if isinstance(i, str) else "float32" for i in op.inputs)
+        dtypes = tuple(program.tensors[i].dtype if isinstance(i, str) else "float32" for i in op.inputs) + tuple(
+            program.tensors[o].dtype for o in op.outputs)
         try:
             p = propagate(op.target, args, out_pins=out_pins, cost_model=cm, tensor_dtype=dtypes or "float32", **kw)
             params = opdef.bind(tuple(args), kw)

@@ -25,15 +25,18 @@ from functools import lru_cache
 from ..errors import ShardingSpecError
 from .collective import AxisPiece, Collective, CollectiveKind
 from .core import Sharding
-from .cost import itemsize
+from .cost import DEFAULT_COST_MODEL, cost, itemsize
 from .factors import ChunkProgram, Factor, _product
 
 
-def plan_move(src: Sharding, dst: Sharding, dtype: str = "float32") -> tuple:
+def plan_move(src: Sharding, dst: Sharding, dtype: str = "float32", cost_model=None) -> tuple:
     """The collectives from ``src`` to ``dst`` (same mesh and shape); ``()`` when equal.
 
-    Memoised (shardings are immutable). Raises ``ShardingSpecError`` when the two are not
-    shardings of the same tensor on the same mesh.
+    Partial axes are reduced either before the pieces move (less data to reduce) or after
+    (a reduce-scatter can then land where the target wants it): both orders are planned and the
+    cheaper under ``cost_model`` (default: DTensor's) is returned, so the price the search sees
+    is that of the cheaper order. Memoised (shardings and cost models are immutable). Raises
+    ``ShardingSpecError`` when the two are not shardings of the same tensor on the same mesh.
     """
     if src.mesh != dst.mesh or src.shape != dst.shape:
         raise ShardingSpecError(
@@ -43,7 +46,7 @@ def plan_move(src: Sharding, dst: Sharding, dtype: str = "float32") -> tuple:
         )
     if src == dst:
         return ()
-    return _plan_move(src, dst, itemsize(dtype))
+    return _plan_move(src, dst, itemsize(dtype), cost_model or DEFAULT_COST_MODEL)
 
 
 def communicating(moves) -> tuple:
@@ -87,7 +90,24 @@ def _local_bytes(s: Sharding, nbytes: int) -> int:
 
 
 @lru_cache(maxsize=1 << 15)
-def _plan_move(src: Sharding, dst: Sharding, item: int) -> tuple:
+def _plan_move(src: Sharding, dst: Sharding, item: int, cost_model) -> tuple:
+    gathered, cur = _move_pieces(src, dst, item)
+    first = gathered + _reduce_partials(cur, dst, item)
+    reduced = _reduce_partials(src, dst, item) if any(c.kind.communicates for c in gathered) else ()
+    if reduced:
+        moved, _ = _move_pieces(reduced[-1].dst, dst, item)
+        second = reduced + moved
+        if cost(second, cost_model) < cost(first, cost_model):
+            first = second
+    end = first[-1].dst if first else src
+    if end != dst:  # local: slice the target's new pieces, partition onto new partial axes
+        first = first + (Collective(CollectiveKind.LOCAL, (), (), 0, end, dst),)
+    return first
+
+
+def _move_pieces(src: Sharding, dst: Sharding, item: int) -> tuple:
+    """Gather (or all-to-all) the pieces of ``src`` not at the same digit in ``dst``:
+    ``(collectives, sharding reached)``."""
     a_place, b_place = placed(src), placed(dst)
     same_dims = {d for d in range(src.ndim) if src.dims[d] == dst.dims[d]}
 
@@ -101,7 +121,6 @@ def _plan_move(src: Sharding, dst: Sharding, item: int) -> tuple:
 
     out: list = []
     cur = src
-    # 1. gather (or move) the pieces that are not at the same digit in the target
     common = _localize(src, kept)
     common_keys = set(placed(common))
     for axis, pre, size, dim in _lost_pieces(src, common):
@@ -122,12 +141,19 @@ def _plan_move(src: Sharding, dst: Sharding, item: int) -> tuple:
         nbytes = _local_bytes(cur if kind is CollectiveKind.ALL_TO_ALL else nxt, item)
         out.append(Collective(kind, pieces, dims, nbytes, cur, nxt))
         cur = nxt
-    # 2. partial axes
+    return tuple(out), cur
+
+
+def _reduce_partials(cur: Sharding, dst: Sharding, item: int) -> tuple:
+    """Reduce the partial axes ``dst`` does not keep: a reduce-scatter where the target shards
+    on that axis at a digit ``cur`` holds locally, else an all-reduce."""
+    out: list = []
+    b_place = placed(dst)
     dst_partial = dict(dst.partial)
-    for axis, op in src.partial:
+    for axis, op in cur.partial:
         if dst_partial.get(axis) == op:
             continue
-        n = src.mesh.axis_size(axis)
+        n = cur.mesh.axis_size(axis)
         partial = tuple(p for p in cur.partial if p[0] != axis)
         nbytes = _local_bytes(cur, item)
         reduced = Sharding._trusted(cur.mesh, cur.shape, cur.dims, partial)
@@ -139,9 +165,6 @@ def _plan_move(src: Sharding, dst: Sharding, item: int) -> tuple:
         else:
             out.append(Collective(CollectiveKind.ALL_REDUCE, (AxisPiece(axis, n),), (), nbytes, cur, reduced, op))
             cur = reduced
-    # 3. local: slice the target's new pieces, partition onto new partial axes
-    if cur != dst:
-        out.append(Collective(CollectiveKind.LOCAL, (), (), 0, cur, dst))
     return tuple(out)
 
 
