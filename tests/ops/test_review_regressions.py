@@ -87,3 +87,20 @@ def test_a_pinned_output_is_priced_in_its_own_dtype():
     p = propagate("_to_copy", [x], dtype="bfloat16", out_pins=[pin], tensor_dtype=("float32", "bfloat16"))
     (gather,) = p.collectives
     assert gather.bytes == 256 * 64 * 2  # the bf16 output is gathered, not the fp32 input
+
+
+@pytest.mark.parametrize("op,fn", [("add", np.add), ("mul", np.multiply)])
+def test_sub_axis_layouts_split_across_dims_flow_through_pointwise_ops_for_free(op, fn):
+    m = Mesh.parse("dp=2,tp=4")
+    s = Sharding.parse("[dp*4*tp:(1)2, tp:(2)2*3]", m)
+    p = propagate(op, [s, s])
+    assert p.cost == 0 and p.outputs[0] == s
+    x, y = np.arange(96.0).reshape(16, 6), np.arange(96.0).reshape(16, 6) / 3
+    simulate_op(p, [x, y], fn)
+
+
+def test_sub_axes_on_two_letters_of_a_matmul_need_no_communication():
+    m = Mesh.parse("tp=4")
+    p = propagate("mm", [Sharding.parse("[tp:(1)2*4, 8]", m), Sharding.parse("[8, tp:(2)2*4]", m)])
+    assert p.cost == 0 and str(p.outputs[0]) == "[tp:(1)2*4, tp:(2)2*4]"
+    simulate_op(p, [np.arange(64.0).reshape(8, 8), np.arange(64.0).reshape(8, 8) / 5], np.matmul)

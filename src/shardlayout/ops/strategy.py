@@ -318,11 +318,74 @@ def _build(mesh, shape, letters, structure, partial) -> Sharding:
     return Sharding._trusted(mesh, shape, dims, partial)
 
 
+def _pieces(fs) -> set:
+    return {(f.axis, f.pre, f.size) for f in fs if f.axis is not None}
+
+
+def _overlaps(pieces: set, used: set) -> bool:
+    """Do two sets of axis pieces share any part of a mesh axis?"""
+    return any(a == b and p1 < p2 * s2 and p2 < p1 * s1 for a, p1, s1 in pieces for b, p2, s2 in used)
+
+
+def carrier_structures(fm: FactorMap, inputs: list, sizes: dict, mesh) -> list:
+    """Letter structures taken whole from the operands' own layouts — one per operand, and
+    their union — so that a layout the per-axis options cannot name (an axis split into
+    sub-axes across two letters, ``[dp*4*tp:(1)2, tp:(2)2*3]``) can flow through unchanged."""
+    out = []
+    sources = [[x] for x in inputs if x is not None] + [[x for x in inputs if x is not None]]
+    for group in sources:
+        struct, used = {}, set()
+        for x in group:
+            lt = fm.inputs[inputs.index(x)]
+            for d, L in enumerate(lt):
+                fs = x.dims[d]
+                if L in struct or L in fm.whole or x.shape[d] != sizes.get(L) or type(fs) is ChunkProgram:
+                    continue
+                pieces = _pieces(fs)
+                if not pieces or _overlaps(pieces, used):
+                    continue
+                if L in fm.even and not _even(fs, sizes[L], mesh):
+                    continue
+                if L not in fm.output and not all(  # a reduced letter becomes partial: whole axes only
+                        f.pre == 1 and f.size == mesh.axis_size(f.axis) for f in fs if f.axis is not None):
+                    continue
+                struct[L], used = tuple(fs), used | pieces
+        if struct and struct not in out:
+            out.append(struct)
+    return out
+
+
 def candidates(fm: FactorMap, inputs: list, out_shapes: list, out_pins: tuple = ()):
     """Every distinct candidate ``(choices, input_targets, outputs)``: the product of the
-    per-axis options and, per sharded letter, of its factor structures."""
+    per-axis options and, per sharded letter, of its factor structures; then the operands'
+    own layouts carried through whole."""
     mesh = _mesh(inputs)
     seen = set()
+    yield from _per_axis_candidates(fm, inputs, out_shapes, out_pins, mesh, seen)
+    order = {n: i for i, n in enumerate(mesh.names)}
+    sizes = _letter_sizes(fm, inputs, out_shapes)
+    for struct in carrier_structures(fm, inputs, sizes, mesh):
+        structure = tuple((L, (sizes[L], fs)) for L, fs in sorted(struct.items()))
+        red = sorted({f.axis for L, fs in struct.items() if L not in fm.output for f in fs if f.axis},
+                     key=order.get)
+        out_partial = tuple((a, fm.reduce) for a in red)
+        targets = tuple(None if x is None else _build(mesh, x.shape, lt, structure, ())
+                        for x, lt in zip(inputs, fm.inputs))
+        outputs = tuple(_build(mesh, shape, fm.output, structure, out_partial) for shape in out_shapes)
+        key = (targets, outputs)
+        if key in seen:
+            continue
+        seen.add(key)
+        letters_of: dict = {}
+        for L, fs in sorted(struct.items()):
+            for f in fs:
+                if f.axis is not None and L not in letters_of.setdefault(f.axis, []):
+                    letters_of[f.axis].append(L)
+        choices = tuple((a, ("S", ",".join(letters_of[a])) if a in letters_of else ("R",)) for a in mesh.names)
+        yield choices, targets, outputs
+
+
+def _per_axis_candidates(fm, inputs, out_shapes, out_pins, mesh, seen):
     sizes = _letter_sizes(fm, inputs, out_shapes)
     per_axis = [axis_options(fm, inputs, a) for a in mesh.names]
     order = {n: i for i, n in enumerate(mesh.names)}
