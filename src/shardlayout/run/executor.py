@@ -54,6 +54,7 @@ class TorchRankExecutor:
     def __init__(self, mesh, rank: int, groups: dict, after_collective=None):
         self.mesh, self.rank, self.groups = mesh, rank, groups
         self.counts: dict = {}
+        self.primitives: dict = {}  # the torch.distributed calls that actually ran, by name
         self.after_collective = after_collective
 
     def op(self, opdef, inputs: list, params: dict, outputs: tuple) -> list:
@@ -91,8 +92,13 @@ class TorchRankExecutor:
 
         group, members = self.group(c)
         self.counts["backward_all_reduce"] = self.counts.get("backward_all_reduce", 0) + 1
+        self.ran("all_reduce")
         dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=group)
         return buf
+
+    def ran(self, primitive: str) -> None:
+        """Tally one torch.distributed call."""
+        self.primitives[primitive] = self.primitives.get(primitive, 0) + 1
 
 
 def _autograd():
@@ -119,6 +125,7 @@ class _Gather(_autograd()):
         pad = torch.zeros(max(sizes), dtype=x.dtype)
         pad[: flat.numel()] = flat
         got = [torch.empty_like(pad) for _ in members]
+        ex.ran("all_gather")
         dist.all_gather(got, pad, group=group)
         buf = torch.zeros(src.shape, dtype=x.dtype)
         for q, n, piece in zip(members, sizes, got):
@@ -151,6 +158,7 @@ class _Reduce(_autograd()):
         y = x.detach().clone().contiguous()
         op = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
               "min": dist.ReduceOp.MIN}[c.reduce_op]
+        ex.ran("all_reduce")
         dist.all_reduce(y, op=op, group=group)
         if c.reduce_op == "avg":
             y = y / len(members)

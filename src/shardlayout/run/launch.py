@@ -169,6 +169,7 @@ def rank_main(rank: int, world: int, build, options: dict, init_method: str | No
             "equal": bool(equal and (g_equal is None or g_equal)), "max_abs_err": err, "max_rel_err": rel,
             "grads_max_abs_err": g_err, "grads_max_rel_err": g_rel, "collectives": dict(sorted(ex.counts.items())),
             "planned_collectives": dict(sorted(planned.items())), "tensors_compared": forward.count,
+            "torch_calls": dict(sorted(ex.primitives.items())),
             "first_mismatch_on_rank0": forward.first_bad or (grads.first_bad if grads else None),
             "step_seconds": steps,
             "seconds": time.perf_counter() - t0,
@@ -189,7 +190,7 @@ def _timed_steps(plan, rank, ex, local, options) -> dict:
     import torch
     import torch.distributed as dist
 
-    counts = dict(ex.counts)
+    counts, calls = dict(ex.counts), dict(ex.primitives)
     times = []
     for _ in range(int(options["repeat"])):
         inputs = {n: (v.detach().clone().requires_grad_(v.requires_grad)) for n, v in local.items()}
@@ -202,7 +203,7 @@ def _timed_steps(plan, rank, ex, local, options) -> dict:
                 torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
         dist.barrier()
         times.append(time.perf_counter() - t)
-    ex.counts = counts  # the report counts the checked step only
+    ex.counts, ex.primitives = counts, calls  # the report counts the checked step only
     return {"median": statistics.median(times), "min": min(times), "max": max(times), "steps": len(times)}
 
 
@@ -238,6 +239,7 @@ def _train_step(plan, rank, ex, glob, ref, local, values, replicas, lr, options)
         group, members = replicas[name]
         if len(members) > 1:
             ex.counts["grad_all_reduce"] = ex.counts.get("grad_all_reduce", 0) + 1
+            ex.ran("all_reduce")
             dist.all_reduce(g, op=dist.ReduceOp.SUM, group=group)
         ref_g = glob[name].grad if glob[name].grad is not None else torch.zeros_like(glob[name])
         idx = _ix(s.indices(rank))

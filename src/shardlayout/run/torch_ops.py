@@ -36,14 +36,19 @@ def _bind(schema, inputs: list, kw: dict):
     """Positional args for ``schema`` from our inputs (tensors / numbers, in order) and params,
     or None when the schema does not fit."""
     rest, used, out = list(inputs), set(), []
-    for a in schema.arguments:
+    args = list(schema.arguments)
+    for k, a in enumerate(args):
         t = str(a.type)
         if a.name in kw:
             out.append((a, kw[a.name]))
             used.add(a.name)
         elif t in ("List[Tensor]", "List[Optional[Tensor]]"):
-            out.append((a, rest))
-            rest = []
+            later = sum(1 for b in args[k + 1:] if _is_tensor_arg(str(b.type)) and not b.has_default_value())
+            take = len(rest) - later
+            if take < 1:
+                return None
+            out.append((a, rest[:take]))
+            rest = rest[take:]
         elif _is_tensor_arg(t) or (t in ("number", "Scalar") and rest and not hasattr(rest[0], "shape")):
             if rest:
                 out.append((a, rest.pop(0)))
@@ -84,11 +89,14 @@ def torch_op(opdef, args: list, params: dict, out_shapes: list) -> list:
     packet = getattr(torch.ops.aten, opdef.name, None)
     if packet is None:
         raise SimulationUnsupported(f"op {opdef.name} has no aten op to run it on torch")
-    for name in sorted(packet.overloads(), key=lambda n: (n != "default", n.endswith("out"), n)):
-        if name.endswith("out"):
-            continue
+    tensors_only = [torch.as_tensor(a, dtype=torch.get_default_dtype()) if isinstance(a, (int, float)) else a
+                    for a in args]  # e.g. gt(3.0, x): a number first binds as a 0-d tensor
+    tries = [(name, list(args)) for name in sorted(packet.overloads(), key=lambda n: (n != "default", n))
+             if not name.endswith("out")]
+    tries += [(name, tensors_only) for name, _ in tries]
+    for name, call_args in tries:
         ov = getattr(packet, name)
-        bound = _bind(ov._schema, list(args), kw)
+        bound = _bind(ov._schema, call_args, kw)
         if bound is None:
             continue
         names = [a.name for a in ov._schema.arguments]
