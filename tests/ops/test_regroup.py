@@ -18,6 +18,7 @@ from shardlayout.ops.regroup import (
     Obstacle,
     Piece,
     advance,
+    below_chunks,
     blame,
     dtensor_obstacle,
     even_prefix,
@@ -258,6 +259,29 @@ def test_settle_floating_extent_one_shards():
     t = Piece(TAIL, (X,), 1, 0, 0)
     assert settle_floating((), (t,), ()) == Obstacle(t, 1, "a shard of extent 1 needs an output dim to live in")
     assert check(sh("[x of 1]", "x=2"), ()) == (sh("[1]", "x=2"), Sharding(Mesh.parse("x=2"), ()))
+
+
+@pytest.mark.parametrize(
+    "text,mesh,shape,want",
+    [
+        # the old regrouping appended c right after b, cutting b's chunks of 2 (wrong numbers)
+        ("[2*c of 2, 3*b of 9, 2]", "a=2,b=4,c=2", (36,), "[6*b*2*c of 36]"),
+        ("[a of 1, b of 2, 2]", "a=2,b=3", (4,), "[b*2*a of 4]"),
+        ("[4, c of 2, 2*b of 2]", "a=4,b=4,c=3", (4, 4), "[4, c*2*b of 4]"),
+        # the tail's own local 2 already cuts b's chunks down to 1: nothing to add
+        ("[2*c of 6, 2*b of 1, 2]", "a=2,b=2,c=4", (12,), "[2*c*2*b of 12]"),
+    ],
+)
+def test_floating_tail_goes_below_the_last_dims_chunks(text, mesh, shape, want):
+    s = sh(text, mesh)
+    assert check(s, shape) == (s, sh(want, mesh))
+
+
+def test_below_chunks():
+    b, c = Factor(4, "b"), Factor(2, "c")
+    assert below_chunks(36, (Factor(6), b), (c,)) == (Factor(6), b, Factor(2), c)
+    assert below_chunks(12, (Factor(2), Factor(4, "c")), (Factor(2), Y)) == (Factor(2), Factor(4, "c"), Factor(2), Y)
+    assert below_chunks(8, (Factor(2), X, Factor(4)), (Y,)) == (Factor(2), X, Factor(4), Y)  # even: chunks of 1
 
 
 def test_fit_gives_dims_or_the_obstacle():

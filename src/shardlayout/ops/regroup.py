@@ -1,0 +1,612 @@
+"""Regrouping: a view (reshape) moves no data, it cuts the input's flat factor list where the
+output dims' boundaries fall.
+
+Read every dim's factors outer to inner, dim after dim: that is one flat list, the mixed
+radix of the row-major index of the whole tensor. A row-major reshape keeps that index, so
+the output dims are consecutive stretches of the same list. Walk the list against the
+output boundaries (the common refinement): a local factor splits freely, a factor on a
+mesh axis that a boundary cuts becomes two sub-axes (major piece outside, minor inside)::
+
+    mesh dp=2, tp=4;  (8,12) [dp*4, tp*3] -> (16,6)
+
+    flat        dp(2)   4   tp(4)   3             2*4*4*3 = 96
+                            2 | 2                 the boundary at 16 = 2*4*2 cuts tp 2|2
+    cut at 16   [dp  4  tp:(1)2] [tp:(2)2  3]
+    output      [dp*4*tp:(1)2, tp:(2)2*3]         exact: no data moves
+    sub-axes off: gather tp, the piece in the way:  [dp*4, 12] -> [dp*8, 6]
+
+    >>> from shardlayout import Mesh, Sharding
+    >>> s = Sharding.parse("[dp*4, tp*3]", Mesh.parse("dp=2,tp=4"))
+    >>> target, out = regroup(s, (16, 6))
+    >>> str(out), target == s
+    ('[dp*4*tp:(1)2, tp:(2)2*3]', True)
+    >>> target, out = regroup(s, (16, 6), subaxes=False)   # DTensor cannot say tp:(1)2
+    >>> str(target), str(out)
+    ('[dp*4, 12]', '[dp*8, 6]')
+
+The flat list is made of *pieces* (``Piece``): an even factor (``LOCAL`` or on an ``AXIS``,
+one mixed-radix digit), the uneven ``TAIL`` of a dim (from its first factor that does not
+divide it to its end: ``torch.chunk`` cuts, so it ends an output dim and moves as a whole
+unless its chunks line up with the output's), or a ``PROGRAM`` (a ``ChunkProgram`` dim,
+DTensor's cuts kept verbatim: a whole output dim). Tails and programs of extent 1 hold all
+or nothing and float to any dim::
+
+    (5,4) [x*3 of 5, 4]      flat  [x 3 of 5] 4
+    -> (5,2,2)               [x*3 of 5] [2] [2]        the tail ends dim 0: exact
+    -> (20,)                 the tail would merge with 4 and change its chunks: gather x
+
+The algorithm is pure steps and a driver. ``fit`` walks the pieces with a cursor (output
+dim, room left in it); ``place_even``, ``place_tail`` and ``place_program`` each place one
+piece or return the ``Obstacle`` in the way (a value: the piece, and how much of its axis
+may stay as an outer sub-axis). ``regroup`` gathers the obstacle (``gather``) and fits
+again, so only the piece in the way moves. With sub-axes off, an output that DTensor
+placements cannot say is one more obstacle (``dtensor_obstacle``).
+
+Worked examples: ``tests/ops/test_regroup.py`` has one per step (``test_place_even_design_example``
+and ``test_regroup_design_example`` are the picture above; ``test_place_tail_*`` and
+``test_place_program_*`` the uneven ones); ``tests/ops/test_view.py``: ``test_design_example_needs_sub_axes``,
+``test_dtensor_crash_nested_shard_view``, ``test_shardy_sub_axes_512``,
+``test_uneven_flatten_stays_local``, ``test_uneven_dim_cut_by_a_view_gathers_it``.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from functools import lru_cache
+from itertools import product as cartesian
+from math import gcd
+from typing import NamedTuple
+
+from ..config import settings
+from ..errors import NotRepresentable, ShardingSpecError
+from ..sharding import Factor, Sharding
+from ..sharding.core import ChunkProgram, _product, chain_extent
+from ..sharding.shards import _program_ranges, dim_ranges
+
+
+class Kind(str, Enum):
+    """What a piece of the flat factor list is. ``Kind.TAIL.value -> 'tail'``"""
+
+    LOCAL = "local"  # a local factor of a dim cut evenly: a mixed-radix digit every device has
+    AXIS = "axis"  # a factor on a mesh axis (or sub-axis) of a dim cut evenly
+    TAIL = "tail"  # the uneven tail of a dim (torch.chunk cuts)
+    PROGRAM = "program"  # a ChunkProgram dim (DTensor's cuts)
+
+
+LOCAL, AXIS, TAIL, PROGRAM = Kind.LOCAL, Kind.AXIS, Kind.TAIL, Kind.PROGRAM
+
+
+class Piece(NamedTuple):
+    """A stretch of the flat factor list: one even factor (``LOCAL`` or on an ``AXIS``), the
+    uneven ``TAIL`` of a dim or a ``PROGRAM`` dim; ``size`` is its extent, ``dim``/``index``
+    where it sits in the input (-1: made by the walk, e.g. merged local factors; never
+    gathered).
+
+    ``Piece(AXIS, (Factor(2, "dp"),), 2, 0, 0).sharded -> True``
+    """
+
+    kind: Kind
+    factors: tuple  # LOCAL, AXIS: (Factor,); TAIL: the tail's factors; PROGRAM: (ChunkProgram,)
+    size: int
+    dim: int = -1
+    index: int = -1
+
+    @property
+    def sharded(self) -> bool:
+        """Is it on a mesh axis (a tail or program always is)? ``local(4).sharded -> False``."""
+        return self.kind != LOCAL
+
+
+class Obstacle(NamedTuple):
+    """The piece in the way: gather it, keeping the outer ``keep`` of its axis as a sub-axis
+    (1: gather it whole); ``why`` says what the boundary did.
+
+    ``Obstacle(piece, 2, "a boundary cuts 4 at 6")``
+    """
+
+    piece: Piece
+    keep: int
+    why: str
+
+
+def local(size: int) -> Piece:
+    """A local even piece made by the walk. ``local(3) -> Piece(LOCAL, (Factor(3),), 3)``"""
+    return Piece(LOCAL, (Factor(size),), size)
+
+
+# ------------------------------------------------------------------------------------------
+# the flat factor list
+# ------------------------------------------------------------------------------------------
+
+
+def flat_pieces(s: Sharding) -> tuple:
+    """``(pieces, floating)``: the input's pieces, outer to inner, adjacent local factors
+    merged (even across dims). Tails and programs of extent 1 hold all or nothing on each
+    device and sit anywhere: they are set aside in ``floating`` (the local pieces around
+    them merge) and placed last.
+
+    ``[dp*4, tp*3]`` -> ``(dp 4 tp 3)``; ``[x*3 of 5, 4]`` -> ``(TAIL(x*3 of 5) 4)``;
+    ``[2, x of 1, 3]`` -> ``(6)`` and floating ``(TAIL(x of 1))``.
+    """
+    new = tuple.__new__  # Piece(...) without the Python-level NamedTuple __new__: the hot path
+    out: list = []
+    floating: list = []
+    last = None  # the last piece, when local
+    for d, fs in enumerate(s.dims):
+        n = s.shape[d]
+        if type(fs) is ChunkProgram:
+            if n == 1:
+                floating.append(Piece(PROGRAM, (fs,), n, d, 0))  # the local pieces around still merge
+            else:
+                out.append(Piece(PROGRAM, (fs,), n, d, 0))
+                last = None
+            continue
+        p = 1
+        for f in fs:
+            p *= f.size
+        j = len(fs) if p == n else even_prefix(n, fs)  # even dim: every factor is a digit
+        for i in range(j):
+            f = fs[i]
+            if f.axis is not None:
+                out.append(new(Piece, (AXIS, (f,), f.size, d, i)))
+                last = None
+            elif last is None:
+                last = new(Piece, (LOCAL, (f,), f.size, d, i))
+                out.append(last)
+            else:
+                size = last.size * f.size
+                last = out[-1] = new(Piece, (LOCAL, (Factor(size),), size, -1, -1))
+        if j < len(fs):
+            size = n // _product(f.size for f in fs[:j])
+            if size == 1:
+                floating.append(Piece(TAIL, fs[j:], size, d, j))
+            else:
+                out.append(Piece(TAIL, fs[j:], size, d, j))
+                last = None
+    return tuple(out), tuple(floating)
+
+
+def even_prefix(n: int, fs: tuple) -> int:
+    """How many leading factors cut a dim of size ``n`` evenly: all of them on an even dim;
+    on an uneven one, those whose product divides ``n`` (never the last).
+
+    ``even_prefix(12, (Factor(2, "x"), Factor(6))) -> 2``;
+    ``even_prefix(10, (Factor(2, "x"), Factor(2, "y"), Factor(3))) -> 1``
+    """
+    p = 1
+    for f in fs:
+        p *= f.size
+    if p == n:
+        return len(fs)
+    j, p = 0, 1
+    while j < len(fs) - 1 and n % (p * fs[j].size) == 0:
+        p *= fs[j].size
+        j += 1
+    return j
+
+
+# ------------------------------------------------------------------------------------------
+# the walk: place each piece, or say which piece is in the way
+# ------------------------------------------------------------------------------------------
+
+
+def advance(out_shape: tuple, k: int, room: int) -> tuple:
+    """The cursor ``(k, room)``: output dim ``k`` has ``room`` elements left, moved past full
+    dims (and size-1 dims); ``(len(out_shape), 1)`` at the end.
+
+    ``advance((4, 1, 6), 0, 1) -> (2, 6)``
+    """
+    n = len(out_shape)
+    while room == 1 and k < n:
+        k += 1
+        room = out_shape[k] if k < n else 1
+    return k, room
+
+
+def split(f: Factor, outer: int) -> tuple:
+    """``f`` as (outer piece, inner piece); an axis factor becomes two sub-axes.
+
+    ``split(Factor(4, "tp"), 2) -> (Factor(2, 'tp', 1), Factor(2, 'tp', 2))``
+    """
+    if f.axis is None:
+        return Factor(outer), Factor(f.size // outer)
+    return Factor(outer, f.axis, f.pre), Factor(f.size // outer, f.axis, f.pre * outer)
+
+
+def place_even(pieces: tuple, i: int, cur: tuple, out_shape: tuple, subaxes: bool):
+    """Piece ``i``, a ``LOCAL`` or ``AXIS`` factor, fills the room left, split at every
+    boundary it straddles (an axis factor into sub-axes). A boundary that divides neither
+    it nor the room: ``blame``.
+
+    ``tp(4)`` at room 2 of (16,6) after ``dp 4``: ``tp:(1)2`` ends dim 0, ``tp:(2)2`` starts dim 1.
+    """
+    _, (f,), size, _, _ = head = pieces[i]
+    k, room = cur
+    if size <= room:  # the common case: it fits
+        if size == 1:  # used up by a tail or program before it
+            return (), cur, pieces
+        if room % size:
+            return blame(pieces, i, room, subaxes)
+        room //= size
+        return ((k, f),), ((k, room) if room != 1 else advance(out_shape, k, 1)), pieces
+    items = []
+    while size > 1:
+        if size <= room:
+            if room % size:
+                return blame(pieces, i, room, subaxes)
+            items.append((k, f))
+            k, room = advance(out_shape, k, room // size)
+            break
+        if size % room:
+            return blame(pieces, i, room, subaxes)
+        if f.axis is not None and not subaxes:
+            return Obstacle(head, 1, f"a boundary cuts {head.size} at {room} and sub-axes are disabled")
+        outer, f = split(f, room)
+        items.append((k, outer))
+        size //= room
+        k, room = advance(out_shape, k, 1)
+    return tuple(items), (k, room), pieces
+
+
+def blame(pieces: tuple, i: int, room: int, subaxes: bool) -> Obstacle:
+    """The piece in the way when a boundary (``room`` left) fits even piece ``i`` nowhere: the
+    piece itself when on an axis (keeping the outer ``gcd`` with sub-axes on), else the
+    sharded piece next to it, the next one first.
+
+    A local piece always has one: adjacent local factors are merged, the walk puts a local
+    piece after a tail or program only right after it, and the last piece always fits.
+    ``blame((Piece(AXIS, (Factor(4, "x"),), 4, 0, 0),), 0, 6, True).keep -> 2``
+    """
+    head = pieces[i]
+    if head.kind == AXIS:
+        keep = gcd(head.size, room) if subaxes else 1
+        return Obstacle(head, keep, f"a boundary cuts {head.size} at {room}")
+    for j in (i + 1, i - 1):
+        if 0 <= j < len(pieces) and pieces[j].sharded:
+            return Obstacle(pieces[j], 1, f"a boundary at {room} falls inside local {head.size} next to it")
+    raise AssertionError(f"local piece {head} has no sharded neighbour")  # pragma: no cover
+
+
+def tail_body(piece: Piece) -> tuple:
+    """The factors that cut a tail (its trailing local factor only enumerates the chunk).
+
+    ``tail_body(Piece(TAIL, (Factor(2, "x"), Factor(3)), 5)) -> (Factor(size=2, axis='x', pre=1),)``
+    """
+    fs = piece.factors
+    return fs[:-1] if fs and fs[-1].axis is None else fs
+
+
+def place_tail(pieces: tuple, i: int, cur: tuple, out_shape: tuple, subaxes: bool):
+    """Piece ``i``, an uneven tail, ends an output dim, whole or cut where its chunks line up:
+
+    - it fills the room exactly;
+    - (outer cut) the room is a divisor of it whose ``torch.chunk`` chunks hold the same
+      elements: its axes end this dim, the inner rest is a local factor of the next dim;
+    - (inner merge) the room is it times ``q`` and the local factors right after it make
+      up ``q`` with the same chunks: they merge into it;
+    - (region) it and all the local factors after it form a region of which this dim takes
+      ``room`` blocks with the same chunks; the rest is a local piece, the factors are used up.
+
+    Else it is the obstacle. ``[x*3 of 5, 4] -> (5, 2, 2)``: the tail fills dim 0.
+    """
+    head = pieces[i]
+    k, need = cur
+    if k == len(out_shape):  # pragma: no cover  (the sizes multiply to the same total)
+        return Obstacle(head, 1, "an uneven dim has no output dim to live in")
+    size = head.size
+    if need == size:
+        return tuple((k, f) for f in head.factors), advance(out_shape, k, 1), pieces
+    body = tail_body(head)
+    placed = tuple((k, f) for f in body)
+    if need < size and size % need == 0 and same_chunks(body, size, need, 1, size // need):
+        rest = size // need
+        k2, room2 = advance(out_shape, k, 1)
+        if k2 == len(out_shape) or room2 % rest:
+            return Obstacle(head, 1, "the inner part of an uneven dim straddles a boundary")
+        return placed + ((k2, Factor(rest)),), advance(out_shape, k2, room2 // rest), pieces
+    q = need // size if need % size == 0 else 0
+    if q > 1:
+        shrunk = take_inner(pieces, i, q)
+        if shrunk is not None and same_chunks(body, size, size * q, q, 1):
+            return placed, advance(out_shape, k, 1), shrunk
+    nf = leading_locals(pieces, i + 1)
+    follow = pieces[i + 1 : i + 1 + nf]
+    q = _product(p.size for p in follow)
+    region = size * q
+    if region % need == 0 and same_chunks(body, size, need, q, region // need):
+        rest = region // need
+        spent = tuple(Piece(LOCAL, (Factor(1),), 1, p.dim, p.index) for p in follow)
+        new = ((local(rest),) if rest > 1 else ()) + spent
+        return placed, advance(out_shape, k, 1), pieces[: i + 1] + new + pieces[i + 1 + nf :]
+    return Obstacle(head, 1, "an uneven dim must end an output dim and stay whole")
+
+
+def place_program(pieces: tuple, i: int, cur: tuple, out_shape: tuple, subaxes: bool):
+    """Piece ``i``, a DTensor chunk program, is a whole output dim: alone, with the local
+    factors right after it merged in, or cut so that its outer part is the dim (the inner
+    part a local piece) — each only where DTensor's chunks hold the same elements. Else it
+    is the obstacle.
+
+    ``[chunks(a/3, b) of 16] -> (16,)``: the program is dim 0.
+    """
+    head = pieces[i]
+    k, need = cur
+    size, prog = head.size, head.factors[0]
+    fresh = k < len(out_shape) and need == out_shape[k]
+    if fresh and need < size and size % need == 0 and same_program_chunks(prog, need, size // need):
+        inner = (local(size // need),)
+        return ((k, prog),), advance(out_shape, k, 1), pieces[: i + 1] + inner + pieces[i + 1 :]
+    q = need // size if need % size == 0 else 0
+    if not fresh or not q:
+        return Obstacle(head, 1, "a DTensor chunk program must stay a whole dim")
+    if q > 1:
+        pieces = take_inner(pieces, i, q)
+        if pieces is None or not same_program_chunks(prog, size, q):
+            return Obstacle(head, 1, "a DTensor chunk program must stay a whole dim")
+    return ((k, prog),), advance(out_shape, k, 1), pieces
+
+
+PLACE = {LOCAL: place_even, AXIS: place_even, TAIL: place_tail, PROGRAM: place_program}
+
+
+def leading_locals(pieces: tuple, j: int) -> int:
+    """How many pieces from ``j`` on are local. ``leading_locals((x, local(2), y), 1) -> 1``"""
+    n = 0
+    for p in pieces[j:]:
+        if p.sharded:
+            break
+        n += 1
+    return n
+
+
+def take_inner(pieces: tuple, i: int, q: int):
+    """``pieces`` with the outer digits of the local pieces right after piece ``i`` used up
+    to make exactly ``q`` (each keeps its inner rest), or None when they cannot.
+
+    ``take_inner((x, local(6), y), 0, 2) -> (x, local(3), y)``;
+    ``take_inner((x, local(6), y), 0, 4) -> None``
+    """
+    got, used = 1, []
+    for p in pieces[i + 1 :]:
+        if got == q:
+            break
+        if p.sharded:
+            return None
+        want = q // got
+        if p.size % want == 0:
+            take = want
+        elif want % p.size == 0:
+            take = p.size
+        else:
+            return None
+        got *= take
+        used.append(Piece(LOCAL, (Factor(p.size // take),), p.size // take, p.dim, p.index))
+    if got != q:
+        return None
+    return pieces[: i + 1] + tuple(used) + pieces[i + 1 + len(used) :]
+
+
+def settle_floating(dims: tuple, floating: tuple, out_shape: tuple):
+    """Place the extent-1 tails and programs: each takes a free output dim of size 1, else a
+    tail goes innermost in the last dim, its first axis factor cutting chunks of extent 1
+    as it did (``below_chunks``): all or nothing on each device, as before. Returns the dims
+    or the ``Obstacle`` that has nowhere to go.
+
+    ``[2, x of 1, 3] -> (6,)``: ``[6*x of 6]``; ``(1, 6)``: ``[x of 1, 6]``.
+    """
+    for t in floating:
+        free = [j for j in range(len(dims)) if out_shape[j] == 1 and not dims[j]]
+        if free:
+            j, new = free[0], (t.factors[0] if t.kind == PROGRAM else t.factors)
+        elif t.kind == TAIL and dims and type(dims[-1]) is not ChunkProgram:
+            j, new = len(dims) - 1, below_chunks(out_shape[-1], dims[-1], t.factors)
+        else:
+            return Obstacle(t, 1, "a shard of extent 1 needs an output dim to live in")
+        dims = dims[:j] + (new,) + dims[j + 1 :]
+    return dims
+
+
+def below_chunks(n: int, fs: tuple, tail: tuple) -> tuple:
+    """The factors ``fs`` of a dim of size ``n`` followed by those of an extent-1 ``tail``; where
+    the chunks its first axis factor would cut are longer than 1 (an uneven ``fs`` leaves
+    its innermost local factor implicit), a local factor cuts them down to 1 first.
+
+    ``below_chunks(36, (Factor(6), Factor(4, "b")), (Factor(2, "c"),))`` -> ``6*b*2*c``
+    (b leaves chunks of 2); ``below_chunks(12, (Factor(2), Factor(4, "c")), (Factor(2), Factor(2, "b")))``
+    -> ``2*c*2*b`` (the tail's own 2 does it).
+    """
+    lead = 0
+    while lead < len(tail) and tail[lead].axis is None:
+        lead += 1
+    head = fs + tail[:lead]
+    ext = chain_extent(n, [f.size for f in head])
+    return head + ((Factor(ext),) if ext > 1 else ()) + tail[lead:]
+
+
+def fit(pieces: tuple, floating: tuple, out_shape: tuple, subaxes: bool):
+    """The output dims (per dim a tuple of factors, or a ChunkProgram) holding ``pieces`` in
+    order and the ``floating`` ones where they fit, or the ``Obstacle`` in the way.
+
+    Each step places piece ``i`` and returns ``(items, cursor, pieces)`` — the
+    ``(output dim, Factor or ChunkProgram)`` it placed, the cursor after them (``advance``)
+    and the pieces, those after ``i`` possibly split or used up — or the ``Obstacle``.
+
+    ``fit(*flat_pieces(s), (16, 6), True)`` for ``[dp*4, tp*3]`` (``s``):
+    ``((dp, 4, tp:(1)2), (tp:(2)2, 3))``.
+    """
+    out: list = [()] * len(out_shape)  # per output dim, the factors placed so far
+    cur = advance(out_shape, -1, 1)
+    i = 0
+    programs = False
+    while i < len(pieces):
+        kind = pieces[i].kind
+        programs = programs or kind is PROGRAM
+        step = PLACE[kind](pieces, i, cur, out_shape, subaxes)
+        if type(step) is Obstacle:
+            return step
+        items, cur, pieces = step
+        for k, item in items:
+            out[k] += (item,)
+        i += 1
+    dims = tuple(out)
+    if programs:  # a program is alone in its dim
+        dims = tuple([d[0] if d and type(d[0]) is ChunkProgram else d for d in dims])
+    return settle_floating(dims, floating, out_shape) if floating else dims
+
+
+# ------------------------------------------------------------------------------------------
+# chunks that line up (uneven tails and programs)
+# ------------------------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=4096)
+def same_chunks(body: tuple, n_in: int, n_out: int, q_in: int, q_out: int) -> bool:
+    """Do ``body`` cutting ``n_in`` (each element a block of ``q_in``) and ``body`` cutting
+    ``n_out`` (blocks of ``q_out``) hold the same elements on every device?
+
+    ``same_chunks((Factor(4, "a"),), 9, 3, 1, 3) -> True``: ``[0,3) [3,6) [6,9) []`` either way
+    """
+    axes = [j for j, f in enumerate(body) if f.axis is not None]
+    for combo in cartesian(*(range(body[j].size) for j in axes)):
+        digits = [None] * len(body)
+        for j, g in zip(axes, combo):
+            digits[j] = g
+        a = [(lo * q_in, hi * q_in) for lo, hi in dim_ranges(n_in, body, digits)]
+        b = [(lo * q_out, hi * q_out) for lo, hi in dim_ranges(n_out, body, digits)]
+        if merge_ranges(a) != merge_ranges(b):
+            return False
+    return True
+
+
+@lru_cache(maxsize=4096)
+def same_program_chunks(prog: ChunkProgram, n: int, q: int) -> bool:
+    """Does DTensor's chunk program on ``n * q`` hold the blocks of ``q`` it holds on ``n``?
+
+    ``same_program_chunks(ChunkProgram([Step(2, "x")]), 4, 2) -> True``; with n = 3: False
+    """
+    for digits in cartesian(*(range(st.size) for st in prog)):
+        a = [(lo * q, hi * q) for lo, hi in _program_ranges(n, prog, digits)]
+        b = _program_ranges(n * q, prog, digits)
+        if merge_ranges(a) != merge_ranges(b):
+            return False
+    return True
+
+
+def merge_ranges(rs: list) -> tuple:
+    """Join touching ranges, drop empty ones. ``merge_ranges([(0, 2), (2, 4), (5, 5)]) -> ((0, 4),)``"""
+    out: list = []
+    for lo, hi in rs:
+        if out and out[-1][1] == lo:
+            out[-1] = (out[-1][0], hi)
+        elif hi > lo:
+            out.append((lo, hi))
+    return tuple(out)
+
+
+# ------------------------------------------------------------------------------------------
+# the driver: fit, gather what is in the way, fit again
+# ------------------------------------------------------------------------------------------
+
+
+def gather(s: Sharding, obstacle: Obstacle) -> Sharding:
+    """``s`` with the obstacle's piece made local (an axis factor keeps its outer ``keep`` as
+    a sub-axis; a tail becomes one local factor; a program dim is gathered whole).
+
+    ``[x*3] (x=4)`` with obstacle ``x`` keep 2 -> ``[x:(1)2*6]``
+    """
+    piece, keep = obstacle.piece, obstacle.keep
+    d, i = piece.dim, piece.index
+    fs = s.dims[d]
+    if piece.kind == PROGRAM:
+        new: tuple = ()
+    elif piece.kind == TAIL:
+        new = fs[:i] + (Factor(piece.size),)
+    else:
+        f = piece.factors[0]
+        if keep > 1:
+            mid = (Factor(keep, f.axis, f.pre), Factor(f.size // keep))
+        else:
+            mid = (Factor(f.size),)
+        new = fs[:i] + mid + fs[i + 1 :]
+    return Sharding._trusted(s.mesh, s.shape, s.dims[:d] + (new,) + s.dims[d + 1 :], s.partial)
+
+
+def dtensor_obstacle(target: Sharding, out: Sharding):
+    """With sub-axes off the output must have DTensor placements: None when it has, else the
+    innermost sharded piece of ``target`` as the obstacle.
+
+    ``[x*3 of 5] -> (5,)`` has placements: None.
+    """
+    if has_placements(out):
+        return None
+    pieces, floating = flat_pieces(target)
+    last = max((p for p in pieces + floating if p.sharded), key=lambda p: (p.dim, p.index))
+    return Obstacle(last, 1, f"DTensor placements cannot say {out}")
+
+
+def has_placements(s: Sharding) -> bool:
+    """Can DTensor placements say ``s``? (``to_placements`` answers by raising; this turns the
+    answer into a value at the boundary.) ``has_placements(Sharding.parse("[x*4]", m)) -> True``
+    """
+    try:
+        s.to_placements()
+    except NotRepresentable:
+        return False
+    return True
+
+
+def regroup(s: Sharding, out_shape, subaxes: bool | None = None) -> tuple:
+    """``(input_target, output)`` for viewing ``s`` as ``out_shape`` (row-major reshape).
+
+    ``input_target == s`` when the view needs no communication; otherwise it is ``s`` with
+    only the pieces in the way gathered. ``subaxes`` defaults to ``settings.subaxes``.
+
+    ``regroup(Sharding.parse("[dp*4, tp*3]", m), (96,))[1] -> [dp*4*tp*3]``
+    """
+    out_shape = infer_view_shape(s.shape, out_shape)
+    subaxes = settings.subaxes if subaxes is None else subaxes
+    target = s
+    while True:
+        pieces, floating = flat_pieces(target)
+        dims = fit(pieces, floating, out_shape, subaxes)
+        if type(dims) is Obstacle:
+            target = gather(target, dims)
+            continue
+        out = Sharding._trusted(s.mesh, out_shape, dims, s.partial)
+        obstacle = None if subaxes else dtensor_obstacle(target, out)
+        if obstacle is None:
+            return target, out
+        target = gather(target, obstacle)
+
+
+def infer_view_shape(shape: tuple, out_shape) -> tuple:
+    """The view's shape with ``-1`` filled in, checked to keep the number of elements.
+
+    ``infer_view_shape((8, 12), (-1, 6)) -> (16, 6)``; ``infer_view_shape((4,), 4) -> (4,)``
+    """
+    if type(out_shape) is tuple:  # the common case: a tuple of positive ints, nothing to infer
+        p = 1
+        for x in out_shape:
+            if type(x) is not int or x < 1:
+                break
+            p *= x
+        else:
+            if p == _product(shape):
+                return out_shape
+    if isinstance(out_shape, int):
+        out_shape = (out_shape,)
+    out_shape = [int(x) for x in out_shape]
+    total = _product(shape)
+    if out_shape.count(-1) > 1:
+        raise ShardingSpecError(f"view: shape {tuple(out_shape)} has more than one -1")
+    if -1 in out_shape:
+        rest = _product(x for x in out_shape if x != -1)
+        if rest == 0 or total % rest:
+            raise ShardingSpecError(f"view: cannot view {shape} ({total} elements) as {tuple(out_shape)}")
+        out_shape[out_shape.index(-1)] = total // rest
+    if any(x < 1 for x in out_shape) or _product(out_shape) != total:
+        raise ShardingSpecError(
+            f"view: shape {tuple(out_shape)} has {_product(out_shape)} elements, the input {shape} has "
+            f"{total}; a view keeps the number of elements"
+        )
+    return tuple(out_shape)
