@@ -42,5 +42,10 @@ class OpError(ShardingSpecError):
     """A call of an op that does not fit its signature (tensors, params, dims, shapes)."""
 
 
+class RunError(ShardingError):
+    """A distributed run that could not start or finish (a rank died, a timeout, an op that
+    cannot be differentiated)."""
+
+
 class SimulationUnsupported(ShardingError):
     """An op the numpy simulator cannot run (random, undefined or data-dependent values)."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import RunError
 from ..execute.simulator import group_of
 from ..sharding.collective import CollectiveKind
 from .torch_ops import torch_op
@@ -168,8 +169,6 @@ class _Reduce(_autograd()):
     @staticmethod
     def backward(ctx, g):
         import torch
-
-        from .launch import RunError
 
         ex, c, r = ctx.ex, ctx.c, ctx.ex.rank
         if c.reduce_op not in ("sum", "avg"):

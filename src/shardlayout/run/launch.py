@@ -13,13 +13,9 @@ from datetime import timedelta
 
 import numpy as np
 
-from ..errors import ShardingError
+from ..errors import RunError, ShardingError
 from ..execute import walk
 from ..jobs import build_plan
-
-
-class RunError(ShardingError):
-    """A distributed run that could not start or did not finish (a rank died, a timeout)."""
 
 
 def _free_port() -> int:
