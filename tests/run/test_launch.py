@@ -23,7 +23,8 @@ def run(*args, env=None):
 
 @pytest.mark.parametrize("args,planned", [
     (["--mesh", "dp=2,tp=2", "--style", "megatron-sp", "--layers", "2"],
-     {"all_gather": 4, "reduce_scatter": 4, "backward_all_reduce": 8, "grad_all_reduce": 18}),
+     {"all_gather": 4, "reduce_scatter": 4, "backward_reduce_scatter": 4, "backward_all_gather": 4,
+      "grad_all_reduce": 18}),
     (["--mesh", "tp=3", "--style", "megatron", "--layers", "1"], None),  # uneven heads and features
     (["--model", "moe", "--mesh", "ep=4", "--style", "ep"], None),
 ])
@@ -34,6 +35,11 @@ def test_training_step_equals_the_unsharded_run_and_executes_the_planned_collect
     assert rep["equal"] and rep["max_abs_err"] < 1e-8 and rep["grads_max_abs_err"] < 1e-8
     assert rep["tensors_compared"] > 10
     assert rep["collectives"] == rep["planned_collectives"]
+    # every planned kind runs as its own torch.distributed primitive
+    calls = {k.removeprefix("backward_").replace("grad_", ""): 0 for k in rep["collectives"]}
+    for k, n in rep["collectives"].items():
+        calls[k.removeprefix("backward_").replace("grad_", "")] += n
+    assert rep["torch_calls"] == calls
     if planned is not None:
         assert rep["planned_collectives"] == planned
 

@@ -12,6 +12,8 @@ of the tensor's global extent on the group.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from ..errors import RunError
@@ -74,6 +76,8 @@ class TorchRankExecutor:
             out = _Reduce.apply(x, self, c)
         elif c.kind is CollectiveKind.LOCAL:
             out = x[_ix(torch, _positions(src.indices(r), dst.indices(r)))]
+        elif c.kind is CollectiveKind.ALL_TO_ALL:
+            out = _AllToAll.apply(x, self, c)
         else:
             out = _Gather.apply(x, self, c)
         for a, op in dst.partial:
@@ -108,75 +112,190 @@ def _autograd():
     return torch.autograd.Function
 
 
+def _global_ids(s, rank: int) -> np.ndarray:
+    """Row-major global offsets of the elements ``rank`` holds of ``s``, in local order."""
+    idx = s.indices(rank)
+    if not s.shape:
+        return np.zeros(1, dtype=np.int64)
+    return np.ravel_multi_index(np.ix_(*idx), s.shape).reshape(-1).astype(np.int64)
+
+
+@lru_cache(maxsize=4096)
+def gather_map(c, rank: int, members: tuple) -> tuple:
+    """Where each element of ``rank``'s target piece sits in the group's stacked source pieces
+    (slot j of size ``width`` holds member j's piece, flattened): ``(index, width)``. Sized by
+    the group's data, never by the tensor's global extent."""
+    sizes = [int(np.prod(c.src.local_shape(q))) for q in members]
+    width = max(sizes) if sizes else 0
+    ids = np.concatenate([_global_ids(c.src, q) for q in members])
+    pos = np.concatenate([j * width + np.arange(n, dtype=np.int64) for j, n in enumerate(sizes)])
+    order = np.argsort(ids, kind="stable")
+    want = _global_ids(c.dst, rank)
+    at = np.searchsorted(ids[order], want)
+    return pos[order[at]], width
+
+
+@lru_cache(maxsize=4096)
+def scatter_map(c, rank: int, members: tuple) -> tuple:
+    """For a reduce-scatter: per member, the positions (in this rank's source piece) of the
+    elements that member keeps, and the padded width: ``(positions per member, width)``."""
+    mine = {int(g): k for k, g in enumerate(_global_ids(c.src, rank))}
+    per = tuple(np.asarray([mine[int(g)] for g in _global_ids(c.dst, q)], dtype=np.int64) for q in members)
+    return per, max((len(p) for p in per), default=0)
+
+
+@lru_cache(maxsize=4096)
+def all_to_all_map(c, rank: int, members: tuple) -> tuple:
+    """For an all-to-all: per member, the positions in this rank's source piece of what that
+    member's target needs (in its order), and the positions in this rank's target piece of what
+    that member's source sends (in this rank's order): ``(send, recv)``."""
+    src_ids = {int(g): k for k, g in enumerate(_global_ids(c.src, rank))}
+    dst_ids = _global_ids(c.dst, rank)
+    send, recv = [], []
+    for q in members:
+        theirs = set(int(g) for g in _global_ids(c.src, q))
+        send.append(np.asarray([src_ids[int(g)] for g in _global_ids(c.dst, q) if int(g) in src_ids], dtype=np.int64))
+        recv.append(np.asarray([k for k, g in enumerate(dst_ids) if int(g) in theirs], dtype=np.int64))
+    return tuple(send), tuple(recv)
+
+
+class _AllToAll(_autograd()):
+    """A piece that only moves: one ``all_to_all_single`` with per-member split sizes (uneven and
+    empty splits included). Adjoint: the same exchange backwards."""
+
+    @staticmethod
+    def forward(ctx, x, ex, c):
+
+        group, members = ex.group(c)
+        send, recv = all_to_all_map(c, ex.rank, tuple(members))
+        ctx.ex, ctx.c, ctx.send, ctx.recv = ex, c, send, recv
+        ex.ran("all_to_all")
+        out = _exchange(x.detach().reshape(-1), send, recv, int(np.prod(c.dst.local_shape(ex.rank))), group)
+        return out.reshape(c.dst.local_shape(ex.rank))
+
+    @staticmethod
+    def backward(ctx, g):
+        ex, c = ctx.ex, ctx.c
+        group, _ = ex.group(c)
+        ex.counts["backward_all_to_all"] = ex.counts.get("backward_all_to_all", 0) + 1
+        ex.ran("all_to_all")
+        grad = _exchange(g.reshape(-1), ctx.recv, ctx.send, int(np.prod(c.src.local_shape(ex.rank))), group)
+        return grad.reshape(c.src.local_shape(ex.rank)), None, None
+
+
+def _exchange(flat, send, recv, n_out: int, group):
+    """Send ``flat[send[j]]`` to member j, receive into ``out[recv[j]]`` from member j."""
+    import torch
+    import torch.distributed as dist
+
+    parts = [flat[torch.from_numpy(p)] for p in send]
+    inp = torch.cat(parts) if parts else flat.new_zeros(0)
+    got = flat.new_empty(sum(len(p) for p in recv))
+    dist.all_to_all_single(got, inp, output_split_sizes=[len(p) for p in recv],
+                           input_split_sizes=[len(p) for p in send], group=group)
+    out = flat.new_zeros(n_out)
+    out[torch.from_numpy(np.concatenate(recv) if recv else np.zeros(0, dtype=np.int64))] = got
+    return out
+
+
 class _Gather(_autograd()):
-    """Pieces that move: one all_gather of the group's pieces (padded: gloo refuses uneven
-    sizes), then this rank keeps what its target names. Adjoint: scatter the gradient into the
-    tensor's extent, sum it over the group, keep this rank's source piece."""
+    """Pieces that move: one all_gather of the group's pieces (padded to one width: gloo refuses
+    uneven sizes), then this rank picks its target's elements through ``gather_map``. Adjoint:
+    the gradient scattered back into the stacked pieces and reduce-scattered, slot by slot."""
 
     @staticmethod
     def forward(ctx, x, ex, c):
         import torch
         import torch.distributed as dist
 
-        ctx.ex, ctx.c = ex, c
         group, members = ex.group(c)
-        src, r = c.src, ex.rank
-        sizes = [int(np.prod(src.local_shape(q))) for q in members]
+        index, width = gather_map(c, ex.rank, tuple(members))
+        ctx.ex, ctx.c, ctx.members, ctx.index, ctx.width = ex, c, tuple(members), index, width
         flat = x.detach().reshape(-1)
-        pad = torch.zeros(max(sizes), dtype=x.dtype)
+        pad = torch.zeros(width, dtype=x.dtype)
         pad[: flat.numel()] = flat
-        got = [torch.empty_like(pad) for _ in members]
+        stacked = torch.empty(width * len(members), dtype=x.dtype)
         ex.ran("all_gather")
-        dist.all_gather(got, pad, group=group)
-        buf = torch.zeros(src.shape, dtype=x.dtype)
-        for q, n, piece in zip(members, sizes, got):
-            buf[_ix(torch, src.indices(q))] = piece[:n].reshape(src.local_shape(q))
-        return buf[_ix(torch, c.dst.indices(r))]
+        dist.all_gather_into_tensor(stacked, pad, group=group)
+        return stacked[torch.from_numpy(index)].reshape(c.dst.local_shape(ex.rank))
 
     @staticmethod
     def backward(ctx, g):
         import torch
+        import torch.distributed as dist
 
         ex, c, r = ctx.ex, ctx.c, ctx.ex.rank
-        buf = torch.zeros(c.src.shape, dtype=g.dtype)
-        buf[_ix(torch, c.dst.indices(r))] = g
-        buf = ex.backward_all_reduce(buf, c)
-        return buf[_ix(torch, c.src.indices(r))], None, None
+        group, _ = ex.group(c)
+        buf = torch.zeros(ctx.width * len(ctx.members), dtype=g.dtype)
+        buf.index_put_((torch.from_numpy(ctx.index),), g.reshape(-1), accumulate=True)
+        mine = torch.empty(ctx.width, dtype=g.dtype)
+        ex.counts["backward_reduce_scatter"] = ex.counts.get("backward_reduce_scatter", 0) + 1
+        ex.ran("reduce_scatter")
+        dist.reduce_scatter_tensor(mine, buf, op=dist.ReduceOp.SUM, group=group)
+        n = int(np.prod(c.src.local_shape(r)))
+        return mine[:n].reshape(c.src.local_shape(r)), None, None
 
 
 class _Reduce(_autograd()):
-    """Partial values reduced on the group (all_reduce), then this rank keeps what its target
-    names (a reduce-scatter keeps a slice). Adjoint of a sum: scatter the gradient into the
-    source piece and sum it over the group (an average divides by the group size)."""
+    """Partial values reduced on the group: a planned reduce-scatter runs as one
+    ``reduce_scatter_tensor`` (each member's part of this rank's piece, padded to one width), an
+    all-reduce as one ``all_reduce``; then this rank keeps what its target names. Adjoint of a
+    sum: every member's gradient goes back to the positions it came from (an all-gather for a
+    reduce-scatter, an all-reduce for an all-reduce; an average divides by the group size)."""
 
     @staticmethod
     def forward(ctx, x, ex, c):
         import torch
         import torch.distributed as dist
 
-        ctx.ex, ctx.c = ex, c
         group, members = ex.group(c)
-        y = x.detach().clone().contiguous()
+        ctx.ex, ctx.c, ctx.members, ctx.n = ex, c, tuple(members), len(members)
         op = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
               "min": dist.ReduceOp.MIN}[c.reduce_op]
-        ex.ran("all_reduce")
-        dist.all_reduce(y, op=op, group=group)
-        if c.reduce_op == "avg":
-            y = y / len(members)
-        ctx.n = len(members)
-        return y[_ix(torch, _positions(c.src.indices(ex.rank), c.dst.indices(ex.rank)))]
+        r = ex.rank
+        if c.kind is CollectiveKind.REDUCE_SCATTER:
+            per, width = scatter_map(c, r, tuple(members))
+            flat = x.detach().reshape(-1)
+            stacked = torch.zeros(width * len(members), dtype=x.dtype)
+            for j, p in enumerate(per):
+                stacked[j * width: j * width + len(p)] = flat[torch.from_numpy(p)]
+            mine = torch.empty(width, dtype=x.dtype)
+            ex.ran("reduce_scatter")
+            dist.reduce_scatter_tensor(mine, stacked, op=op, group=group)
+            y = mine[: len(per[members.index(r)])].reshape(c.dst.local_shape(r))
+        else:
+            y = x.detach().clone().contiguous()
+            ex.ran("all_reduce")
+            dist.all_reduce(y, op=op, group=group)
+            y = y[_ix(torch, _positions(c.src.indices(r), c.dst.indices(r)))]
+        return y / len(members) if c.reduce_op == "avg" else y
 
     @staticmethod
     def backward(ctx, g):
         import torch
+        import torch.distributed as dist
 
         ex, c, r = ctx.ex, ctx.c, ctx.ex.rank
         if c.reduce_op not in ("sum", "avg"):
             raise RunError(f"training through a partial {c.reduce_op} is not supported (it has no unique gradient)")
-        buf = torch.zeros(c.src.local_shape(r), dtype=g.dtype)
-        buf[_ix(torch, _positions(c.src.indices(r), c.dst.indices(r)))] = g
-        buf = ex.backward_all_reduce(buf, c)
-        return (buf / ctx.n if c.reduce_op == "avg" else buf), None, None
+        group, _ = ex.group(c)
+        if c.kind is CollectiveKind.REDUCE_SCATTER:
+            per, width = scatter_map(c, r, ctx.members)
+            pad = torch.zeros(width, dtype=g.dtype)
+            pad[: g.numel()] = g.reshape(-1)
+            stacked = torch.empty(width * len(ctx.members), dtype=g.dtype)
+            ex.counts["backward_all_gather"] = ex.counts.get("backward_all_gather", 0) + 1
+            ex.ran("all_gather")
+            dist.all_gather_into_tensor(stacked, pad, group=group)
+            grad = torch.zeros(int(np.prod(c.src.local_shape(r))), dtype=g.dtype)
+            for j, p in enumerate(per):
+                grad[torch.from_numpy(p)] += stacked[j * width: j * width + len(p)]
+            grad = grad.reshape(c.src.local_shape(r))
+        else:
+            grad = torch.zeros(c.src.local_shape(r), dtype=g.dtype)
+            grad[_ix(torch, _positions(c.src.indices(r), c.dst.indices(r)))] = g
+            grad = ex.backward_all_reduce(grad, c)
+        return (grad / ctx.n if c.reduce_op == "avg" else grad), None, None
 
 
 __all__ = ["TorchRankExecutor", "plan_groups"]

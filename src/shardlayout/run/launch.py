@@ -276,15 +276,21 @@ def grad_tensors(program) -> set:
 
 
 def _planned_counts(plan, train: bool, replicas_of=()) -> dict:
-    """Collectives every rank runs: the plan's (SPMD: each in its own group); with training, one
-    backward all_reduce (its adjoint) per forward collective whose tensor carries a gradient, and
-    one per replicated parameter."""
+    """Collectives every rank runs: the plan's (SPMD: each in its own group); with training, the
+    adjoint of each forward collective whose tensor carries a gradient (an all-gather's is a
+    reduce-scatter and back, an all-reduce's an all-reduce, an all-to-all's the reverse one), and
+    one all-reduce per replicated parameter."""
     planned: dict = {}
     for c in plan.collectives:
         planned[c.kind.value] = planned.get(c.kind.value, 0) + 1
     if train:
         needs = grad_tensors(plan.program)
-        planned["backward_all_reduce"] = sum(1 for c in plan.collectives if c.tensor in needs)
+        adjoint = {"all_gather": "reduce_scatter", "reduce_scatter": "all_gather", "all_reduce": "all_reduce",
+                   "all_to_all": "all_to_all"}
+        for c in plan.collectives:
+            if c.tensor in needs:
+                key = "backward_" + adjoint[c.kind.value]
+                planned[key] = planned.get(key, 0) + 1
         planned["grad_all_reduce"] = sum(1 for _, parts in replicas_of if max(len(g) for g in parts) > 1)
     return {k: v for k, v in planned.items() if v}
 
