@@ -44,6 +44,13 @@ def test_training_step_equals_the_unsharded_run_and_executes_the_planned_collect
         assert rep["planned_collectives"] == planned
 
 
+def test_an_eight_rank_job():
+    r = run("--mesh", "dp=2,tp=4", "--style", "megatron", "--layers", "2", "--json", "--dtype", "float64")
+    rep = json.loads(r.stdout)
+    assert r.returncode == 0 and rep["ranks"] == 8 and rep["equal"] and rep["max_abs_err"] < 1e-8
+    assert rep["collectives"] == rep["planned_collectives"] == {"all_reduce": 4}
+
+
 def test_forward_run_in_float32():
     r = run("--mesh", "dp=2,tp=2", "--style", "megatron", "--layers", "1", "--json")
     rep = json.loads(r.stdout)
