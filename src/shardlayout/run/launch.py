@@ -154,7 +154,7 @@ def rank_main(rank: int, world: int, build, options: dict, init_method: str | No
         grads = None
         if train:
             grads = _train_step(plan, rank, ex, glob, ref, local, values, replicas, lr, options)
-        steps = _timed_steps(plan, rank, ex, local, options) if options.get("repeat") else None
+        steps = _timed_steps(plan, rank, ex, local, replicas, options) if options.get("repeat") else None
         err, equal, rel = forward.worst(torch, dist)
         g_err = g_equal = g_rel = None
         if grads is not None:
@@ -178,8 +178,9 @@ def rank_main(rank: int, world: int, build, options: dict, init_method: str | No
         dist.destroy_process_group()
 
 
-def _timed_steps(plan, rank, ex, local, options) -> dict:
-    """Steady state: ``repeat`` more steps (forward, or forward + backward with ``train``) after
+def _timed_steps(plan, rank, ex, local, replicas, options) -> dict:
+    """Steady state: ``repeat`` more steps (forward, or with ``train`` forward + backward + the
+    gradient all-reduces of replicated parameters, i.e. every collective of a training step) after
     the checked one, each between barriers; the median, min and max seconds of a step."""
     import statistics
 
@@ -197,6 +198,11 @@ def _timed_steps(plan, rank, ex, local, options) -> dict:
             if options.get("train"):
                 outs = [values[n] for n in plan.program.outputs]
                 torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
+                for name in plan.program.inputs("param"):
+                    group, members = replicas[name]
+                    if len(members) > 1:
+                        g = inputs[name].grad if inputs[name].grad is not None else torch.zeros_like(inputs[name])
+                        dist.all_reduce(g, op=dist.ReduceOp.SUM, group=group)
         dist.barrier()
         times.append(time.perf_counter() - t)
     ex.counts, ex.primitives = counts, calls  # the report counts the checked step only
