@@ -41,6 +41,14 @@ def _ix(torch, idx):
     return tuple(torch.from_numpy(np.asarray(i, dtype=np.int64)) for i in np.ix_(*idx))
 
 
+@lru_cache(maxsize=4096)
+def local_pick(c, rank: int) -> tuple:
+    """Index tensors picking ``rank``'s target piece out of its source piece (a local slice)."""
+    import torch
+
+    return _ix(torch, _positions(c.src.indices(rank), c.dst.indices(rank)))
+
+
 def _positions(src_idx, dst_idx):
     """Per dim, where each of ``dst_idx``'s global indices sits in ``src_idx``."""
     out = []
@@ -67,7 +75,6 @@ class TorchRankExecutor:
     def collective(self, c, x):
         """Run one planned collective on this rank's piece ``x`` (differentiable: its backward
         is the exact adjoint, one ``all_reduce`` on the same group)."""
-        import torch
 
         if c.kind.communicates:
             self.counts[c.kind.value] = self.counts.get(c.kind.value, 0) + 1
@@ -75,7 +82,7 @@ class TorchRankExecutor:
         if c.reduce_op is not None:
             out = _Reduce.apply(x, self, c)
         elif c.kind is CollectiveKind.LOCAL:
-            out = x[_ix(torch, _positions(src.indices(r), dst.indices(r)))]
+            out = x[local_pick(c, r)]
         elif c.kind is CollectiveKind.ALL_TO_ALL:
             out = _AllToAll.apply(x, self, c)
         else:
@@ -267,7 +274,7 @@ class _Reduce(_autograd()):
             y = x.detach().clone().contiguous()
             ex.ran("all_reduce")
             dist.all_reduce(y, op=op, group=group)
-            y = y[_ix(torch, _positions(c.src.indices(r), c.dst.indices(r)))]
+            y = y[local_pick(c, r)]
         return y / len(members) if c.reduce_op == "avg" else y
 
     @staticmethod
@@ -293,7 +300,7 @@ class _Reduce(_autograd()):
             grad = grad.reshape(c.src.local_shape(r))
         else:
             grad = torch.zeros(c.src.local_shape(r), dtype=g.dtype)
-            grad[_ix(torch, _positions(c.src.indices(r), c.dst.indices(r)))] = g
+            grad[local_pick(c, r)] = g
             grad = ex.backward_all_reduce(grad, c)
         return (grad / ctx.n if c.reduce_op == "avg" else grad), None, None
 

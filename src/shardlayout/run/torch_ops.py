@@ -32,26 +32,27 @@ def _is_tensor_arg(t: str) -> bool:
     return t in ("Tensor", "Optional[Tensor]")
 
 
-def _bind(schema, inputs: list, kw: dict):
-    """Positional args for ``schema`` from our inputs (tensors / numbers, in order) and params,
-    or None when the schema does not fit."""
-    rest, used, out = list(inputs), set(), []
+def _bind(schema, kinds: tuple, kw_keys: tuple):
+    """How our inputs (``kinds``: "T" tensor or "N" number, in order) and params (``kw_keys``)
+    fill ``schema``: ``[(argument, source)]`` with source ``("in", i)``, ``("list", i, j)`` or
+    ``("kw", name)``; None when the schema does not fit."""
+    rest, used, out = list(range(len(kinds))), set(), []
     args = list(schema.arguments)
     for k, a in enumerate(args):
         t = str(a.type)
-        if a.name in kw:
-            out.append((a, kw[a.name]))
+        if a.name in kw_keys:
+            out.append((a, ("kw", a.name)))
             used.add(a.name)
         elif t in ("List[Tensor]", "List[Optional[Tensor]]"):
             later = sum(1 for b in args[k + 1:] if _is_tensor_arg(str(b.type)) and not b.has_default_value())
             take = len(rest) - later
             if take < 1:
                 return None
-            out.append((a, rest[:take]))
+            out.append((a, ("list", rest[0], rest[take - 1] + 1)))
             rest = rest[take:]
-        elif _is_tensor_arg(t) or (t in ("number", "Scalar") and rest and not hasattr(rest[0], "shape")):
+        elif _is_tensor_arg(t) or (t in ("number", "Scalar") and rest and kinds[rest[0]] == "N"):
             if rest:
-                out.append((a, rest.pop(0)))
+                out.append((a, ("in", rest.pop(0))))
             elif t.startswith("Optional") or a.has_default_value():
                 continue
             else:
@@ -60,18 +61,72 @@ def _bind(schema, inputs: list, kw: dict):
             continue
         else:
             return None
-    if rest or used != set(kw):
+    if rest or used != set(kw_keys):
         return None
     return out
+
+
+_RESOLVED: dict = {}
+_VALUE_PARAMS: dict = {}
+
+
+def _value_params(opdef) -> dict:
+    """``{param: default is None}`` of the params that reach the aten op (memoised per op)."""
+    hit = _VALUE_PARAMS.get(opdef.name)
+    if hit is None:
+        hit = _VALUE_PARAMS[opdef.name] = {p.name: p.default is None for p in opdef.signature.params
+                                           if p.name not in PLANNING_PARAMS and p.type not in ("ignored", "mesh")}
+    return hit
+
+
+def _resolve(name: str, kinds: tuple, kw_keys: tuple):
+    """The aten overload and argument layout for this call shape (memoised: a program calls the
+    same op the same way again and again): ``(overload, numbers_as_tensors, positional, keyword)``."""
+    key = (name, kinds, kw_keys)
+    hit = _RESOLVED.get(key)
+    if hit is not None:
+        return hit
+    import torch
+
+    packet = getattr(torch.ops.aten, name, None)
+    if packet is None:
+        raise SimulationUnsupported(f"op {name} has no aten op to run it on torch")
+    names = sorted((n for n in packet.overloads() if not n.endswith("out")), key=lambda n: (n != "default", n))
+    # a number first (gt(3.0, x)) binds as a 0-d tensor when no overload takes it as a number
+    for as_tensors, shape in ((False, kinds), (True, tuple("T" for _ in kinds))):
+        for n in names:
+            ov = getattr(packet, n)
+            bound = _bind(ov._schema, shape, kw_keys)
+            if bound is None:
+                continue
+            order = [a.name for a in ov._schema.arguments]
+            pos, kwo = [], []
+            for a, src in bound:  # positional while no argument was skipped, keywords after
+                if not a.kwarg_only and not kwo and order.index(a.name) == len(pos):
+                    pos.append(src)
+                else:
+                    kwo.append((a.name, src))
+            hit = _RESOLVED[key] = (ov, as_tensors, tuple(pos), tuple(kwo))
+            return hit
+    raise SimulationUnsupported(
+        f"op {name}: no overload of aten.{name} takes {len(kinds)} input(s) and params {list(kw_keys)}"
+    )
+
+
+def _value(src, args, kw):
+    if src[0] == "in":
+        return args[src[1]]
+    if src[0] == "list":
+        return list(args[src[1]: src[2]])
+    return kw[src[1]]
 
 
 def torch_op(opdef, args: list, params: dict, out_shapes: list) -> list:
     """Run ``opdef`` on torch tensors; returns one tensor per output."""
     import torch
 
-    kw = {k: v for k, v in params.items()
-          if k not in PLANNING_PARAMS and opdef.signature.param(k).type not in ("ignored", "mesh")
-          and not (v is None and opdef.signature.param(k).default is None)}
+    keep = _value_params(opdef)
+    kw = {k: v for k, v in params.items() if k in keep and not (v is None and keep[k])}
     for k in _DTYPE_PARAMS:
         if k in kw:
             kw[k] = _torch_dtype(torch, kw[k])
@@ -86,32 +141,14 @@ def torch_op(opdef, args: list, params: dict, out_shapes: list) -> list:
         return []
     if opdef.name in ("arange", "full", "zeros", "ones", "scalar_tensor") and kw.get("dtype") is None:
         kw["dtype"] = torch.get_default_dtype()  # the run's element type
-    packet = getattr(torch.ops.aten, opdef.name, None)
-    if packet is None:
-        raise SimulationUnsupported(f"op {opdef.name} has no aten op to run it on torch")
-    tensors_only = [torch.as_tensor(a, dtype=torch.get_default_dtype()) if isinstance(a, (int, float)) else a
-                    for a in args]  # e.g. gt(3.0, x): a number first binds as a 0-d tensor
-    tries = [(name, list(args)) for name in sorted(packet.overloads(), key=lambda n: (n != "default", n))
-             if not name.endswith("out")]
-    tries += [(name, tensors_only) for name, _ in tries]
-    for name, call_args in tries:
-        ov = getattr(packet, name)
-        bound = _bind(ov._schema, call_args, kw)
-        if bound is None:
-            continue
-        names = [a.name for a in ov._schema.arguments]
-        pos, kwo = [], {}
-        for a, v in bound:  # positional while no argument was skipped, keywords after
-            if not a.kwarg_only and not kwo and names.index(a.name) == len(pos):
-                pos.append(v)
-            else:
-                kwo[a.name] = v
-        out = ov(*pos, **kwo)
-        outs = list(out) if isinstance(out, (tuple, list)) else [out]
-        return [o if isinstance(o, torch.Tensor) else torch.as_tensor(o) for o in outs][: max(len(out_shapes), 1)]
-    raise SimulationUnsupported(
-        f"op {opdef.name}: no overload of aten.{opdef.name} takes {len(args)} input(s) and params {sorted(kw)}"
-    )
+    kinds = tuple("T" if isinstance(a, torch.Tensor) else "N" for a in args)
+    ov, as_tensors, pos, kwo = _resolve(opdef.name, kinds, tuple(sorted(kw)))
+    if as_tensors:
+        args = [a if isinstance(a, torch.Tensor) else torch.as_tensor(a, dtype=torch.get_default_dtype())
+                for a in args]
+    out = ov(*(_value(src, args, kw) for src in pos), **{n: _value(src, args, kw) for n, src in kwo})
+    outs = list(out) if isinstance(out, (tuple, list)) else [out]
+    return [o if isinstance(o, torch.Tensor) else torch.as_tensor(o) for o in outs][: max(len(out_shapes), 1)]
 
 
 __all__ = ["torch_op"]
