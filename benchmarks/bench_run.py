@@ -8,12 +8,12 @@ row-parallel, norm weights replicated), one torch thread per rank on every side.
 * **ours, CLI**: ``python -m shardlayout run --mesh tp=4 --style megatron --layers 2 --repeat N
   --json`` (and ``--train``) exactly as shipped: 4 spawned ranks, one checked step (warm-up),
   then ``N`` steps each between two ``dist.barrier()`` (``launch._timed_steps``); rank 0's
-  per-step median/min/max. Its timed ``--train`` step is forward + backward + the all-reduces
-  of the replicated norm weights' gradients: the same work as the other sides.
+  per-step median/min/max. Its timed ``--train`` step is forward + backward with every backward
+  collective ``run.backward`` plans: the same work as the other sides.
 * **ours, engine in-process**: the same plan, executor (``TorchRankExecutor``) and ``walk``,
   driven by this script in the same 4 processes as DTensor and the hand-written code, steps
-  interleaved one by one; its fwd+bwd step adds those 4 gradient all-reduces (as
-  ``launch._train_step`` does), so it does the same work as the other two.
+  interleaved one by one; its fwd+bwd step reduces gradients where ``run.backward`` planned it
+  (as ``launch._train_step`` does), so it does the same work as the other two.
 * **DTensor**: ``DTLlama`` below, a DTensor-friendly copy of ``program.torch_models.LlamaTorch``
   (same ops; weights held as ``nn.Linear`` ``(out, in)`` so ``ColwiseParallel`` /
   ``RowwiseParallel`` apply, heads inferred from the local width with ``view(b, t, -1, hd)`` as
@@ -181,8 +181,9 @@ def _rank(rank: int, init: str, out_path: str, steps: int, seed: int) -> None:
     from shardlayout.execute import walk
     from shardlayout.jobs import build_plan
     from shardlayout.program.torch_models import LlamaTorch
+    from shardlayout.run.backward import gradient_reductions
     from shardlayout.run.executor import TorchRankExecutor, plan_groups
-    from shardlayout.run.launch import _ix, _replica_groups  # the exact helpers `run` uses
+    from shardlayout.run.launch import _ix, training_pieces  # the exact helpers `run` uses
 
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
@@ -197,23 +198,19 @@ def _rank(rank: int, init: str, out_path: str, steps: int, seed: int) -> None:
         # ---- ours: the plan `shardlayout run` builds, its groups in its order, its executor
         plan = build_plan(argparse.Namespace(model="llama", program=None, module=None, export=None, layers=LAYERS,
                                              mesh=f"tp={WORLD}", style="megatron", pin=None))
-        groups, replicas = {}, {}
-        for pieces, members in plan_groups(plan):
+        reductions = gradient_reductions(plan)
+        groups = {}
+        for pieces, members in plan_groups(plan, training_pieces(plan, reductions)):
             grp = dist.new_group(list(members)) if len(members) > 1 else None
             if rank in members:
                 groups[pieces] = (grp, members)
-        for name, parts in _replica_groups(plan):
-            for members in parts:
-                grp = dist.new_group(list(members)) if len(members) > 1 else None
-                if rank in members:
-                    replicas[name] = (grp, members)
-        ex = TorchRankExecutor(plan.mesh, rank, groups)
+        ex = TorchRankExecutor(plan.mesh, rank, groups, None, reductions)
         prog = plan.program
         params = list(prog.inputs("param"))  # a list: every rank all-reduces in the same order
         local = {n: glob[n][_ix(plan.shardings[n].indices(rank))].clone() for n in prog.inputs()}
         out_name = prog.outputs[0]
-        # each rank seeds 1/k of the loss's gradient (k ranks hold the replicated output), as _train_step
-        ours_seed = torch.ones(BATCH, SEQ, DIM) / WORLD
+        # complete gradients: every rank seeds the whole gradient of the replicated output, as _train_step
+        ours_seed = torch.ones(BATCH, SEQ, DIM)
         ours_state: dict = {}
 
         def ours_prep(train):
@@ -224,13 +221,7 @@ def _rank(rank: int, init: str, out_path: str, steps: int, seed: int) -> None:
             with torch.enable_grad() if train else torch.no_grad():
                 y = dict(walk(plan, ex, inputs))[out_name]
                 if train:
-                    torch.autograd.backward([y], [ours_seed])
-                    for n in params:  # the replicated parameters' gradients: one all_reduce each
-                        grp, members = replicas[n]
-                        if len(members) > 1:
-                            gr = inputs[n].grad if inputs[n].grad is not None else torch.zeros_like(inputs[n])
-                            ex.counts["grad_all_reduce"] = ex.counts.get("grad_all_reduce", 0) + 1
-                            dist.all_reduce(gr, group=grp)
+                    torch.autograd.backward([y], [ours_seed])  # gradient sums where run.backward planned them
             return y
 
         # ---- DTensor: parallelize_module, Colwise for wq/wk/wv/w_gate/w_up, Rowwise for wo/w_down
@@ -435,10 +426,10 @@ def main() -> int:
     lo, hi = cli_range("fwd")
     lo2, hi2 = cli_range("fwdbwd")
     fb = dict(cli_counts["fwdbwd"])
-    print(f"| ours — `shardlayout run --repeat` CLI (fwd+bwd: grad all-reduces included) | {_ms(cli_med('fwd'))} "
+    print(f"| ours — `shardlayout run --repeat` CLI (fwd+bwd: every backward collective) | {_ms(cli_med('fwd'))} "
           f"({_ms(lo)}–{_ms(hi)}) | {_ms(cli_med('fwdbwd'))} ({_ms(lo2)}–{_ms(hi2)}) | {_counts(cli_counts['fwd'])} | "
           f"{_counts(fb)} |")
-    names = {"ours": "ours — same engine, in-process, interleaved (+ grad all-reduces)",
+    names = {"ours": "ours — same engine, in-process, interleaved",
              "dtensor": "DTensor `parallelize_module`", "hand": "hand-written local shards (floor)"}
     for s in SIDES:
         print(f"| {names[s]} | {_cell(pooled[s + '|fwd'])} | {_cell(pooled[s + '|fwdbwd'])} | "

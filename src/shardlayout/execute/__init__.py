@@ -32,11 +32,15 @@ from .simulator import NumpySimulator, run_collective, run_moves
 class Executor(Protocol):
     """Where a plan runs. ``op(opdef, inputs, params, outputs)`` runs one op on local values
     (inputs already moved to the op's targets; ``outputs`` are the output shardings) and
-    returns one local value per output; ``collective(c, value)`` runs one collective."""
+    returns one local value per output; ``collective(c, value)`` runs one collective;
+    ``use(tensor, target, value)`` sees a value once before its consumers under that target
+    (identity for the simulator; where a training run reduces the consumers' gradients)."""
 
     def op(self, opdef, inputs: list, params: dict, outputs: tuple) -> list: ...
 
     def collective(self, c, value): ...
+
+    def use(self, tensor: str, target, value): ...
 
 
 def walk(plan, executor: Executor, inputs: dict):
@@ -53,14 +57,11 @@ def walk(plan, executor: Executor, inputs: dict):
             if not isinstance(name, str):
                 local.append(name)
                 continue
-            if tgt == plan.shardings[name]:
-                local.append(values[name])
-                continue
             if (name, tgt) not in moved:
                 v = values[name]
-                for c in plan.moves.get((name, tgt), ()):
+                for c in plan.moves.get((name, tgt), ()) if tgt != plan.shardings[name] else ():
                     v = executor.collective(c, v)
-                moved[(name, tgt)] = v
+                moved[(name, tgt)] = executor.use(name, tgt, v)
             local.append(moved[(name, tgt)])
         outs = executor.op(get_op(op.target), local, po.params, po.outputs)
         for name, s, v in zip(op.outputs, po.outputs, outs):

@@ -116,5 +116,9 @@ class NumpySimulator:
         """Run one collective on every rank's piece."""
         return run_collective(c, value)
 
+    def use(self, tensor: str, target, value: dict) -> dict:
+        """A value before its consumers: nothing to do in a forward simulation."""
+        return value
+
 
 __all__ = ["NumpySimulator", "group_of", "run_collective", "run_moves"]

@@ -22,10 +22,11 @@ from ..sharding.collective import CollectiveKind
 from .torch_ops import torch_op
 
 
-def plan_groups(plan) -> list:
-    """Every distinct (axis pieces, rank group) the plan's collectives need, in one order that
-    every rank computes alike (``dist.new_group`` must be called in the same order)."""
-    pieces = sorted({c.axes for moves in plan.moves.values() for c in moves if c.axes}, key=repr)
+def plan_groups(plan, extra=()) -> list:
+    """Every distinct (axis pieces, rank group) the plan's collectives (and the ``extra`` piece
+    tuples, e.g. gradient reductions) need, in one order that every rank computes alike
+    (``dist.new_group`` must be called in the same order)."""
+    pieces = sorted({c.axes for moves in plan.moves.values() for c in moves if c.axes} | set(extra), key=repr)
     out = []
     for ps in pieces:
         seen = []
@@ -62,8 +63,9 @@ class TorchRankExecutor:
     """Executes a plan on one rank of a torch.distributed job; ``counts`` tallies the
     collectives it ran, by kind."""
 
-    def __init__(self, mesh, rank: int, groups: dict, after_collective=None):
+    def __init__(self, mesh, rank: int, groups: dict, after_collective=None, reductions=None):
         self.mesh, self.rank, self.groups = mesh, rank, groups
+        self.reductions = reductions or {}  # (tensor, target) -> axis pieces its gradient is reduced over
         self.counts: dict = {}
         self.primitives: dict = {}  # the torch.distributed calls that actually ran, by name
         self.after_collective = after_collective
@@ -73,40 +75,35 @@ class TorchRankExecutor:
         return torch_op(opdef, inputs, params, [s.local_shape(self.rank) for s in outputs])
 
     def collective(self, c, x):
-        """Run one planned collective on this rank's piece ``x`` (differentiable: its backward
-        is the exact adjoint, one ``all_reduce`` on the same group)."""
+        """Run one planned collective on this rank's piece ``x`` (differentiable: its backward is
+        the exact adjoint for complete gradients, see ``run.backward``)."""
 
         if c.kind.communicates:
             self.counts[c.kind.value] = self.counts.get(c.kind.value, 0) + 1
-        src, dst, r = c.src, c.dst, self.rank
         if c.reduce_op is not None:
             out = _Reduce.apply(x, self, c)
         elif c.kind is CollectiveKind.LOCAL:
-            out = x[local_pick(c, r)]
+            out = _Local.apply(x, self, c)
         elif c.kind is CollectiveKind.ALL_TO_ALL:
             out = _AllToAll.apply(x, self, c)
         else:
             out = _Gather.apply(x, self, c)
-        for a, op in dst.partial:
-            if a not in dict(src.partial) and op == "sum":
-                out = out / self.mesh.axis_size(a)  # DTensor's Partial._partition_value
         if self.after_collective is not None and c.kind.communicates:
             self.after_collective(c)
         return out.contiguous()
+
+    def use(self, tensor: str, target, value):
+        """Before its consumers: where their gradients arrive partial (``backward``), sum them."""
+        pieces = self.reductions.get((tensor, target))
+        return _GradSum.apply(value, self, pieces) if pieces else value
 
     def group(self, c):
         """``(process group, members)`` of this rank for collective ``c``."""
         return self.groups.get(c.axes, (None, (self.rank,)))
 
-    def backward_all_reduce(self, buf, c):
-        """The adjoint's one all_reduce (sum) on ``c``'s group; counted under ``backward``."""
-        import torch.distributed as dist
-
-        group, members = self.group(c)
-        self.counts["backward_all_reduce"] = self.counts.get("backward_all_reduce", 0) + 1
-        self.ran("all_reduce")
-        dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=group)
-        return buf
+    def group_of_pieces(self, pieces):
+        """``(process group, members)`` of this rank over the given axis pieces."""
+        return self.groups.get(tuple(pieces), (None, (self.rank,)))
 
     def ran(self, primitive: str) -> None:
         """Tally one torch.distributed call."""
@@ -166,6 +163,60 @@ def all_to_all_map(c, rank: int, members: tuple) -> tuple:
     return tuple(send), tuple(recv)
 
 
+class _GradSum(_autograd()):
+    """Identity forward; backward sums the consumers' partial gradients over the axis pieces
+    (Megatron's "f"; a data-parallel gradient sync)."""
+
+    @staticmethod
+    def forward(ctx, x, ex, pieces):
+        ctx.ex, ctx.pieces = ex, pieces
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        import torch.distributed as dist
+
+        ex = ctx.ex
+        group, _ = ex.group_of_pieces(ctx.pieces)
+        g = g.contiguous().clone()
+        ex.counts["backward_all_reduce"] = ex.counts.get("backward_all_reduce", 0) + 1
+        ex.ran("all_reduce")
+        dist.all_reduce(g, op=dist.ReduceOp.SUM, group=group)
+        return g, None, None
+
+
+class _Local(_autograd()):
+    """A local slice (and partition onto new partial axes: a sum is divided among the ranks).
+    Adjoint with complete gradients: the slice's gradient put back in place and completed over
+    the axes the slice cut on (one all-reduce), no division (every share's gradient is the sum's)."""
+
+    @staticmethod
+    def forward(ctx, x, ex, c):
+        from .backward import slice_completions
+
+        ctx.ex, ctx.c, ctx.new = ex, c, slice_completions(c)
+        out = x[local_pick(c, ex.rank)]
+        for a, op in c.dst.partial:
+            if a not in dict(c.src.partial) and op == "sum":
+                out = out / ex.mesh.axis_size(a)  # DTensor's Partial._partition_value
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        import torch
+        import torch.distributed as dist
+
+        ex, c, r = ctx.ex, ctx.c, ctx.ex.rank
+        grad = torch.zeros(c.src.local_shape(r), dtype=g.dtype)
+        grad[local_pick(c, r)] = g
+        if ctx.new:
+            group, _ = ex.group_of_pieces(ctx.new)
+            ex.counts["backward_all_reduce"] = ex.counts.get("backward_all_reduce", 0) + 1
+            ex.ran("all_reduce")
+            dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=group)
+        return grad, None, None
+
+
 class _AllToAll(_autograd()):
     """A piece that only moves: one ``all_to_all_single`` with per-member split sizes (uneven and
     empty splits included). Adjoint: the same exchange backwards."""
@@ -207,8 +258,8 @@ def _exchange(flat, send, recv, n_out: int, group):
 
 class _Gather(_autograd()):
     """Pieces that move: one all_gather of the group's pieces (padded to one width: gloo refuses
-    uneven sizes), then this rank picks its target's elements through ``gather_map``. Adjoint:
-    the gradient scattered back into the stacked pieces and reduce-scattered, slot by slot."""
+    uneven sizes), then this rank picks its target's elements through ``gather_map``. Adjoint
+    with complete gradients: this rank's own piece of the gradient, no communication."""
 
     @staticmethod
     def forward(ctx, x, ex, c):
@@ -229,26 +280,19 @@ class _Gather(_autograd()):
     @staticmethod
     def backward(ctx, g):
         import torch
-        import torch.distributed as dist
 
-        ex, c, r = ctx.ex, ctx.c, ctx.ex.rank
-        group, _ = ex.group(c)
-        buf = torch.zeros(ctx.width * len(ctx.members), dtype=g.dtype)
-        buf.index_put_((torch.from_numpy(ctx.index),), g.reshape(-1), accumulate=True)
-        mine = torch.empty(ctx.width, dtype=g.dtype)
-        ex.counts["backward_reduce_scatter"] = ex.counts.get("backward_reduce_scatter", 0) + 1
-        ex.ran("reduce_scatter")
-        dist.reduce_scatter_tensor(mine, buf, op=dist.ReduceOp.SUM, group=group)
-        n = int(np.prod(c.src.local_shape(r)))
-        return mine[:n].reshape(c.src.local_shape(r)), None, None
+        c, r = ctx.c, ctx.ex.rank
+        # complete gradients: this rank's source piece is part of what it gathered
+        pick = _ix(torch, _positions(c.dst.indices(r), c.src.indices(r)))
+        return g[pick].contiguous(), None, None
 
 
 class _Reduce(_autograd()):
     """Partial values reduced on the group: a planned reduce-scatter runs as one
     ``reduce_scatter_tensor`` (each member's part of this rank's piece, padded to one width), an
     all-reduce as one ``all_reduce``; then this rank keeps what its target names. Adjoint of a
-    sum: every member's gradient goes back to the positions it came from (an all-gather for a
-    reduce-scatter, an all-reduce for an all-reduce; an average divides by the group size)."""
+    sum with complete gradients: a reduce-scatter's is an all-gather (each contributor needs every
+    member's part), an all-reduce's is the gradient itself; an average divides by the group size."""
 
     @staticmethod
     def forward(ctx, x, ex, c):
@@ -298,10 +342,9 @@ class _Reduce(_autograd()):
             for j, p in enumerate(per):
                 grad[torch.from_numpy(p)] += stacked[j * width: j * width + len(p)]
             grad = grad.reshape(c.src.local_shape(r))
-        else:
+        else:  # an all-reduce: every partial contributor's gradient is the sum's, complete already
             grad = torch.zeros(c.src.local_shape(r), dtype=g.dtype)
             grad[local_pick(c, r)] = g
-            grad = ex.backward_all_reduce(grad, c)
         return (grad / ctx.n if c.reduce_op == "avg" else grad), None, None
 
 

@@ -16,6 +16,7 @@ import numpy as np
 from ..errors import RunError, ShardingError
 from ..execute import walk
 from ..jobs import build_plan
+from .backward import grad_tensors, gradient_reductions
 
 
 def _free_port() -> int:
@@ -79,20 +80,6 @@ class _Compare:
         return t[0].item(), t[1].item() == 0.0, t[2].item()
 
 
-def _replica_groups(plan) -> list:
-    """Per parameter: the groups of ranks that hold the same elements of it (their gradients
-    are summed), every rank computing the same list in the same order."""
-    out = []
-    for name in plan.program.inputs("param"):
-        s = plan.shardings[name]
-        by_piece: dict = {}
-        for r in plan.mesh.ranks():
-            key = tuple(tuple(int(v) for v in i) for i in s.indices(r))
-            by_piece.setdefault(key, []).append(r)
-        out.append((name, [tuple(g) for g in by_piece.values()]))
-    return out
-
-
 def rank_main(rank: int, world: int, build, options: dict, init_method: str | None = None,
               result_path: str | None = None) -> dict | None:
     """Run one rank: ``build()`` returns the plan; ``options`` holds backend, timeout, seed,
@@ -115,24 +102,19 @@ def rank_main(rank: int, world: int, build, options: dict, init_method: str | No
         if plan.mesh.size != world:
             raise RunError(f"the mesh {plan.mesh} has {plan.mesh.size} devices but {world} ranks run; "
                            f"give --nproc {plan.mesh.size} (or a mesh of {world} devices)")
+        reductions = gradient_reductions(plan) if train else {}
         groups = {}
-        for pieces, members in plan_groups(plan):
+        for pieces, members in plan_groups(plan, training_pieces(plan, reductions)):
             g = dist.new_group(list(members)) if len(members) > 1 else None
             if rank in members:
                 groups[pieces] = (g, members)
-        replicas = {}
-        for name, parts in _replica_groups(plan) if train else ():
-            for members in parts:
-                g = dist.new_group(list(members)) if len(members) > 1 else None
-                if rank in members:
-                    replicas[name] = (g, members)
         fail = os.environ.get("SHARDLAYOUT_FAIL_RANK")
 
         def after(c):
             if fail is not None and int(fail) == rank:
                 os._exit(1)
 
-        ex = TorchRankExecutor(plan.mesh, rank, groups, after)
+        ex = TorchRankExecutor(plan.mesh, rank, groups, after, reductions)
         prog = plan.program
         glob = _global_inputs(plan, options.get("seed", 0), options.get("dtype", "float32"))
         params = set(prog.inputs("param")) if train else set()
@@ -153,13 +135,13 @@ def rank_main(rank: int, world: int, build, options: dict, init_method: str | No
                     forward.add(name, value, ref[name][_ix(s.indices(rank))])
         grads = None
         if train:
-            grads = _train_step(plan, rank, ex, glob, ref, local, values, replicas, lr, options)
-        steps = _timed_steps(plan, rank, ex, local, replicas, options) if options.get("repeat") else None
+            grads = _train_step(plan, rank, ex, glob, ref, local, values, lr, options)
+        steps = _timed_steps(plan, rank, ex, local, options) if options.get("repeat") else None
         err, equal, rel = forward.worst(torch, dist)
         g_err = g_equal = g_rel = None
         if grads is not None:
             g_err, g_equal, g_rel = grads.worst(torch, dist)
-        planned = _planned_counts(plan, train, replicas_of=_replica_groups(plan) if train else ())
+        planned = _planned_counts(plan, train, reductions)
         report = {
             "ranks": world, "mesh": str(plan.mesh), "backend": options.get("backend", "gloo"),
             "equal": bool(equal and (g_equal is None or g_equal)), "max_abs_err": err, "max_rel_err": rel,
@@ -178,10 +160,10 @@ def rank_main(rank: int, world: int, build, options: dict, init_method: str | No
         dist.destroy_process_group()
 
 
-def _timed_steps(plan, rank, ex, local, replicas, options) -> dict:
-    """Steady state: ``repeat`` more steps (forward, or with ``train`` forward + backward + the
-    gradient all-reduces of replicated parameters, i.e. every collective of a training step) after
-    the checked one, each between barriers; the median, min and max seconds of a step."""
+def _timed_steps(plan, rank, ex, local, options) -> dict:
+    """Steady state: ``repeat`` more steps (forward, or with ``train`` forward + backward, every
+    collective of a training step) after the checked one, each between barriers; the median, min
+    and max seconds of a step."""
     import statistics
 
     import torch
@@ -198,26 +180,19 @@ def _timed_steps(plan, rank, ex, local, replicas, options) -> dict:
             if options.get("train"):
                 outs = [values[n] for n in plan.program.outputs]
                 torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
-                for name in plan.program.inputs("param"):
-                    group, members = replicas[name]
-                    if len(members) > 1:
-                        g = inputs[name].grad if inputs[name].grad is not None else torch.zeros_like(inputs[name])
-                        dist.all_reduce(g, op=dist.ReduceOp.SUM, group=group)
         dist.barrier()
         times.append(time.perf_counter() - t)
     ex.counts, ex.primitives = counts, calls  # the report counts the checked step only
     return {"median": statistics.median(times), "min": min(times), "max": max(times), "steps": len(times)}
 
 
-def _train_step(plan, rank, ex, glob, ref, local, values, replicas, lr, options) -> _Compare:
+def _train_step(plan, rank, ex, glob, ref, local, values, lr, options) -> _Compare:
     """Backward through the planned collectives and one SGD step, compared with the unsharded run.
 
     The loss is ``sum(output * G)`` for a fixed random G per program output; each rank seeds its
-    piece with ``G / k`` (k ranks hold each element), so the per-rank losses add up to the global
-    one. A replicated parameter's gradient is the sum over the ranks holding it (one all_reduce
-    per parameter group)."""
+    piece with ``G``'s elements (complete gradients: a replicated value's gradient is replicated),
+    and the partial gradients are summed where ``run.backward`` planned it."""
     import torch
-    import torch.distributed as dist
 
     prog = plan.program
     rng = np.random.default_rng(options.get("seed", 0) + 1)
@@ -227,10 +202,8 @@ def _train_step(plan, rank, ex, glob, ref, local, values, replicas, lr, options)
         if s.partial:
             raise RunError(f"--train: output {name} is a partial sum ({s}); pin it reduced to train")
         G = torch.from_numpy(rng.standard_normal(prog.tensors[name].shape)).to(torch.get_default_dtype())
-        k = sum(1 for q in plan.mesh.ranks()
-                if all(np.array_equal(a, b) for a, b in zip(s.indices(q), s.indices(rank))))
         outs.append(values[name])
-        seeds.append(G[_ix(s.indices(rank))] / k)
+        seeds.append(G[_ix(s.indices(rank))])
         ref_loss = ref_loss + (ref[name] * G).sum()
     ref_loss.backward()
     torch.autograd.backward(outs, seeds)
@@ -238,11 +211,6 @@ def _train_step(plan, rank, ex, glob, ref, local, values, replicas, lr, options)
     for name in prog.inputs("param"):
         s = plan.shardings[name]
         g = local[name].grad if local[name].grad is not None else torch.zeros_like(local[name])
-        group, members = replicas[name]
-        if len(members) > 1:
-            ex.counts["grad_all_reduce"] = ex.counts.get("grad_all_reduce", 0) + 1
-            ex.ran("all_reduce")
-            dist.all_reduce(g, op=dist.ReduceOp.SUM, group=group)
         ref_g = glob[name].grad if glob[name].grad is not None else torch.zeros_like(glob[name])
         idx = _ix(s.indices(rank))
         cmp.add(f"grad of {name}", g, ref_g[idx])
@@ -251,53 +219,39 @@ def _train_step(plan, rank, ex, glob, ref, local, values, replicas, lr, options)
     return cmp
 
 
-# outputs that carry no gradient (integer / boolean results, fresh tensors): op -> output indices
-# (None: all of them)
-_NO_GRAD = {**{n: None for n in ("eq", "ne", "le", "lt", "ge", "gt", "logical_and", "logical_or", "logical_not",
-                                 "bitwise_not", "argsort", "one_hot", "histc", "bincount", "nonzero", "argwhere",
-                                 "unique", "_unique2", "arange", "full", "zeros", "ones", "scalar_tensor", "empty",
-                                 "rand", "randn", "new_zeros", "new_ones", "new_full", "new_empty", "zeros_like",
-                                 "ones_like", "full_like", "empty_like")},
-            "topk": (1,), "sort": (1,)}
+def training_pieces(plan, reductions: dict) -> set:
+    """Axis-piece tuples the backward pass reduces over (gradient sums, local slices' completions)."""
+    from ..sharding.collective import CollectiveKind
+    from .backward import slice_completions
+
+    out = set(reductions.values())
+    for moves in plan.moves.values():
+        out |= {slice_completions(c) for c in moves if c.kind is CollectiveKind.LOCAL}
+    return {p for p in out if p}
 
 
-def grad_tensors(program) -> set:
-    """Tensors whose gradient the backward pass computes: they depend on a parameter and a
-    program output depends on them, through ops that carry gradients."""
-    from ..ops import canonical_op_name
-
-    def carries(op, k):
-        cut = _NO_GRAD.get(canonical_op_name(op.target), ())
-        return not (cut is None or k in cut)
-
-    needs = set(program.inputs("param"))
-    for op in program.ops:
-        if any(isinstance(i, str) and i in needs for i in op.inputs):
-            needs |= {o for k, o in enumerate(op.outputs) if carries(op, k)}
-    reach = set(program.outputs)
-    for op in reversed(program.ops):
-        if any(o in reach and carries(op, k) for k, o in enumerate(op.outputs)):
-            reach |= {i for i in op.inputs if isinstance(i, str)}
-    return needs & reach
-
-
-def _planned_counts(plan, train: bool, replicas_of=()) -> dict:
+def _planned_counts(plan, train: bool, reductions=None) -> dict:
     """Collectives every rank runs: the plan's (SPMD: each in its own group); with training, the
-    adjoint of each forward collective whose tensor carries a gradient (an all-gather's is a
-    reduce-scatter and back, an all-reduce's an all-reduce, an all-to-all's the reverse one), and
-    one all-reduce per replicated parameter."""
+    backward ones ``run.backward`` plans: one all-reduce per gradient reduction, the adjoint of
+    each forward collective that needs one (a reduce-scatter's all-gather, an all-to-all's
+    reverse), and one all-reduce per local slice whose gradient must be completed."""
+    from ..sharding.collective import CollectiveKind
+    from .backward import slice_completions
+
     planned: dict = {}
     for c in plan.collectives:
         planned[c.kind.value] = planned.get(c.kind.value, 0) + 1
     if train:
         needs = grad_tensors(plan.program)
-        adjoint = {"all_gather": "reduce_scatter", "reduce_scatter": "all_gather", "all_reduce": "all_reduce",
-                   "all_to_all": "all_to_all"}
+        adjoint = {"reduce_scatter": "backward_all_gather", "all_to_all": "backward_all_to_all"}
         for c in plan.collectives:
-            if c.tensor in needs:
-                key = "backward_" + adjoint[c.kind.value]
-                planned[key] = planned.get(key, 0) + 1
-        planned["grad_all_reduce"] = sum(1 for _, parts in replicas_of if max(len(g) for g in parts) > 1)
+            if c.tensor in needs and c.kind.value in adjoint:
+                planned[adjoint[c.kind.value]] = planned.get(adjoint[c.kind.value], 0) + 1
+        n = len(reductions or {})
+        for (tensor, _), moves in plan.moves.items():
+            n += sum(1 for c in moves if tensor in needs and c.kind is CollectiveKind.LOCAL and slice_completions(c))
+        if n:
+            planned["backward_all_reduce"] = n
     return {k: v for k, v in planned.items() if v}
 
 
