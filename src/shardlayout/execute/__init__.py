@@ -49,6 +49,7 @@ def walk(plan, executor: Executor, inputs: dict):
     every program input to its local value in its planned sharding."""
     from ..ops.registry import get_op
 
+    opdefs = {op.target: get_op(op.target) for op in plan.program.ops}
     values = dict(inputs)
     moved: dict = {}  # (tensor, target) -> value: one move serves every consumer, as planned
     for op, po in zip(plan.program.ops, plan.ops):
@@ -63,7 +64,7 @@ def walk(plan, executor: Executor, inputs: dict):
                     v = executor.collective(c, v)
                 moved[(name, tgt)] = executor.use(name, tgt, v)
             local.append(moved[(name, tgt)])
-        outs = executor.op(get_op(op.target), local, po.params, po.outputs)
+        outs = executor.op(opdefs[op.target], local, po.params, po.outputs)
         for name, s, v in zip(op.outputs, po.outputs, outs):
             final = plan.shardings[name]
             for c in plan.moves.get((name, final), ()) if final != s else ():

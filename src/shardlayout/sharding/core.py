@@ -135,9 +135,11 @@ class Sharding:
         return (self.mesh, self.shape, self.dims, self.partial)
 
     def __eq__(self, other) -> bool:
+        if other is self:
+            return True
         if not isinstance(other, Sharding):
             return NotImplemented
-        return self._key() == other._key()
+        return hash(self) == hash(other) and self._key() == other._key()
 
     def __hash__(self) -> int:
         h = self._hash
