@@ -27,6 +27,8 @@ def run(*args, env=None):
     (["--mesh", "dp=2,tp=2", "--style", "megatron-sp", "--layers", "2"], None),
     (["--mesh", "tp=3", "--style", "megatron", "--layers", "1"], None),  # uneven heads and features
     (["--model", "moe", "--mesh", "ep=4", "--style", "ep"], None),
+    (["--mesh", "dp=2,tp=2", "--style", "fsdp", "--layers", "1"], None),  # gathered weights: gradients summed on dp
+    (["--mesh", "dp=4", "--style", "dp", "--layers", "1"], None),  # batch 2 on 4 ranks: two hold nothing
 ])
 def test_training_step_equals_the_unsharded_run_and_executes_the_planned_collectives(args, planned):
     r = run(*args, "--json", "--dtype", "float64", "--train")
