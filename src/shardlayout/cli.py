@@ -353,6 +353,7 @@ def cmd_demo(args) -> int:
     print("  shardlayout plan --style megatron --verify     shardlayout show --mesh dp=2,tp=4 --shape 8,12 "
           "--placements 'S(0),S(1)'")
     print("  shardlayout view ... --to 16,6                 shardlayout explain mm --mesh ... --inputs ...")
+    print("  shardlayout run --mesh dp=2,tp=2 --style megatron-sp --train   (the plan on torch.distributed, gloo)")
     return 0 if v.ok else 1
 
 
