@@ -157,3 +157,42 @@ def test_export_command(capsys):
     with pytest.raises(SystemExit) as e:  # argparse refuses it: usage on stderr, exit 2
         main(["export", "--to", "onnx"])
     assert e.value.code == 2
+
+
+USER_MODEL = '''
+import torch
+
+
+class MLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up = torch.nn.Linear(16, 32, bias=False)
+        self.down = torch.nn.Linear(32, 16, bias=False)
+
+    def forward(self, x):
+        return self.down(torch.relu(self.up(x.float()))).to(x.dtype)  # casts import too
+
+
+def make():
+    return MLP(), (torch.randn(4, 16),)
+
+
+def broken():
+    raise RuntimeError("no weights here")
+'''
+
+
+def test_module_from_a_file_or_the_current_directory(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("torch")
+    (tmp_path / "usermlp.py").write_text(USER_MODEL)
+    monkeypatch.chdir(tmp_path)
+    assert main(["plan", "--module", "usermlp.py:make", "--mesh", "tp=2", "--pin", "up.weight=[tp*16, 16]",
+                 "--verify"]) == 0
+    assert "verified" in capsys.readouterr().out
+    assert main(["plan", "--module", "usermlp:make", "--mesh", "tp=2", "--json"]) == 0
+    assert "up.weight" in json.loads(capsys.readouterr().out)["tensors"]
+    for spec, msg in [("nope.py:make", "no file 'nope.py'"), ("usermlp:nothere", "has no callable 'nothere'"),
+                      ("usermlp:broken", "broken() raised RuntimeError: no weights here")]:
+        assert main(["plan", "--module", spec]) == 2
+        err = capsys.readouterr().err
+        assert msg in err and err.count("\n") == 1, err

@@ -22,16 +22,9 @@ def load_program(args):
     from .program.models import MODELS
 
     if getattr(args, "module", None):
-        import importlib
-
         from .program.torch_import import from_torch
 
-        mod_name, _, attr = args.module.partition(":")
-        try:
-            factory = getattr(importlib.import_module(mod_name), attr or "make")
-        except (ImportError, AttributeError) as e:
-            raise ShardingError(f"--module {args.module}: {e}") from None
-        module, example_args = factory()
+        module, example_args = _call_factory(args.module)
         return from_torch(module, example_args)
     if getattr(args, "export", None):
         import torch
@@ -51,6 +44,48 @@ def load_program(args):
     if args.model not in MODELS:
         raise ShardingError(f"unknown model {args.model!r}; built-in models: {', '.join(MODELS)}")
     return MODELS[args.model](layers=args.layers)
+
+
+def _call_factory(spec: str):
+    """``FILE.py:factory`` or ``pkg.mod:factory`` (the current directory importable): the
+    factory's ``(nn.Module, example_args)``; every failure is a ``ShardingError`` naming the fix."""
+    import importlib
+    import importlib.util
+    import os
+    import sys
+
+    target, _, attr = spec.rpartition(":") if ":" in spec else (spec, "", "")
+    attr = attr or "make"
+    try:
+        if target.endswith(".py"):
+            if not os.path.isfile(target):
+                raise ShardingError(f"--module {spec}: no file {target!r}; give FILE.py:factory or pkg.mod:factory")
+            name = "_shardlayout_user_" + os.path.splitext(os.path.basename(target))[0]
+            loader = importlib.util.spec_from_file_location(name, target)
+            mod = importlib.util.module_from_spec(loader)
+            sys.modules[name] = mod
+            loader.loader.exec_module(mod)
+        else:
+            if os.getcwd() not in sys.path and "" not in sys.path:
+                sys.path.insert(0, os.getcwd())
+            mod = importlib.import_module(target)
+    except ShardingError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the user's module failed: one line, not a traceback
+        raise ShardingError(f"--module {spec}: importing {target!r} failed: {type(e).__name__}: {e}") from None
+    factory = getattr(mod, attr, None)
+    if not callable(factory):
+        raise ShardingError(f"--module {spec}: {target!r} has no callable {attr!r}; name the factory after ':'")
+    try:
+        got = factory()
+    except Exception as e:  # noqa: BLE001
+        raise ShardingError(f"--module {spec}: {attr}() raised {type(e).__name__}: {e}") from None
+    if not (isinstance(got, tuple) and len(got) == 2):
+        raise ShardingError(
+            f"--module {spec}: {attr}() must return (nn.Module, example_args), got {type(got).__name__}"
+        )
+    module, example_args = got
+    return module, tuple(example_args) if isinstance(example_args, (list, tuple)) else (example_args,)
 
 
 def build_plan(args):
