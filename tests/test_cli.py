@@ -196,3 +196,34 @@ def test_module_from_a_file_or_the_current_directory(tmp_path, monkeypatch, caps
         assert main(["plan", "--module", spec]) == 2
         err = capsys.readouterr().err
         assert msg in err and err.count("\n") == 1, err
+
+
+def test_version_json_errors_and_no_tracebacks(capsys, monkeypatch):
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.startswith("shardlayout 0.")
+    assert main(["plan", "--mesh", "dp=2,", "--json"]) == 2
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["error"]["type"] == "MeshError"
+    assert captured.err.startswith("shardlayout: error: Mesh.parse") and captured.err.count("\n") == 1
+
+    import shardlayout.jobs
+
+    def boom(args):
+        raise ZeroDivisionError("division by zero")
+
+    monkeypatch.setattr(shardlayout.jobs, "build_plan", boom)
+    assert main(["plan"]) == 1  # a failure we did not foresee: one line, exit 1, no traceback
+    err = capsys.readouterr().err
+    assert "internal error ZeroDivisionError" in err and "--debug" in err and "Traceback" not in err
+    with pytest.raises(ZeroDivisionError):
+        main(["--debug", "plan"])
+
+
+def test_the_header_names_the_program(tmp_path, capsys):
+    from shardlayout.program.models import llama
+
+    f = tmp_path / "prog.json"
+    f.write_text(llama(layers=1).to_json())
+    assert main(["plan", "--program", str(f), "--mesh", "tp=2"]) == 0
+    assert capsys.readouterr().out.startswith(f"plan of {f} (")

@@ -302,7 +302,9 @@ def print_plan(p, v, args) -> None:
     prog = p.program
     shown = [n for n in prog.tensors if prog.tensors[n].kind in ("input", "param")
              or n in prog.outputs or any(c.tensor == n for c in p.collectives)]
-    print(f"plan of {getattr(args, 'model', 'program')} ({len(prog.ops)} ops, {len(prog.tensors)} tensors) "
+    source = (getattr(args, "module", None) or getattr(args, "export", None) or getattr(args, "program", None)
+              or getattr(args, "model", "program"))
+    print(f"plan of {source} ({len(prog.ops)} ops, {len(prog.tensors)} tensors) "
           f"on mesh {p.mesh}" + (f", style {args.style}" if getattr(args, "style", None) else ""))
     print()
     w = max(len(n) for n in shown)
@@ -438,7 +440,11 @@ def _add_model_args(pl) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
     p = argparse.ArgumentParser(prog="shardlayout", description=__doc__.splitlines()[0])
+    p.add_argument("--version", action="version", version=f"shardlayout {__version__}")
+    p.add_argument("--debug", action="store_true", help="show the Python traceback of an error")
     sub = p.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("demo", help="show the main job on the built-in default example")
     d.set_defaults(func=cmd_demo)
@@ -494,7 +500,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _fail(args, kind: str, message: str, code: int) -> int:
+    """One line on stderr (and, with --json, an error object on stdout); never a traceback."""
+    print(f"shardlayout: error: {message}", file=sys.stderr)
+    if getattr(args, "json", False):
+        print(json.dumps({"error": {"type": kind, "message": message}}))
+    return code
+
+
 def main(argv=None) -> int:
+    """The ``shardlayout`` command: exit 0 on success, 1 when a plan, verification or run fails,
+    2 for bad input or usage. ``main(["--version"])`` prints the version."""
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -504,12 +520,18 @@ def main(argv=None) -> int:
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except ShardingError as e:
-        print(f"shardlayout: error: {e}", file=sys.stderr)
-        return 2
-    except TypeError as e:
-        print(f"shardlayout: error: {e}", file=sys.stderr)
-        return 2
+    except (ShardingError, TypeError) as e:
+        if args.debug:
+            raise
+        return _fail(args, type(e).__name__, str(e), 2)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as e:  # noqa: BLE001 - a failure we did not foresee: one line, exit 1
+        if args.debug:
+            raise
+        msg = str(e).splitlines()[0] if str(e) else ""
+        return _fail(args, type(e).__name__, f"internal error {type(e).__name__}: {msg} (rerun with --debug for "
+                     "the traceback, and please report it)", 1)
 
 
 if __name__ == "__main__":
