@@ -366,6 +366,7 @@ def cmd_run(args) -> int:
     from .mesh import Mesh
 
     opts = {k: v for k, v in vars(args).items() if k != "func"}
+    _need_torch("run")
     mesh = Mesh.parse(args.mesh)
     if args.timeout <= 0:
         raise ShardingError(f"--timeout {args.timeout}: give a positive number of seconds")
@@ -500,6 +501,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _need_torch(what: str) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        raise ShardingError(f"{what} needs torch, which is not installed: pip install 'shardlayout[torch]' "
+                            "(torch==2.13.0 for the CPU build)")
+
+
 def _fail(args, kind: str, message: str, code: int) -> int:
     """One line on stderr (and, with --json, an error object on stdout); never a traceback."""
     print(f"shardlayout: error: {message}", file=sys.stderr)
@@ -511,10 +520,15 @@ def _fail(args, kind: str, message: str, code: int) -> int:
 def main(argv=None) -> int:
     """The ``shardlayout`` command: exit 0 on success, 1 when a plan, verification or run fails,
     2 for bad input or usage. ``main(["--version"])`` prints the version."""
+    import warnings
+
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return args.func(args)
+        with warnings.catch_warnings():
+            if not args.debug:  # third-party warnings (torch.export's FutureWarnings) stay off stderr
+                warnings.simplefilter("ignore")
+            return args.func(args)
     except BrokenPipeError:  # e.g. piped into `head`
         import os
 

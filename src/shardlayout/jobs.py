@@ -71,6 +71,9 @@ def _call_factory(spec: str):
             mod = importlib.import_module(target)
     except ShardingError:
         raise
+    except ModuleNotFoundError as e:
+        hint = " (pip install 'shardlayout[torch]')" if e.name == "torch" else ""
+        raise ShardingError(f"--module {spec}: importing {target!r} failed: {e}{hint}") from None
     except Exception as e:  # noqa: BLE001 - the user's module failed: one line, not a traceback
         raise ShardingError(f"--module {spec}: importing {target!r} failed: {type(e).__name__}: {e}") from None
     factory = getattr(mod, attr, None)
