@@ -37,9 +37,33 @@ def test_json_round_trip_is_exact_and_deterministic():
         ('{"tensors": [{"name": "a", "shape": [2]}, {"name": "a", "shape": [2]}], "ops": [], "outputs": []}',
          "defined twice"),
         ('{"tensors": [{"name": "a", "shape": [2]}], "ops": [], "outputs": ["z"]}', "not a tensor"),
-        ('{"tensors": [{"name": "a", "shape": ["__import__"]}], "ops": [], "outputs": []}', "bad entry"),
+        ('{"tensors": [{"name": "a", "shape": ["__import__"]}], "ops": [], "outputs": []}', "list of ints"),
     ],
 )
 def test_malformed_json_is_refused_clearly(text, needle):
     with pytest.raises(ProgramError, match=needle):
+        Program.from_json(text)
+
+
+@pytest.mark.parametrize("text,match", [
+    ('{"tensors":[{"name":"a","shape":[2]},{"name":"b","shape":[2]}],"ops":[{"target":"neg","inputs":["a"],'
+     '"outputs":["b"]},{"target":"neg","inputs":["a"],"outputs":["b"]}],"outputs":["b"]}', "produced twice"),
+    ('{"tensors":[{"name":"a","shape":[2]},{"name":"b","shape":[2]},{"name":"c","shape":[2]}],"ops":[{"target":'
+     '"neg","inputs":["b"],"outputs":["c"]},{"target":"neg","inputs":["a"],"outputs":["b"]}],"outputs":["c"]}',
+     "before the op that produces it"),
+    ('{"tensors":[{"name":"a","shape":[2]},{"name":"b","shape":[2]}],"ops":[{"target":"frob","inputs":["a"],'
+     '"outputs":["b"]}],"outputs":["b"]}', "no sharding rule for op 'frob'"),
+    ('{"tensors":[{"name":"a","shape":[2]},{"name":"b","shape":[999, 3]}],"ops":[{"target":"neg","inputs":["a"],'
+     '"outputs":["b"]}],"outputs":["b"]}', r"declares output shapes \[\(999, 3\)\], the op produces \[\(2,\)\]"),
+    ('{"tensors":[{"name":"a","shape":[2.5]}],"ops":[],"outputs":["a"]}', "must be a list of ints >= 1"),
+    ('{"tensors":[{"name":"a","shape":[true]}],"ops":[],"outputs":["a"]}', "must be a list of ints >= 1"),
+    ('{"tensors":[{"name":"a","shape":[2],"dtype":"floaty"}],"ops":[],"outputs":["a"]}', "dtype 'floaty'"),
+    ('{"tensors":[{"name":"a","shape":[2],"kind":"weird"}],"ops":[],"outputs":["a"]}', "kind 'weird'"),
+    ('{"tensors":[{"name":"a","shape":[2,3]},{"name":"b","shape":[2]}],"ops":[{"target":"sum","inputs":["a"],'
+     '"params":{"dim":5},"outputs":["b"]}],"outputs":["b"]}', r"op sum \(sum\): .*dim = 5 is out of range"),
+])
+def test_program_json_is_validated_in_full(text, match):
+    from shardlayout import ShardingError
+
+    with pytest.raises(ShardingError, match=match):
         Program.from_json(text)

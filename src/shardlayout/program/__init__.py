@@ -103,8 +103,7 @@ class Program:
         b = ProgramBuilder()
         try:
             for t in data["tensors"]:
-                b._add(TensorSpec(str(t["name"]), tuple(int(x) for x in t["shape"]), str(t.get("dtype", "float32")),
-                                  str(t.get("kind", "value"))))
+                b._add(_tensor_entry(t))
             for op in data["ops"]:
                 params = tuple(sorted((str(k), _freeze(v)) for k, v in dict(op.get("params", {})).items()))
                 b._add_op(Op(str(op["target"]), tuple(op["inputs"]), params, tuple(op["outputs"]),
@@ -112,8 +111,63 @@ class Program:
             for o in data["outputs"]:
                 b.output(o)
         except (KeyError, TypeError, ValueError) as e:
+            if isinstance(e, ShardingError):
+                raise
             raise ProgramError(f"program JSON: bad entry ({type(e).__name__}: {e})") from None
-        return b.build()
+        prog = b.build()
+        _check_dataflow(prog)
+        return prog
+
+
+DTYPES = ("float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool",
+          "complex64", "complex128")
+KINDS = ("input", "param", "buffer", "value")
+
+
+def _tensor_entry(t) -> "TensorSpec":
+    """One tensor of program JSON, checked: a name, positive int sizes, a known dtype and kind."""
+    if not isinstance(t, dict) or not isinstance(t.get("name"), str) or not t["name"]:
+        raise ProgramError(f"program JSON: tensor entry {t!r} needs a non-empty string 'name'")
+    name, shape = t["name"], t.get("shape")
+    if not isinstance(shape, list) or any(isinstance(x, bool) or not isinstance(x, int) or x < 1 for x in shape):
+        raise ProgramError(f"program JSON: tensor {name!r}: shape {shape!r} must be a list of ints >= 1")
+    dtype, kind = t.get("dtype", "float32"), t.get("kind", "value")
+    if dtype not in DTYPES:
+        raise ProgramError(f"program JSON: tensor {name!r}: dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    if kind not in KINDS:
+        raise ProgramError(f"program JSON: tensor {name!r}: kind {kind!r} is not one of {', '.join(KINDS)}")
+    return TensorSpec(name, tuple(shape), dtype, kind)
+
+
+def _check_dataflow(prog: "Program") -> None:
+    """Every op known and called as its signature says, its inputs produced before it (or program
+    inputs), each tensor produced once, and the declared shapes equal to what the op produces."""
+    from ..ops.registry import get_op
+    from .shapes import shape_of
+
+    produced: set = set()
+    made_by = {o: op for op in prog.ops for o in op.outputs}
+    for op in prog.ops:
+        where = f"op {op.name or op.target} ({op.target})"
+        get_op(op.target)
+        for i in op.inputs:
+            if isinstance(i, str) and i in made_by and i not in produced:
+                raise ProgramError(f"program JSON: {where} reads {i!r} before the op that produces it; "
+                                   "list ops in the order they run")
+        for o in op.outputs:
+            if o in produced:
+                raise ProgramError(f"program JSON: {where}: tensor {o!r} is produced twice; give each output its "
+                                   "own name")
+            produced.add(o)
+        try:
+            shapes = shape_of(op.target, [prog.tensors[i].shape if isinstance(i, str) else i for i in op.inputs],
+                              op.kwargs())
+        except ShardingError as e:
+            raise type(e)(f"program JSON: {where}: {e}") from None
+        declared = [prog.tensors[o].shape for o in op.outputs]
+        if [tuple(x) for x in shapes] != declared:
+            raise ProgramError(f"program JSON: {where}: declares output shapes {declared}, the op produces "
+                               f"{[tuple(x) for x in shapes]}; fix the tensor entries")
 
 
 class ProgramBuilder:
