@@ -227,3 +227,13 @@ def test_the_header_names_the_program(tmp_path, capsys):
     f.write_text(llama(layers=1).to_json())
     assert main(["plan", "--program", str(f), "--mesh", "tp=2"]) == 0
     assert capsys.readouterr().out.startswith(f"plan of {f} (")
+
+
+@pytest.mark.parametrize("args,match", [
+    (["show", "--mesh", "x=" + "1" + "0" * 30, "--shape", "4", "--placements", "S(0)"], "more than the 1048576"),
+    (["show", "--mesh", "x=2", "--shape", "8", "--placements", "SS(0," + "1" + "0" * 30 + ")"], "split factor"),
+    (["plan", "--layers", "100000"], "go up to 4096 layers"),
+])
+def test_absurd_sizes_are_refused_at_once(args, match, capsys):
+    assert main(args) == 2
+    assert match in capsys.readouterr().err

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from .errors import ShardingError
 
+MAX_LAYERS = 4096
+
 
 def load_program(args):
     """The Program the options name (a built-in model, JSON, a torch module or an export)."""
@@ -43,6 +45,9 @@ def load_program(args):
             raise ShardingError(f"--program {args.program}: {e.strerror}") from None
     if args.model not in MODELS:
         raise ShardingError(f"unknown model {args.model!r}; built-in models: {', '.join(MODELS)}")
+    if isinstance(args.layers, int) and args.layers > MAX_LAYERS:
+        raise ShardingError(f"--layers {args.layers}: the built-in models go up to {MAX_LAYERS} layers "
+                            f"(planning time grows linearly, ~2 ms a layer); give at most {MAX_LAYERS}")
     return MODELS[args.model](layers=args.layers)
 
 

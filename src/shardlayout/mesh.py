@@ -15,6 +15,9 @@ from .errors import MeshError
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
+MAX_DEVICES = 1 << 20  # per-rank index sets are enumerated: a mesh beyond a million devices is refused
+
+
 @dataclass(frozen=True)
 class Mesh:
     """A mesh ``Mesh((2, 4), ("dp", "tp"))``: axis ``dp`` of size 2, ``tp`` of size 4."""
@@ -36,6 +39,14 @@ class Mesh:
                 raise MeshError(f"Mesh: axis {n!r} has size {s!r}; sizes are positive ints")
         if len(set(names)) != len(names):
             raise MeshError(f"Mesh: axis names {names} repeat; each axis needs its own name")
+        total = 1
+        for s in shape:
+            total *= s
+        if total > MAX_DEVICES:
+            raise MeshError(
+                f"Mesh: {'x'.join(map(str, shape))} is {total} devices, more than the {MAX_DEVICES} this tool "
+                "plans for (per-rank work is enumerated); give a smaller mesh"
+            )
         object.__setattr__(self, "shape", shape)
         object.__setattr__(self, "names", names)
 

@@ -71,10 +71,7 @@ def parse_placement(p, ndim: int, where: str = "placement") -> tuple:
             return ("S", _dim(int(m.group(1)), ndim, where))
         m = _RE_SS.match(t)
         if m:
-            sf = int(m.group(2))
-            if sf < 1:
-                raise ShardingSpecError(f"{where}: split factor {sf} of {p!r} must be >= 1")
-            return ("SS", _dim(int(m.group(1)), ndim, where), sf)
+            return ("SS", _dim(int(m.group(1)), ndim, where), _split_factor(int(m.group(2)), p, where))
         m = _RE_P.match(t)
         if m:
             op = m.group(1) or "sum"
@@ -88,7 +85,7 @@ def parse_placement(p, ndim: int, where: str = "placement") -> tuple:
     if cls == "Replicate":
         return ("R",)
     if cls == "_StridedShard":
-        return ("SS", _dim(p.dim, ndim, where), int(p.split_factor))
+        return ("SS", _dim(p.dim, ndim, where), _split_factor(int(p.split_factor), p, where))
     if cls == "Shard":
         return ("S", _dim(p.dim, ndim, where))
     if cls in ("Partial", "_Partial", "_NormPartial", "MaskPartial"):
@@ -98,6 +95,15 @@ def parse_placement(p, ndim: int, where: str = "placement") -> tuple:
             raise NotRepresentable(f"{where}: {p!r} reduces with {p.reduce_op!r}, not sum/avg/max/min")
         return ("P", op)
     raise ShardingSpecError(f"{where}: {p!r} is not a placement")
+
+
+MAX_SPLIT_FACTOR = 1 << 20
+
+
+def _split_factor(sf: int, p, where: str) -> int:
+    if not 1 <= sf <= MAX_SPLIT_FACTOR:
+        raise ShardingSpecError(f"{where}: split factor {sf} of {p!r} must be in [1, {MAX_SPLIT_FACTOR}]")
+    return sf
 
 
 def _dim(d: int, ndim: int, where: str) -> int:
