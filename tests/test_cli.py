@@ -237,3 +237,10 @@ def test_the_header_names_the_program(tmp_path, capsys):
 def test_absurd_sizes_are_refused_at_once(args, match, capsys):
     assert main(args) == 2
     assert match in capsys.readouterr().err
+
+
+def test_show_on_real_sizes_is_bounded(capsys):
+    # a 128256 x 4096 embedding on 16384 devices: no whole-tensor picture, 16 ranks computed
+    assert main(["show", "--mesh", "dp=2048,tp=8", "--shape", "128256,4096", "--placements", "R,S(0)"]) == 0
+    out = capsys.readouterr().out
+    assert "picture elided: 525336576 elements" in out and "16368 more ranks" in out

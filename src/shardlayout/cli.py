@@ -105,8 +105,8 @@ def sharding_from_args(args):
     return Sharding.from_partition_spec(mesh, shape, _parse_spec(args.partition_spec))
 
 
-def describe(s) -> dict:
-    """Everything `show` prints, as a JSON-able dict."""
+def describe(s, rank_limit: int | None = None) -> dict:
+    """Everything `show` prints, as a JSON-able dict (every rank, or the first ``rank_limit``)."""
     from .errors import NotRepresentable
     from .report import rank_table
 
@@ -124,7 +124,7 @@ def describe(s) -> dict:
     except NotRepresentable as e:
         out["partition_spec"], out["partition_spec_error"] = None, str(e)
     out["layout"] = str(s.layout()) if s.is_even() else None
-    out["ranks"] = rank_table(s)
+    out["ranks"] = rank_table(s, rank_limit)
     return out
 
 
@@ -137,6 +137,9 @@ def _spec_text(spec) -> str:
         return repr(x)
 
     return "PartitionSpec(" + ", ".join(one(x) for x in spec) + ")"
+
+
+PICTURE_LIMIT = 1 << 20
 
 
 def print_sharding(s, info: dict) -> None:
@@ -156,7 +159,13 @@ def print_sharding(s, info: dict) -> None:
     if info["layout"]:
         print(f"layout      {info['layout']}   ((local dims), (mesh axes)) -> offset")
     print()
-    print(picture(s))
+    n = 1
+    for x in s.shape:
+        n *= x
+    if n > PICTURE_LIMIT:  # the picture colours every element: bounded, never the whole of a real tensor
+        print(f"(picture elided: {n} elements, over {PICTURE_LIMIT}; each rank's index ranges follow)")
+    else:
+        print(picture(s))
     print()
     for row in info["ranks"][:16]:
         coord = ",".join(f"{k}={v}" for k, v in row["coord"].items())
@@ -165,13 +174,13 @@ def print_sharding(s, info: dict) -> None:
             for d, rs in enumerate(row["ranges"])
         )
         print(f"rank {row['rank']:>3} ({coord}): local {tuple(row['local_shape'])}  {dims}")
-    if len(info["ranks"]) > 16:
-        print(f"... {len(info['ranks']) - 16} more ranks (--json lists all)")
+    if s.mesh.size > 16:
+        print(f"... {s.mesh.size - 16} more ranks (--json lists all)")
 
 
 def cmd_show(args) -> int:
     s = sharding_from_args(args)
-    info = describe(s)
+    info = describe(s, None if args.json else 16)  # the text shows 16 ranks: compute only those
     if args.json:
         print(json.dumps(info))
     else:
@@ -187,9 +196,9 @@ def cmd_view(args) -> int:
     p = propagate("view", [s], shape=to, subaxes=not args.no_subaxes)
     out = p.outputs[0]
     info = {
-        "input": describe(s),
+        "input": describe(s, None if args.json else 16),
         "input_target": str(p.input_targets[0]),
-        "output": describe(out),
+        "output": describe(out, None if args.json else 16),
         "communication": p.needs_communication,
         "collectives": [c.to_json(p.cost_model) for c in p.collectives],
         "cost_seconds": p.cost,

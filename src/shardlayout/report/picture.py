@@ -98,10 +98,12 @@ def picture(s: Sharding, max_slices: int = 8) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
-def rank_table(s: Sharding) -> list:
-    """Per rank: coordinate, local shape and the global index ranges held per dim."""
+def rank_table(s: Sharding, limit: int | None = None) -> list:
+    """Per rank (the first ``limit`` ranks when given): coordinate, local shape and the global
+    index ranges held per dim. ``rank_table(s, 2)[0]["rank"] -> 0``"""
     out = []
-    for r in s.mesh.ranks():
+    ranks = s.mesh.ranks() if limit is None else range(min(limit, s.mesh.size))
+    for r in ranks:
         idx = s.indices(r)
         ranges = []
         for ix in idx:
