@@ -59,9 +59,10 @@ SIDES = ("ours", "dtensor", "hand")
 
 def _dt_llama():
     """``DTLlama``: LlamaTorch's forward with ``nn.Linear`` weights and local head count."""
-    import torch
     import torch.nn.functional as F
     from torch import nn
+
+    from shardlayout.program.torch_models import _Block
 
     class DTBlock(nn.Module):
         """DTensor-friendly copy of ``torch_models._Block`` (same ops, same order)."""
@@ -77,15 +78,8 @@ def _dt_llama():
                 lin.weight = nn.Parameter(w.t().contiguous())  # (out, in)
                 setattr(self, n, lin)
 
-        @staticmethod
-        def _norm(x, w):
-            return x * torch.rsqrt(x.pow(2.0).mean(-1, keepdim=True) + 1e-6) * w
-
-        @staticmethod
-        def _rope(z, cos, sin):
-            hd = z.shape[-1]
-            rot = torch.cat([-z[..., hd // 2:], z[..., : hd // 2]], dim=3)
-            return z * cos + rot * sin
+        _norm = staticmethod(_Block._norm)  # the model's own ops, not a copy
+        _rope = staticmethod(_Block._rope)
 
         def forward(self, x, cos, sin):
             b, t, d = x.shape
@@ -145,16 +139,14 @@ def _hand_fns(counter):
 
 def _hand_forward(w, x, cos, sin, f, g):
     """The hand-written Megatron forward on local shards (same ops as LlamaTorch)."""
-    import torch
     import torch.nn.functional as F
 
-    def norm(x, wt):
-        return x * torch.rsqrt(x.pow(2.0).mean(-1, keepdim=True) + 1e-6) * wt
+    from shardlayout.program.torch_models import _Block
+
+    norm = _Block._norm
 
     def rope(z):
-        hd = z.shape[-1]
-        rot = torch.cat([-z[..., hd // 2:], z[..., : hd // 2]], dim=3)
-        return z * cos + rot * sin
+        return _Block._rope(z, cos, sin)
 
     b, t, d = x.shape
     hd = DIM // HEADS

@@ -19,18 +19,13 @@ import numpy as np
 
 from ..errors import OpError
 from ..sharding import Sharding
-from ..sharding.move import communicating, plan_move
 from .registry import register_op
 from .result import Propagation
-from .strategy import FactorMap, factor_map_result, factor_rule
+from .strategy import FactorMap, factor_map_result, factor_rule, input_moves
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
 _erf = np.vectorize(math.erf)
-
-
-def _moves_to(name, s: Sharding, target: Sharding, tensor_dtype, cost_model) -> tuple:
-    return tuple(c.attributed("input 0") for c in communicating(plan_move(s, target, tensor_dtype, cost_model)))
 
 
 # ------------------------------------------------------------------------------------------
@@ -337,7 +332,7 @@ def data_dependent_rule(name, inputs, out_shape=None, cost_model=None, tensor_dt
         )
     target = Sharding(s.mesh, s.shape)
     return Propagation(name, (s,), (target,), (Sharding(s.mesh, tuple(out_shape)),),
-                       _moves_to(name, s, target, tensor_dtype, cost_model), (f"{name}: data-dependent output size",))
+                       input_moves(s, target, tensor_dtype, cost_model), (f"{name}: data-dependent output size",))
 
 
 for _n in ("nonzero", "masked_select", "unique", "_unique2", "argwhere"):

@@ -31,13 +31,14 @@ from __future__ import annotations
 import ast
 import numbers
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Callable
 
 from ..errors import OpError, UnsupportedOp
 from ..mesh import Mesh
 from ..sharding import Sharding
+from ..sharding.core import split_top_level
 from .result import canonical_op_name
 
 REQUIRED = object()
@@ -106,7 +107,7 @@ def parse_signature(text: str) -> Signature:
     if any(t.variadic for t in tensors[:-1]):
         raise OpError(f"signature {text!r}: a variadic '*name' must be the last tensor")
     params = []
-    for part in _split_params(tail):
+    for part in [p for p in split_top_level(tail) if p]:
         m = _PARAM.match(part)
         if not m or m.group(2) not in PARAM_TYPES:
             raise OpError(
@@ -123,21 +124,6 @@ def parse_signature(text: str) -> Signature:
         high = int(m.group(5)) if m.group(5) else None
         params.append(Param(m.group(1), m.group(2), default, bool(m.group(6)) or default is None, low, high))
     return Signature(tuple(tensors), tuple(params), text)
-
-
-def _split_params(text: str) -> list:
-    parts, depth, cur = [], 0, ""
-    for ch in text:
-        if ch == "," and depth == 0:
-            parts.append(cur.strip())
-            cur = ""
-            continue
-        depth += ch in "([{"
-        depth -= ch in ")]}"
-        cur += ch
-    if cur.strip():
-        parts.append(cur.strip())
-    return parts
 
 
 # ------------------------------------------------------------------------------------------
@@ -300,7 +286,6 @@ class OpDef:
     aliases: tuple = ()
     shape_driven: bool = False
     not_simulated: str | None = None
-    extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     def bind(self, inputs: tuple, params: dict) -> dict:
         """Validate a call; returns the full params. Raises ``OpError``."""

@@ -423,6 +423,12 @@ def _per_axis_candidates(fm, inputs, out_shapes, out_pins, mesh, seen):
                 yield choices, tuple(targets), outputs
 
 
+def input_moves(src: Sharding, dst: Sharding, tensor_dtype="float32", cost_model=None) -> tuple:
+    """The communicating collectives moving input 0 from ``src`` to ``dst`` (``plan_move``)."""
+    return tuple(c.attributed("input 0") for c in plan_move(src, dst, tensor_dtype, cost_model)
+                 if c.kind.communicates)
+
+
 def move_collectives(inputs, targets, outputs, out_pins, tensor_dtype="float32", cost_model=None) -> tuple:
     """The communicating collectives of a candidate: ``plan_move`` of every input to its target
     and of every pinned output to its pin, attributed "input i" / "output k"."""

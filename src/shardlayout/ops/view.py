@@ -21,27 +21,22 @@ Worked example (DESIGN.md): mesh dp=2, tp=4; (8,12) as ``[dp*4, tp*3]``::
 
 from __future__ import annotations
 
+import numpy as _np
+
+from ..errors import OpError
 from ..sharding import Sharding
 from ..sharding.core import _product
+from .registry import register_op
 from .regroup import infer_view_shape, regroup
+from .result import Propagation
+from .strategy import input_moves
 
 _infer_shape = infer_view_shape  # the rules below call it by this name
+gathers = input_moves  # the collectives moving input 0 (one function, in ops.strategy)
 
 # ------------------------------------------------------------------------------------------
 # the rules (declared with register_op; numpy implementations reshape to the local shape)
 # ------------------------------------------------------------------------------------------
-
-import numpy as _np  # noqa: E402
-
-from ..errors import OpError  # noqa: E402
-from ..sharding.move import communicating, plan_move  # noqa: E402
-from .registry import register_op  # noqa: E402
-from .result import Propagation  # noqa: E402
-
-
-def gathers(src: Sharding, dst: Sharding, tensor_dtype: str = "float32", cost_model=None) -> tuple:
-    """The collectives moving input 0 from ``src`` to ``dst`` (``plan_move``, local steps dropped)."""
-    return tuple(c.attributed("input 0") for c in communicating(plan_move(src, dst, tensor_dtype, cost_model)))
 
 
 def _view_result(name, s, out_shape, subaxes, tensor_dtype, cost_model, notes=()):
