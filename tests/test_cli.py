@@ -244,3 +244,16 @@ def test_show_on_real_sizes_is_bounded(capsys):
     assert main(["show", "--mesh", "dp=2048,tp=8", "--shape", "128256,4096", "--placements", "R,S(0)"]) == 0
     out = capsys.readouterr().out
     assert "picture elided: 525336576 elements" in out and "16368 more ranks" in out
+
+
+@pytest.mark.parametrize("args,match", [
+    (["run", "--mesh", "tp=2", "--nproc", "0"], "--nproc 0: the mesh tp=2 has 2 devices"),
+    (["run", "--mesh", "tp=2", "--timeout", "nan"], "positive, finite number of seconds"),
+    (["run", "--mesh", "tp=2", "--repeat", "-1"], "give 0 or more steps"),
+    (["explain", "mm", "--mesh", "tp=2", "--inputs", "[tp*2, 4]", "[4, 4]", "--top", "0"], "give 1 or more"),
+])
+def test_bad_option_values_are_refused(args, match, capsys):
+    pytest.importorskip("torch")
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert match in err and err.count("\n") == 1

@@ -265,6 +265,8 @@ def cmd_explain(args) -> int:
         print(f"  input {i}: {s}{arrow}")
     for i, o in enumerate(p.outputs):
         print(f"  output {i}: {o}")
+    if args.top < 1:
+        raise ShardingError(f"--top {args.top}: give 1 or more candidates to list (--all lists every one)")
     cm = p.cost_model
     if p.notes:
         print("strategy (per mesh axis):")
@@ -377,8 +379,8 @@ def cmd_run(args) -> int:
     opts = {k: v for k, v in vars(args).items() if k != "func"}
     _need_torch("run")
     mesh = Mesh.parse(args.mesh)
-    if args.timeout <= 0:
-        raise ShardingError(f"--timeout {args.timeout}: give a positive number of seconds")
+    if not args.timeout > 0 or args.timeout == float("inf"):  # also refuses nan
+        raise ShardingError(f"--timeout {args.timeout}: give a positive, finite number of seconds")
     if args.repeat < 0:
         raise ShardingError(f"--repeat {args.repeat}: give 0 or more steps to time")
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # started by torchrun
@@ -391,7 +393,7 @@ def cmd_run(args) -> int:
     else:
         from .run import RunError, launch
 
-        nproc = args.nproc or mesh.size
+        nproc = mesh.size if args.nproc is None else args.nproc
         if nproc != mesh.size:
             raise ShardingError(f"--nproc {nproc}: the mesh {mesh} has {mesh.size} devices; one rank per device")
         jobs.build_plan(args)  # bad input fails here, once, before any rank starts
