@@ -12,8 +12,7 @@ layouts are immutable, so a repeated call is a dictionary look-up.
 
 from __future__ import annotations
 
-from functools import lru_cache
-
+from ..caches import memo, register_clearer
 from ..errors import LayoutError
 from .core import Layout, as_layout, make_layout
 from .inttuple import ceil_div
@@ -149,7 +148,7 @@ def coalesce(layout, profile=None) -> Layout:
     return _coalesce(layout, _tiler(profile, "coalesce"))
 
 
-@lru_cache(maxsize=_CACHE)
+@memo(_CACHE)
 def _coalesce(L: Layout, profile) -> Layout:
     if type(profile) is tuple:
         return _by_mode("coalesce", L, profile, _coalesce, True)
@@ -177,7 +176,7 @@ def _coalesce_body(L: Layout) -> Layout:
     return Layout._make(shapes[0], strides[0]) if n else Layout._make(1, 0)
 
 
-_coalesce_whole = lru_cache(maxsize=_CACHE)(_coalesce_body)
+_coalesce_whole = memo(_CACHE)(_coalesce_body)
 
 
 def filter(layout, profile=None) -> Layout:  # noqa: A001 - CuTe's name
@@ -185,7 +184,7 @@ def filter(layout, profile=None) -> Layout:  # noqa: A001 - CuTe's name
     return _filter(_layout(layout, "filter"), _tiler(profile, "filter"))
 
 
-@lru_cache(maxsize=_CACHE)
+@memo(_CACHE)
 def _filter(L: Layout, profile) -> Layout:
     if type(profile) is tuple:
         return _by_mode("filter", L, profile, _filter, True)
@@ -304,7 +303,7 @@ def composition(a, b) -> Layout:
     return _composition(a, b)
 
 
-@lru_cache(maxsize=_CACHE)
+@memo(_CACHE)
 def _composition(A: Layout, b) -> Layout:
     if b is None:
         return A
@@ -368,7 +367,7 @@ def complement(layout, cotarget=None) -> Layout:
     return _complement(L, cotarget)
 
 
-@lru_cache(maxsize=_CACHE)
+@memo(_CACHE)
 def _complement(L: Layout, cotarget) -> Layout:
     modes = sorted(
         (d, s) for s, d in zip(L.flat_shape, L.flat_stride) if s != 1 and d != 0
@@ -441,7 +440,7 @@ def right_inverse(layout) -> Layout:
     return _right_inverse(_layout(layout, "right_inverse"))
 
 
-@lru_cache(maxsize=_CACHE)
+@memo(_CACHE)
 def _right_inverse(L: Layout) -> Layout:
     c = _coalesce_flat(L.flat_shape, L.flat_stride)
     ls, ld = c.flat_shape, c.flat_stride
@@ -468,7 +467,7 @@ def left_inverse(layout) -> Layout:
     return _left_inverse(_layout(layout, "left_inverse"))
 
 
-@lru_cache(maxsize=_CACHE)
+@memo(_CACHE)
 def _left_inverse(L: Layout) -> Layout:
     c = _coalesce_flat(L.flat_shape, L.flat_stride)
     ls, ld = c.flat_shape, c.flat_stride
@@ -539,7 +538,7 @@ def logical_divide(a, b) -> Layout:
     return _logical_divide(a, b)
 
 
-@lru_cache(maxsize=_CACHE)
+@memo(_CACHE)
 def _logical_divide(A: Layout, b) -> Layout:
     if b is None:
         return A
@@ -577,7 +576,7 @@ def zipped_divide(a, b) -> Layout:
     return _zipped_divide(_layout(a, "zipped_divide"), _tiler(b, "zipped_divide"))
 
 
-@lru_cache(maxsize=_CACHE)
+@memo(_CACHE)
 def _zipped_divide(A: Layout, b) -> Layout:
     return _hier_unzip(_logical_divide, A, b, "zipped_divide")
 
@@ -613,7 +612,7 @@ def logical_product(a, b) -> Layout:
     return _logical_product(_layout(a, "logical_product"), _tiler(b, "logical_product"))
 
 
-@lru_cache(maxsize=_CACHE)
+@memo(_CACHE)
 def _logical_product(A: Layout, b) -> Layout:
     if b is None:
         return A
@@ -635,7 +634,7 @@ def zipped_product(a, b) -> Layout:
     return _zipped_product(_layout(a, "zipped_product"), _tiler(b, "zipped_product"))
 
 
-@lru_cache(maxsize=_CACHE)
+@memo(_CACHE)
 def _zipped_product(A: Layout, b) -> Layout:
     return _hier_unzip(_logical_product, A, b, "zipped_product")
 
@@ -689,19 +688,12 @@ def raked_product(a, b) -> Layout:
 
 
 def clear_caches() -> None:
-    """Forget every memoised result (for benchmarks of first calls). ``clear_caches()``."""
+    """Forget every memoised result of the layout algebra (for benchmarks of first calls).
+    ``clear_caches()``; :func:`shardlayout.caches.clear_caches` clears every memo of the package."""
     _COALESCED.clear()
-    for f in (
-        _coalesce,
-        _coalesce_whole,
-        _filter,
-        _composition,
-        _complement,
-        _right_inverse,
-        _left_inverse,
-        _logical_divide,
-        _zipped_divide,
-        _logical_product,
-        _zipped_product,
-    ):
+    for f in (_coalesce, _coalesce_whole, _filter, _composition, _complement, _right_inverse, _left_inverse,
+              _logical_divide, _zipped_divide, _logical_product, _zipped_product):
         f.cache_clear()
+
+
+register_clearer("shardlayout.layout.algebra._COALESCED", _COALESCED.clear, _COALESCED.__len__)

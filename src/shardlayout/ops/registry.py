@@ -32,9 +32,9 @@ import ast
 import numbers
 import re
 from dataclasses import dataclass, replace
-from functools import lru_cache
 from typing import Callable
 
+from ..caches import memo
 from ..errors import OpError, UnsupportedOp
 from ..mesh import Mesh
 from ..sharding import Sharding
@@ -89,7 +89,7 @@ class Signature:
 _PARAM = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)\s*:\s*([a-z+1]+)(\[(-?\d*)\.\.(-?\d*)\])?(\?)?\s*(=\s*(.+))?$")
 
 
-@lru_cache(maxsize=None)
+@memo(4096)
 def parse_signature(text: str) -> Signature:
     """Read a signature text (module docstring). ``parse_signature("a, b")``."""
     head, _, tail = text.partition(";")
@@ -343,7 +343,7 @@ def _freeze(v):
     return v
 
 
-@lru_cache(maxsize=1 << 14)
+@memo(1 << 14)
 def _memo(key):
     opdef, inputs, frozen, pins, cm, dtype, _ = key
     return opdef._run(inputs, dict(frozen), pins, cm, dtype)

@@ -52,11 +52,11 @@ and ``test_regroup_design_example`` are the picture above; ``test_place_tail_*``
 from __future__ import annotations
 
 from enum import Enum
-from functools import lru_cache
 from itertools import product as cartesian
 from math import gcd
 from typing import NamedTuple
 
+from ..caches import memo
 from ..config import settings
 from ..errors import NotRepresentable, ShardingSpecError
 from ..sharding import Factor, Sharding
@@ -459,7 +459,7 @@ def fit(pieces: tuple, floating: tuple, out_shape: tuple, subaxes: bool):
 # ------------------------------------------------------------------------------------------
 
 
-@lru_cache(maxsize=4096)
+@memo(4096)
 def same_chunks(body: tuple, n_in: int, n_out: int, q_in: int, q_out: int) -> bool:
     """Do ``body`` cutting ``n_in`` (each element a block of ``q_in``) and ``body`` cutting
     ``n_out`` (blocks of ``q_out``) hold the same elements on every device?
@@ -478,7 +478,7 @@ def same_chunks(body: tuple, n_in: int, n_out: int, q_in: int, q_out: int) -> bo
     return True
 
 
-@lru_cache(maxsize=4096)
+@memo(4096)
 def same_program_chunks(prog: ChunkProgram, n: int, q: int) -> bool:
     """Does DTensor's chunk program on ``n * q`` hold the blocks of ``q`` it holds on ``n``?
 

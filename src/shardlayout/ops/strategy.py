@@ -29,9 +29,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from functools import cached_property, lru_cache
+from functools import cached_property
 from itertools import product as cartesian
 
+from ..caches import memo
 from ..errors import OpError, ShardingSpecError
 from ..sharding import Factor, Sharding
 from ..sharding.core import ChunkProgram, _product
@@ -65,7 +66,7 @@ class FactorMap:
         return _letters(self.inputs, self.output)
 
 
-@lru_cache(maxsize=4096)
+@memo(4096)
 def _letters(inputs: tuple, output: str) -> tuple:
     seen: list = []
     for s in inputs + (output,):
@@ -140,7 +141,7 @@ class Strategy:
 # ------------------------------------------------------------------------------------------
 
 
-@lru_cache(maxsize=1 << 14)
+@memo(1 << 14)
 def axis_usage(s: Sharding) -> dict:
     """``{axis: ("R",) | ("S", dim) | ("P", op)}`` (the first dim an axis shards)."""
     table = {a: ("R",) for a in s.mesh.names}
@@ -308,7 +309,7 @@ def _carriers(fm, inputs, pins, L, n) -> list:
     return out
 
 
-@lru_cache(maxsize=1 << 16)
+@memo(1 << 16)
 def _build(mesh, shape, letters, structure, partial) -> Sharding:
     table = dict(structure)
     dims = []
@@ -445,7 +446,7 @@ def move_collectives(inputs, targets, outputs, out_pins, tensor_dtype="float32",
     return tuple(moves)
 
 
-@lru_cache(maxsize=1 << 16)
+@memo(1 << 16)
 def _move_prices(src: Sharding, dst: Sharding, tensor_dtype: str, cost_model: CostModel) -> tuple:
     return tuple(cost_model.seconds(c) for c in plan_move(src, dst, tensor_dtype, cost_model))
 

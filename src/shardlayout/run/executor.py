@@ -12,10 +12,9 @@ of the tensor's global extent on the group.
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 import numpy as np
 
+from ..caches import memo
 from ..errors import RunError
 from ..execute.simulator import group_of
 from ..sharding.collective import CollectiveKind
@@ -42,7 +41,7 @@ def _ix(torch, idx):
     return tuple(torch.from_numpy(np.asarray(i, dtype=np.int64)) for i in np.ix_(*idx))
 
 
-@lru_cache(maxsize=4096)
+@memo(4096)
 def local_pick(c, rank: int) -> tuple:
     """Index tensors picking ``rank``'s target piece out of its source piece (a local slice)."""
     import torch
@@ -124,7 +123,7 @@ def _global_ids(s, rank: int) -> np.ndarray:
     return np.ravel_multi_index(np.ix_(*idx), s.shape).reshape(-1).astype(np.int64)
 
 
-@lru_cache(maxsize=4096)
+@memo(4096)
 def gather_map(c, rank: int, members: tuple) -> tuple:
     """Where each element of ``rank``'s target piece sits in the group's stacked source pieces
     (slot j of size ``width`` holds member j's piece, flattened): ``(index, width)``. Sized by
@@ -139,7 +138,7 @@ def gather_map(c, rank: int, members: tuple) -> tuple:
     return pos[order[at]], width
 
 
-@lru_cache(maxsize=4096)
+@memo(4096)
 def scatter_map(c, rank: int, members: tuple) -> tuple:
     """For a reduce-scatter: per member, the positions (in this rank's source piece) of the
     elements that member keeps, and the padded width: ``(positions per member, width)``."""
@@ -148,7 +147,7 @@ def scatter_map(c, rank: int, members: tuple) -> tuple:
     return per, max((len(p) for p in per), default=0)
 
 
-@lru_cache(maxsize=4096)
+@memo(4096)
 def all_to_all_map(c, rank: int, members: tuple) -> tuple:
     """For an all-to-all: per member, the positions in this rank's source piece of what that
     member's target needs (in its order), and the positions in this rank's target piece of what

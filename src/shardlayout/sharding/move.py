@@ -20,8 +20,7 @@ and DTensor chunk programs; every plan is checked by running it on every rank
 
 from __future__ import annotations
 
-from functools import lru_cache
-
+from ..caches import memo
 from ..errors import ShardingSpecError
 from .collective import AxisPiece, Collective, CollectiveKind
 from .core import Sharding
@@ -59,7 +58,7 @@ def communicating(moves) -> tuple:
 # ------------------------------------------------------------------------------------------
 
 
-@lru_cache(maxsize=1 << 14)
+@memo(1 << 14)
 def placed(s: Sharding) -> dict:
     """``{(axis, pre, size): (dim, outer product before it)}`` for the even dims of ``s``."""
     out = {}
@@ -89,7 +88,7 @@ def _local_bytes(s: Sharding, nbytes: int) -> int:
     return _product(s.local_shape(0)) * nbytes
 
 
-@lru_cache(maxsize=1 << 15)
+@memo(1 << 15)
 def _plan_move(src: Sharding, dst: Sharding, item: int, cost_model) -> tuple:
     gathered, cur = _move_pieces(src, dst, item)
     first = gathered + _reduce_partials(cur, dst, item)

@@ -13,10 +13,9 @@ module needs only ``factors.py``, never ``core.py``, which is built on it.
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 import numpy as np
 
+from ..caches import memo
 from ..errors import ShardingSpecError, ShardMismatch
 from ..layout import Layout
 from ..layout.inttuple import ceil_div
@@ -81,7 +80,7 @@ def _dim_digits(s: ShardingLike, d: int, coord: tuple) -> list:
     return [None if f.axis is None else factor_digit(s.mesh, f, coord) for f in s.dims[d]]
 
 
-@lru_cache(maxsize=1 << 16)
+@memo(1 << 16)
 def local_indices(s: ShardingLike, rank: int) -> tuple:
     """Global indices per dim (read-only int arrays, local order) held by ``rank``."""
     coord = s.mesh.coord(rank)
@@ -94,7 +93,7 @@ def local_indices(s: ShardingLike, rank: int) -> tuple:
     return tuple(out)
 
 
-@lru_cache(maxsize=1 << 16)
+@memo(1 << 16)
 def local_shape(s: ShardingLike, rank: int) -> tuple:
     """Shape of the piece ``rank`` holds (uneven shards: torch.chunk sizes, possibly 0)."""
     return _local_shape(s, rank)
