@@ -1,158 +1,249 @@
-"""shardlayout.layout vs pycute on the same inputs, in the same run.
+"""shardlayout.layout vs pycute: the same operation on the same inputs, truly cold, in one run.
 
-For each operation and layout family, times every call on distinct inputs (first calls:
-caches cleared, nothing repeated) and then the same calls again (warm), and prints the
-median per call and the ratio pycute / ours. Run: ``python benchmarks/bench_layout.py``.
+Method (also printed in the header of the output):
+
+- Inputs are generated from ``--seed`` (default 20261122; pass any other to get inputs nobody has
+  seen): per operation and family (small = depth 1, nested = depth 2, deep = depth 3), ``--cases``
+  distinct layouts (compact, modes in a random order) and, for composition and logical_divide,
+  tilers that are admissible for both libraries. Cases either library refuses are skipped.
+- Cases are kept as plain nested tuples. For every timed call, both sides get FRESH objects built
+  from those tuples just before the call (``shardlayout.layout.Layout(shape, stride)`` and
+  ``pycute.Layout(shape, stride)``; construction is not timed), so no hash, flattened form or
+  other state computed earlier is reused, and ``shardlayout.caches.clear_caches()`` empties every
+  memo of the package before each case: every timed call of ours is a memo miss.
+- Timed: one call of the public function (``composition(A, B)``, ``logical_divide(A, B)``,
+  ``complement(A, cotarget)``, ``coalesce(A)``) with ``time.perf_counter_ns``, garbage collector
+  off. Ours and pycute alternate case by case, and which side goes first alternates too.
+- Reported per row: median µs per call with the p25–p75 spread, the ratio of the medians
+  (pycute / ours: above 1 means ours is faster) and the median of the per-case ratios.
+- ``--memo-hit`` adds a column with ours called again on the same objects (a memo hit). pycute has
+  no memo, so that column is not comparable with anything and has no ratio.
+
+Run: ``python benchmarks/bench_layout.py [--seed N] [--cases N] [--memo-hit]``; writes
+``benchmarks/results/layout.md`` through ``report.emit``.
 """
 
 from __future__ import annotations
 
+import argparse
 import gc
 import random
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import pycute
 
-from shardlayout.errors import LayoutError
-from shardlayout.layout import Layout
-from shardlayout.layout import algebra as ours
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-N_CASES = 400
-WARM_REPEATS = 5
+from report import emit, spread  # noqa: E402
+
+from shardlayout.caches import clear_caches  # noqa: E402
+from shardlayout.errors import LayoutError  # noqa: E402
+from shardlayout.layout import Layout  # noqa: E402
+from shardlayout.layout import algebra as ours  # noqa: E402
+
+DEFAULT_SEED = 20261122
+OPS = ("composition", "logical_divide", "complement", "coalesce")
+FAMILIES = {"small": 1, "nested": 2, "deep": 3}
+
+
+# ------------------------------------------------------------------------------------------
+# cases: plain nested tuples, never Layout objects
+# ------------------------------------------------------------------------------------------
 
 
 def rand_shape(rng, depth, max_rank=3):
+    """A random nested shape of at most ``depth`` levels."""
     if depth == 0 or rng.random() < 0.35:
         return rng.choice([2, 2, 3, 4, 4, 8, 16])
     return tuple(rand_shape(rng, depth - 1, max_rank) for _ in range(rng.randint(2, max_rank)))
 
 
-def compact(shape, rng):
-    from shardlayout.layout.inttuple import flatten, unflatten
+def flat(t):
+    """Leaves of a nested tuple."""
+    return [t] if type(t) is int else [y for x in t for y in flat(x)]
 
-    flat = list(flatten(shape))
-    order = list(range(len(flat)))
+
+def refold(leaves, profile):
+    """``leaves`` in the nesting of ``profile``."""
+    it = iter(leaves)
+
+    def rec(p):
+        return next(it) if type(p) is int else tuple(rec(x) for x in p)
+
+    return rec(profile)
+
+
+def depth(t):
+    return 0 if type(t) is int else 1 + max(depth(x) for x in t)
+
+
+def compact(shape, rng):
+    """A compact layout of ``shape`` whose modes are ordered at random: ``(shape, stride)``."""
+    fs = flat(shape)
+    order = list(range(len(fs)))
     rng.shuffle(order)
-    strides = [0] * len(flat)
+    strides = [0] * len(fs)
     p = 1
     for i in order:
         strides[i] = p
-        p *= flat[i]
-    return Layout(shape, unflatten(strides, shape))
+        p *= fs[i]
+    return shape, refold(strides, shape)
 
 
 def tiler_for(A, rng):
-    from shardlayout.layout.inttuple import flatten
-
-    fs = [s for s in flatten(A.shape) if s > 1] or [1]
+    """A tiler whose strides follow A's mode boundaries: ``(shape, stride)``."""
+    fs = [s for s in flat(A[0]) if s > 1] or [1]
     pre = [1]
     for s in fs:
         pre.append(pre[-1] * s)
+    size = pre[-1]
     shape, stride = [], []
     for _ in range(rng.randint(1, 3)):
         d = rng.choice(pre[:-1])
-        rest = A.size() // d
+        rest = size // d
         shape.append(rng.choice([x for x in (1, 2, 3, 4, 8, 16, 32) if rest % x == 0]))
         stride.append(d)
-    return Layout(tuple(shape), tuple(stride)) if len(shape) > 1 else Layout(shape[0], stride[0])
+    return (tuple(shape), tuple(stride)) if len(shape) > 1 else (shape[0], stride[0])
 
 
-FAMILIES = {"small": 1, "nested": 2, "deep": 3}
+def size_of(A):
+    p = 1
+    for s in flat(A[0]):
+        p *= s
+    return p
 
 
-def make_cases(op, family, rng):
-    depth = FAMILIES[family]
+def make_cases(op, family, rng, n):
+    """``n`` distinct admissible cases of ``op`` as tuples of ``(shape, stride)`` pairs / ints."""
+    want = FAMILIES[family]
     cases, seen = [], set()
-    tries = 0
-    while len(cases) < N_CASES and tries < N_CASES * 200:
-        tries += 1
-        A = compact(rand_shape(rng, depth, 3), rng)
-        if A.size() > 4096 or A.depth != depth:
+    for _ in range(n * 200):
+        if len(cases) == n:
+            break
+        A = compact(rand_shape(rng, want, 3), rng)
+        if size_of(A) > 4096 or depth(A[0]) != want:
             continue
         if op in ("composition", "logical_divide"):
-            B = tiler_for(A, rng)
-            args = (A, B)
+            args = (A, tiler_for(A, rng))
         elif op == "complement":
-            args = (A, A.size() * rng.choice([1, 2, 4]))
+            args = (A, size_of(A) * rng.choice([1, 2, 4]))
         else:
             args = (A,)
-        key = tuple(map(str, args))
-        if key in seen:
+        if args in seen or not admissible(op, args):
             continue
-        try:
-            getattr(ours, op)(*args)
-            getattr(pycute, op)(*[to_py(a) for a in args])
-        except (LayoutError, AssertionError):
-            continue
-        seen.add(key)
+        seen.add(args)
         cases.append(args)
-    ours.clear_caches()
+    clear_caches()
     return cases
 
 
-def to_py(x):
-    return pycute.Layout(x.shape, x.stride) if isinstance(x, Layout) else x
+def fresh(args, make):
+    """New layout objects (built by ``make``) from the plain tuples of a case."""
+    return tuple(make(*a) if type(a) is tuple else a for a in args)
 
 
-def time_calls(f, arg_list, repeats=1):
-    out = []
-    for args in arg_list:
-        best = None
-        for _ in range(repeats):
-            t0 = time.perf_counter_ns()
-            f(*args)
-            dt = time.perf_counter_ns() - t0
-            best = dt if best is None else min(best, dt)
-        out.append(best)
-    return statistics.median(out) / 1000.0
+def admissible(op, args) -> bool:
+    try:
+        getattr(ours, op)(*fresh(args, Layout))
+        getattr(pycute, op)(*fresh(args, pycute.Layout))
+    except (LayoutError, AssertionError):
+        return False
+    return True
 
 
-def time_pairs(fo, ours_args, fp, py_args, repeats):
-    """Time ours and pycute case by case, interleaved, so drift hits both alike."""
-    to, tp = [], []
+# ------------------------------------------------------------------------------------------
+# timing
+# ------------------------------------------------------------------------------------------
+
+
+def time_cold(op, cases, memo_hit):
+    """Per case, interleaved and alternating who goes first: (ours ns, pycute ns, ours-hit ns)."""
+    fo, fp = getattr(ours, op), getattr(pycute, op)
     clock = time.perf_counter_ns
-    for a, b in zip(ours_args, py_args):
-        bo = bp = None
-        for _ in range(repeats):
-            t0 = clock()
-            fo(*a)
-            t1 = clock()
-            fp(*b)
-            t2 = clock()
-            bo = t1 - t0 if bo is None else min(bo, t1 - t0)
-            bp = t2 - t1 if bp is None else min(bp, t2 - t1)
-        to.append(bo)
-        tp.append(bp)
-    return statistics.median(to) / 1000.0, statistics.median(tp) / 1000.0
+    to, tp, th = [], [], []
+    gc.collect()
+    gc.disable()
+    try:
+        for i, args in enumerate(cases):
+            clear_caches()
+            a = fresh(args, Layout)
+            b = fresh(args, pycute.Layout)
+            if i % 2:
+                t0 = clock()
+                fp(*b)
+                t1 = clock()
+                fo(*a)
+                t2 = clock()
+                tp.append(t1 - t0)
+                to.append(t2 - t1)
+            else:
+                t0 = clock()
+                fo(*a)
+                t1 = clock()
+                fp(*b)
+                t2 = clock()
+                to.append(t1 - t0)
+                tp.append(t2 - t1)
+            if memo_hit:
+                t0 = clock()
+                fo(*a)
+                th.append(clock() - t0)
+    finally:
+        gc.enable()
+    return to, tp, th
 
 
-def main() -> int:
-    rng = random.Random(20261122)
-    rows = []
-    for op in ("composition", "logical_divide", "complement", "coalesce"):
+def method_text(seed, n, memo_hit) -> str:
+    hit = (
+        " The last column is ours called again on the same objects, a memo hit; pycute has no "
+        "memo, so it is not comparable and has no ratio."
+        if memo_hit
+        else ""
+    )
+    return (
+        "### Layout algebra: shardlayout.layout vs pycute (nvidia-cutlass), truly cold first calls\n\n"
+        f"Inputs generated from seed {seed} ({n} distinct admissible cases per row; small / nested "
+        "/ deep = nesting depth 1 / 2 / 3). Timed: one call of the public function on each side "
+        "(`composition(A, B)`, `logical_divide(A, B)`, `complement(A, cotarget)`, `coalesce(A)`), "
+        "on FRESH layout objects built from plain tuples just before the call (construction not "
+        "timed), with `shardlayout.caches.clear_caches()` (every memo of the package) called "
+        "before each case, so every call of ours is a memo miss. Ours and pycute alternate case "
+        "by case, and which side goes first alternates; garbage collector off. Cells: median µs "
+        "per call (p25–p75). `ratio` = pycute median / ours median (above 1: ours faster); "
+        "`per-case ratio` = median (p25–p75) of pycute / ours per case." + hit
+    )
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seed", type=int, default=DEFAULT_SEED, help="seed of the generated inputs")
+    ap.add_argument("--cases", type=int, default=400, help="cases per op and family")
+    ap.add_argument("--memo-hit", action="store_true", help="add ours' memo-hit column")
+    args = ap.parse_args(argv)
+    rng = random.Random(args.seed)
+    header = ["op", "family", "n", "pycute µs", "ours µs", "ratio", "per-case ratio"]
+    if args.memo_hit:
+        header.append("ours memo hit µs (not comparable)")
+    rows, ratios = [], []
+    for op in OPS:
         for family in FAMILIES:
-            cases = make_cases(op, family, rng)
-            py_cases = [tuple(to_py(a) for a in args) for args in cases]
-            fo, fp = getattr(ours, op), getattr(pycute, op)
-            gc.disable()
-            ours.clear_caches()
-            first_ours, first_py = time_pairs(fo, cases, fp, py_cases, 1)
-            warm_ours, warm_py = time_pairs(fo, cases, fp, py_cases, WARM_REPEATS)
-            gc.enable()
-            rows.append((op, family, len(cases), first_py, first_ours, warm_py, warm_ours))
-    print(f"{'op':16}{'family':8}{'n':>5} {'pycute first':>13}{'ours first':>11}{'ratio':>7}"
-          f" {'pycute warm':>12}{'ours warm':>10}{'ratio':>7}   (µs, medians)")
-    firsts, warms = [], []
-    for op, fam, n, fp, fo, wp, wo in rows:
-        firsts.append(fp / fo)
-        warms.append(wp / wo)
-        print(f"{op:16}{fam:8}{n:5d} {fp:13.2f}{fo:11.2f}{fp / fo:7.1f}x {wp:12.2f}{wo:10.2f}"
-              f"{wp / wo:7.1f}x")
-    print(f"\nfirst calls: ours is {min(firsts):.1f}x-{max(firsts):.1f}x pycute's speed "
-          f"(median {statistics.median(firsts):.1f}x); warm: {min(warms):.1f}x-{max(warms):.1f}x "
-          f"(median {statistics.median(warms):.1f}x)")
+            cases = make_cases(op, family, rng, args.cases)
+            to, tp, th = time_cold(op, cases, args.memo_hit)
+            ratio = statistics.median(tp) / statistics.median(to)
+            ratios.append(ratio)
+            row = [op, family, len(cases), spread(tp, 1e-3), spread(to, 1e-3), f"{ratio:.2f}x",
+                   spread([p / o for p, o in zip(tp, to)], 1.0)]
+            if args.memo_hit:
+                row.append(spread(th, 1e-3))
+            rows.append(row)
+    notes = (
+        f"Truly cold first calls: ours is {min(ratios):.2f}x-{max(ratios):.2f}x pycute's speed "
+        f"(median of rows {statistics.median(ratios):.2f}x). Seed {args.seed}."
+    )
+    emit("layout", method_text(args.seed, args.cases, args.memo_hit), header, rows, notes)
     return 0
 
 

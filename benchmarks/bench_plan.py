@@ -1,71 +1,250 @@
-"""Planning a 32-layer Llama forward: shardlayout's ``plan`` vs DTensor running the same model on
-meta tensors over a fake process group with the same placements (its sharding propagation is
-the cost there). Same run; prints both and the ratio. Run: ``python benchmarks/bench_plan.py``.
+"""Planning a Llama: shardlayout's build + plan vs DTensor's cold sharding propagation of the same
+model under ``parallelize_module``, in the same run, for 1, 8, 32 and 80 layers.
+
+Method (printed in the header too):
+
+* Every measurement is a fresh Python process (imports paid before timing), and the processes
+  alternate ours, DTensor, ours, DTensor ... ``ROUNDS`` times per layer count; medians with p25–p75.
+* **ours**: a warm-up plan of a differently sized model pays one-time set-up, then
+  ``shardlayout.caches.clear_caches()`` empties every memo; then timed: ``llama(layers=L)``
+  (building the program: shape inference of every op) and ``plan(program, mesh, pins)`` with the
+  ``megatron-sp`` pins on ``dp=2,tp=4`` (style_pins is not timed, like DTensor's
+  ``parallelize_module``).
+* **DTensor** (torch 2.13, fake process group of 8 ranks, meta tensors): the same Llama written
+  as torchtitan writes it for DTensor (``nn.Linear`` weights, heads inferred locally with
+  ``view(b, t, -1, hd)``), ``parallelize_module`` on the ``tp`` sub-mesh with torchtitan's
+  sequence-parallel plan (``SequenceParallel`` norms, ``PrepareModuleInput`` Shard(1) -> Replicate,
+  ``ColwiseParallel`` wq/wk/wv/w_gate/w_up, ``RowwiseParallel(output_layouts=Shard(1))`` wo/w_down),
+  the batch split over ``dp`` as FSDP/DDP do (each dp rank runs batch / dp). A warm-up forward of a
+  differently sized model, then both of DTensor's sharding-propagation caches are cleared
+  (``torch._C._clear_DTensor_sharding_propagator_cache`` and the Python LRU). Timed: the time spent
+  inside ``ShardingPropagator.propagate_op_sharding_non_cached`` (its strategy search and its
+  fake-tensor shape inference) during one forward: DTensor's propagation only, not its kernels,
+  redistributions or wrapping; its C++ cache hits cost nothing in this column (to its advantage).
+  The whole meta forward is shown beside it for scale.
+* Slope: (time at 80 layers - time at 8 layers) / 72, per side.
+
+Run: ``python benchmarks/bench_plan.py [ROUNDS]`` (writes ``benchmarks/results/plan.md``).
 """
 
 from __future__ import annotations
 
+import json
+import statistics
+import subprocess
 import sys
-import time
+from pathlib import Path
 
-import torch
-import torch.distributed as dist
-from torch.testing._internal.distributed.fake_pg import FakeStore
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from report import emit, spread  # noqa: E402
 
+LAYERS = (1, 8, 32, 80)
+ROUNDS = 5
+MESH = "dp=2,tp=4"
+STYLE = "megatron-sp"
+B, T, D, HEADS, FFN = 2, 8, 16, 4, 32
+
+OURS = f"""
+import json, time
 from shardlayout import Mesh
+from shardlayout.caches import clear_caches
 from shardlayout.plan import plan
 from shardlayout.program.models import llama, style_pins
-from shardlayout.program.torch_models import LlamaTorch
+mesh = Mesh.parse({MESH!r})
+warm = llama(layers=1, dim=32, heads=2, ffn=64)
+plan(warm, mesh, style_pins(warm, mesh, {STYLE!r}))
+clear_caches()
+t0 = time.perf_counter()
+prog = llama(layers=LAYERS, batch={B}, seq={T}, dim={D}, heads={HEADS}, ffn={FFN})
+t1 = time.perf_counter()
+pins = style_pins(prog, mesh, {STYLE!r})
+t2 = time.perf_counter()
+p = plan(prog, mesh, pins)
+t3 = time.perf_counter()
+print(json.dumps({{"build": t1 - t0, "plan": t3 - t2, "collectives": len(p.collectives)}}))
+"""
 
-LAYERS = 32
-STYLE = "megatron"  # every pin DTensor can express (megatron-sp pins Shard on seq too)
+DTENSOR = f"""
+import json, time
+import torch, torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.testing._internal.distributed.fake_pg import FakeStore
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                               SequenceParallel, parallelize_module)
+from torch.distributed.tensor._sharding_prop import ShardingPropagator
 
+class Norm(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2.0).mean(-1, keepdim=True) + 1e-6) * self.weight
 
-def run_dtensor(pins, mesh_shape, names):
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import DTensor
+def rope(z, cos, sin):
+    hd = z.shape[-1]
+    rot = torch.cat([-z[..., hd // 2:], z[..., : hd // 2]], dim=3)
+    return z * cos + rot * sin
 
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=int(torch.tensor(mesh_shape).prod()))
-    dm = init_device_mesh("cpu", mesh_shape, mesh_dim_names=names)
+class Attention(nn.Module):
+    def __init__(self, d, heads):
+        super().__init__()
+        self.hd = d // heads
+        for n in ("wq", "wk", "wv", "wo"):
+            setattr(self, n, nn.Linear(d, d, bias=False))
+    def forward(self, h, cos, sin):
+        b, t, _ = h.shape
+        q, k, v = (w(h).view(b, t, -1, self.hd).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
+        q, k = rope(q, cos, sin), rope(k, cos, sin)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=False)
+        return self.wo(a.transpose(1, 2).reshape(b, t, -1))
+
+class FeedForward(nn.Module):
+    def __init__(self, d, ffn):
+        super().__init__()
+        self.w_gate, self.w_up = nn.Linear(d, ffn, bias=False), nn.Linear(d, ffn, bias=False)
+        self.w_down = nn.Linear(ffn, d, bias=False)
+    def forward(self, h):
+        return self.w_down(F.silu(self.w_gate(h)) * self.w_up(h))
+
+class Block(nn.Module):
+    def __init__(self, d, heads, ffn):
+        super().__init__()
+        self.attention_norm, self.attention = Norm(d), Attention(d, heads)
+        self.ffn_norm, self.feed_forward = Norm(d), FeedForward(d, ffn)
+    def forward(self, x, cos, sin):
+        x = x + self.attention(self.attention_norm(x), cos, sin)
+        return x + self.feed_forward(self.ffn_norm(x))
+
+class Llama(nn.Module):
+    def __init__(self, layers, d, heads, ffn):
+        super().__init__()
+        self.layers = nn.ModuleList(Block(d, heads, ffn) for _ in range(layers))
+    def forward(self, x, cos, sin):
+        for blk in self.layers:
+            x = blk(x, cos, sin)
+        return x
+
+dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=8)
+tp = init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp"))["tp"]
+
+def build(layers, d, heads, ffn, batch, seq):
     with torch.device("meta"):
-        # DTensor 2.13 on CPU decomposes causal SDPA with a plain-tensor mask and refuses to mix
-        # it with DTensors; the non-causal model has the same ops and shardings
-        model = LlamaTorch(layers=LAYERS, causal=False)
-    for name, p in model.named_parameters():
-        placements = pins[name].to_dtensor() if name in pins else [torch.distributed.tensor.Replicate()] * len(names)
-        local = torch.empty(pins[name].local_shape(0) if name in pins else p.shape, device="meta")
-        mod, attr = name.rsplit(".", 1)
-        setattr(model.get_submodule(mod), attr, torch.nn.Parameter(
-            DTensor.from_local(local, dm, placements, run_check=False, shape=p.shape, stride=p.stride())))
-    x_pl = pins["x"].to_dtensor()
-    x = DTensor.from_local(torch.empty(pins["x"].local_shape(0), device="meta"), dm, x_pl, run_check=False,
-                           shape=(2, 8, 16), stride=(128, 16, 1))
-    warm = LlamaTorch(layers=1)  # noqa: F841 - the first forward pays one-time set-up, not propagation
-    rep = [torch.distributed.tensor.Replicate()] * len(names)
-    cos = DTensor.from_local(torch.empty(8, 4, device="meta"), dm, rep, run_check=False)
-    sin = DTensor.from_local(torch.empty(8, 4, device="meta"), dm, rep, run_check=False)
+        model = Llama(layers, d, heads, ffn)
+    plan = {{}}
+    for i in range(layers):
+        p = f"layers.{{i}}"
+        plan[f"{{p}}.attention_norm"] = SequenceParallel()
+        plan[f"{{p}}.attention"] = PrepareModuleInput(input_layouts=(Shard(1), None, None),
+                                                      desired_input_layouts=(Replicate(), None, None),
+                                                      use_local_output=LOCAL)
+        plan[f"{{p}}.ffn_norm"] = SequenceParallel()
+        plan[f"{{p}}.feed_forward"] = PrepareModuleInput(input_layouts=(Shard(1),),
+                                                         desired_input_layouts=(Replicate(),),
+                                                         use_local_output=LOCAL)
+        for n in ("wq", "wk", "wv"):
+            plan[f"{{p}}.attention.{{n}}"] = ColwiseParallel(use_local_output=LOCAL)
+        plan[f"{{p}}.attention.wo"] = RowwiseParallel(output_layouts=Shard(1), use_local_output=LOCAL)
+        plan[f"{{p}}.feed_forward.w_gate"] = ColwiseParallel(use_local_output=LOCAL)
+        plan[f"{{p}}.feed_forward.w_up"] = ColwiseParallel(use_local_output=LOCAL)
+        plan[f"{{p}}.feed_forward.w_down"] = RowwiseParallel(output_layouts=Shard(1), use_local_output=LOCAL)
+    parallelize_module(model, tp, plan)
+    hd = d // heads
+    x = torch.empty(batch, seq // 4, d, device="meta")  # this rank's sequence shard, as torchtitan's residual
+    cos = torch.empty(seq, hd, device="meta")  # plain, as torchtitan passes freqs_cis
+    sin = torch.empty(seq, hd, device="meta")
+    if not LOCAL:  # every op on DTensors: the residual stream Shard(1), the rotary tables replicated
+        x = DTensor.from_local(x, tp, [Shard(1)], run_check=False)
+        cos = DTensor.from_local(cos, tp, [Replicate()], run_check=False)
+        sin = DTensor.from_local(sin, tp, [Replicate()], run_check=False)
+    return model, (x, cos, sin)
+
+spent = [0.0, 0]
+orig = ShardingPropagator.propagate_op_sharding_non_cached
+def timed(self, schema):
     t0 = time.perf_counter()
-    with torch.no_grad():
-        model(x, cos, sin)
-    return time.perf_counter() - t0
+    try:
+        return orig(self, schema)
+    finally:
+        spent[0] += time.perf_counter() - t0
+        spent[1] += 1
+ShardingPropagator.propagate_op_sharding_non_cached = timed
+
+warm, wargs = build(1, 32, 4, 64, {B // 2}, {T})
+with torch.no_grad():
+    warm(*wargs)
+torch._C._clear_DTensor_sharding_propagator_cache()
+DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear()
+model, args = build(LAYERS, {D}, {HEADS}, {FFN}, {B // 2}, {T})
+spent[:] = [0.0, 0]
+t0 = time.perf_counter()
+with torch.no_grad():
+    model(*args)
+t1 = time.perf_counter()
+print(json.dumps({{"propagation": spent[0], "misses": spent[1], "forward": t1 - t0}}))
+"""
+
+
+def _run(code: str, layers: int, local: bool = False) -> dict:
+    code = code.replace("LAYERS", str(layers)).replace("LOCAL", str(local))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                         text=True, check=False)
+    if out.returncode != 0:
+        raise SystemExit(f"benchmark child failed ({layers} layers):\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+SIDES = (("ours", OURS, False), ("dt", DTENSOR, False), ("tt", DTENSOR, True))
 
 
 def main() -> int:
-    # tp only: on dp=2,tp=4 DTensor 2.13 raises inside its own SDPA decomposition ("would reshape
-    # sharded dimension 0" viewing [B*H, T, T] back to [B, H, T, T]); shardlayout plans it exactly
-    mesh = Mesh.parse(sys.argv[1] if len(sys.argv) > 1 else "tp=4")
-    t0 = time.perf_counter()
-    prog = llama(layers=LAYERS)
-    t_build = time.perf_counter() - t0
-    pins = style_pins(prog, mesh, STYLE)
-    t0 = time.perf_counter()
-    p = plan(prog, mesh, pins)
-    t_plan = time.perf_counter() - t0
-    t_dt = run_dtensor(pins, mesh.shape, mesh.names)
-    print(f"{LAYERS}-layer Llama forward ({len(prog.ops)} ops) on mesh {mesh}, style {STYLE}")
-    print(f"shardlayout plan:                     {t_plan:.3f} s  (+ {t_build:.3f} s building the program)")
-    print(f"DTensor forward on meta, fake PG:     {t_dt:.3f} s")
-    print(f"ratio: shardlayout plans {t_dt / t_plan:.1f}x faster; collectives {p.counts()}")
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else ROUNDS
+    res: dict = {L: {s: [] for s, _, _ in SIDES} for L in LAYERS}
+    for r in range(rounds):
+        for L in LAYERS:
+            order = SIDES[r % 3:] + SIDES[:r % 3]  # rotate which side runs first
+            for side, code, local in order:
+                res[L][side].append(_run(code, L, local))
+    rows, med = [], {}
+    for L in LAYERS:
+        ours, dt, tt = res[L]["ours"], res[L]["dt"], res[L]["tt"]
+        pl = [o["plan"] for o in ours]
+        tot = [o["build"] + o["plan"] for o in ours]
+        prop = [d["propagation"] for d in dt]
+        med[L] = {k: statistics.median(v) for k, v in
+                  (("tot", tot), ("plan", pl), ("dt", prop), ("tt", [d["propagation"] for d in tt]),
+                   ("fwd", [d["forward"] for d in dt]))}
+        rows.append([L, 50 * L, spread([o["build"] for o in ours], 1e3), spread(pl, 1e3), spread(tot, 1e3),
+                     f"{spread(prop, 1e3)} [{dt[0]['misses']}]",
+                     f"{med[L]['dt'] / med[L]['tot']:.2f}x", f"{med[L]['dt'] / med[L]['plan']:.2f}x",
+                     f"{spread([d['propagation'] for d in tt], 1e3)} [{tt[0]['misses']}]",
+                     spread([d["forward"] for d in dt], 1e3), ours[0]["collectives"]])
+
+    def slope(k):
+        return (med[80][k] - med[8][k]) / 72 * 1e3
+
+    method = (f"**bench_plan** — a Llama (b={B}, s={T}, d={D}, {HEADS} heads, ffn {FFN}), `{STYLE}` on `{MESH}`, "
+              f"50 ops per layer. Each cell: {rounds} fresh processes per side, the sides rotating; median "
+              "(p25–p75), ms. Ours: `llama(layers)` (build: shape inference) + `plan(...)`, after a warm-up "
+              "on another model and `clear_caches()`. DTensor 2.13: time inside "
+              "`propagate_op_sharding_non_cached` (strategy search + fake-tensor shape inference) during one "
+              "meta forward of the same model under `parallelize_module` (torchtitan's sequence-parallel "
+              "plan on the tp sub-mesh, batch split over dp), both its propagation caches cleared after a "
+              "warm-up on another model; [n] = its cache misses; its C++ cache hits are free in this "
+              "column. *Every op*: all activations stay DTensors, so DTensor decides every op's sharding "
+              "as we do (the same work; the ratio columns). *torchtitan idiom*: `use_local_output=True`, "
+              "attention and the MLP's inside run on plain local tensors, so DTensor propagates only the "
+              "Linears and norms (less work than ours: the user placed the rest by hand). Ratios: "
+              "DTensor (every op) ÷ ours, > 1 means we are faster.")
+    header = ["layers", "ops", "ours build", "ours plan", "ours build+plan", "DTensor every op [misses]",
+              "DTensor ÷ ours build+plan", "DTensor ÷ ours plan", "DTensor torchtitan idiom [misses]",
+              "DTensor whole meta forward (every op)", "our collectives"]
+    notes = (f"Slope per layer (80 vs 8 layers): ours build+plan {slope('tot'):.2f} ms, plan alone "
+             f"{slope('plan'):.2f} ms; DTensor propagation {slope('dt'):.2f} ms (every op), "
+             f"{slope('tt'):.2f} ms (torchtitan idiom); DTensor's whole meta forward {slope('fwd'):.2f} ms.")
+    emit("plan", method, header, rows, notes)
     return 0
 
 

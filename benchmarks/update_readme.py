@@ -26,7 +26,7 @@ def main() -> int:
         return 2
     for name in sorted(names):
         pattern = re.compile(rf"(<!-- bench:{name} -->\n).*?(<!-- /bench:{name} -->)", re.S)
-        text, n = pattern.subn(lambda m: m.group(1) + results[name] + m.group(2), text)
+        text, n = pattern.subn(lambda m, body=results[name]: m.group(1) + body + m.group(2), text)
         if n != 1:
             print(f"update_readme: markers for {name!r} found {n} times, expected once", file=sys.stderr)
             return 2

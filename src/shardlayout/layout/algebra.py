@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from ..caches import memo, register_clearer
 from ..errors import LayoutError
-from .core import Layout, as_layout, make_layout
-from .inttuple import ceil_div
+from .core import Layout, _fmt, _new, as_layout, make_layout
+from .inttuple import leaves, product
 
 __all__ = [
     "coalesce",
@@ -37,6 +37,15 @@ __all__ = [
 
 _CACHE = 1 << 16
 _COALESCED: dict = {}
+
+# How the hot paths stay cheap on a first call: the memos are keyed by the plain (shape, stride)
+# tuples of the operands, hashed in C (no ``Layout.__hash__`` call); the computations run on flat
+# lists of leaves, never on intermediate Layout objects; and only the result becomes a Layout.
+
+
+def _txt(shape, stride) -> str:
+    """The text form of ``shape:stride`` (``str`` of the Layout), for error messages."""
+    return f"{_fmt(shape)}:{_fmt(stride)}"
 
 
 def _tiler(t, where: str):
@@ -62,8 +71,8 @@ def _layout(x, where: str) -> Layout:
 
 def _pack(shapes: list, strides: list) -> Layout:
     if len(shapes) == 1:
-        return Layout._make(shapes[0], strides[0])
-    return Layout._make(tuple(shapes), tuple(strides))
+        return _new(shapes[0], strides[0])
+    return _new(tuple(shapes), tuple(strides))
 
 
 def _by_mode(where: str, A: Layout, tiler: tuple, f, keep_rest: bool) -> Layout:
@@ -87,16 +96,21 @@ def _coalesce_lists(fs, fd):
     """Coalesced flat modes as two lists (``[1], [0]`` when everything is size 1)."""
     shapes: list = []
     strides: list = []
+    cs = cd = 0  # the mode being merged (cs == 0: none yet)
     for s, d in zip(fs, fd):
-        if s == 1:
-            continue
-        if shapes and shapes[-1] * strides[-1] == d:
-            shapes[-1] *= s
-        else:
-            shapes.append(s)
-            strides.append(d)
-    if not shapes:
+        if s != 1:
+            if cs and cs * cd == d:
+                cs *= s
+            else:
+                if cs:
+                    shapes.append(cs)
+                    strides.append(cd)
+                cs = s
+                cd = d
+    if not cs:
         return [1], [0]
+    shapes.append(cs)
+    strides.append(cd)
     return shapes, strides
 
 
@@ -111,37 +125,12 @@ def coalesce(layout, profile=None) -> Layout:
     ``coalesce(Layout((2, (1, 6)), (1, (6, 2)))) -> 12:1``
     """
     if profile is None and type(layout) is Layout:
-        shape, stride = layout.shape, layout.stride
-        key = (shape, stride)  # hashed in C: no Layout.__hash__ call on the hot path
+        key = (layout.shape, layout.stride)  # hashed in C: no Layout.__hash__ call
         hit = _COALESCED.get(key)
-        if hit is not None:
-            return hit
-        if len(_COALESCED) >= _CACHE:
-            _COALESCED.clear()
-        if type(shape) is tuple:
-            for x in shape:
-                if type(x) is tuple:
-                    break
-            else:
-                # flat: _coalesce_body inlined — this is the tightest first-call row of
-                # bench_layout.py (a function call is ~5% of it)
-                shapes: list = []
-                strides: list = []
-                for s, d in zip(shape, stride):
-                    if s != 1:
-                        if shapes and shapes[-1] * strides[-1] == d:
-                            shapes[-1] *= s
-                        else:
-                            shapes.append(s)
-                            strides.append(d)
-                n = len(shapes)
-                if n > 1:
-                    hit = layout if n == len(shape) else Layout._make(tuple(shapes), tuple(strides))
-                else:
-                    hit = Layout._make(shapes[0], strides[0]) if n else Layout._make(1, 0)
-                _COALESCED[key] = hit
-                return hit
-        hit = _COALESCED[key] = _coalesce_body(layout)
+        if hit is None:
+            if len(_COALESCED) >= _CACHE:
+                _COALESCED.clear()
+            hit = _COALESCED[key] = _coalesce_whole(layout)
         return hit
     if type(layout) is not Layout:
         layout = _layout(layout, "coalesce")
@@ -152,31 +141,20 @@ def coalesce(layout, profile=None) -> Layout:
 def _coalesce(L: Layout, profile) -> Layout:
     if type(profile) is tuple:
         return _by_mode("coalesce", L, profile, _coalesce, True)
-    return _coalesce_whole(L)
+    return coalesce(L)
 
 
-def _coalesce_body(L: Layout) -> Layout:
+def _coalesce_whole(L: Layout) -> Layout:
     """Coalesce a whole layout; an already coalesced flat layout is returned as is (shared)."""
     shape = L.shape
     if type(shape) is int:
-        return L if shape != 1 else Layout._make(1, 0)
-    fs = L.flat_shape
-    shapes: list = []
-    strides: list = []
-    for s, d in zip(fs, L.flat_stride):
-        if s != 1:
-            if shapes and shapes[-1] * strides[-1] == d:
-                shapes[-1] *= s
-            else:
-                shapes.append(s)
-                strides.append(d)
+        return L if shape != 1 else _new(1, 0)
+    fs = leaves(shape)
+    shapes, strides = _coalesce_lists(fs, L.stride if fs is shape else leaves(L.stride))
     n = len(shapes)
     if n > 1:
-        return L if fs is shape and n == len(shape) else Layout._make(tuple(shapes), tuple(strides))
-    return Layout._make(shapes[0], strides[0]) if n else Layout._make(1, 0)
-
-
-_coalesce_whole = memo(_CACHE)(_coalesce_body)
+        return L if fs is shape and n == len(shape) else _new(tuple(shapes), tuple(strides))
+    return _new(shapes[0], strides[0])
 
 
 def filter(layout, profile=None) -> Layout:  # noqa: A001 - CuTe's name
@@ -188,8 +166,7 @@ def filter(layout, profile=None) -> Layout:  # noqa: A001 - CuTe's name
 def _filter(L: Layout, profile) -> Layout:
     if type(profile) is tuple:
         return _by_mode("filter", L, profile, _filter, True)
-    fs = L.flat_shape
-    fd = L.flat_stride
+    fs, fd = L._flats()
     return _coalesce_flat([1 if d == 0 else s for s, d in zip(fs, fd)], fd)
 
 
@@ -212,9 +189,9 @@ def _unit_tail_extends_differently(fs, fd) -> bool:
     return s * x != d
 
 
-def _leaves_domain(B: Layout, size: int) -> bool:
+def _leaves_domain(bshape, bstride, size: int) -> bool:
     hi = lo = 0
-    for s, d in zip(B.flat_shape, B.flat_stride):
+    for s, d in zip(leaves(bshape), leaves(bstride)):
         if d > 0:
             hi += (s - 1) * d
         else:
@@ -222,7 +199,12 @@ def _leaves_domain(B: Layout, size: int) -> bool:
     return lo < 0 or hi >= size
 
 
-def _compose_int(As, Ad, s: int, d: int, A: Layout, B, used: list) -> tuple:
+def _cname(ctx) -> str:
+    """``composition(A, B)`` for the operands ``ctx = (A.shape, A.stride, B.shape, B.stride)``."""
+    return f"composition({_txt(ctx[0], ctx[1])}, {_txt(ctx[2], ctx[3])})"
+
+
+def _compose_int(As, Ad, s: int, d: int, ctx, used: list) -> tuple:
     """A o (s:d) for an integral mode of B; returns (shape, stride).
 
     ``used[m]`` accumulates the largest coordinate of A's mode ``m`` this mode of B
@@ -234,7 +216,7 @@ def _compose_int(As, Ad, s: int, d: int, A: Layout, B, used: list) -> tuple:
         return s, d * Ad[0]
     if d < 0:
         raise LayoutError(
-            f"composition({A}, {B}): B has the negative stride {d} and A is not linear "
+            f"{_cname(ctx)}: B has the negative stride {d} and A is not linear "
             "(it has more than one mode after coalescing), so A o B is not a layout; "
             "negative tiler strides are admissible only over a single-mode A"
         )
@@ -244,18 +226,17 @@ def _compose_int(As, Ad, s: int, d: int, A: Layout, B, used: list) -> tuple:
     rest_stride = d
     for i in range(R - 1):
         cs = As[i]
-        ars = rest_stride if rest_stride > 0 else -rest_stride
-        if ars % cs == 0:
+        if rest_stride % cs == 0:
             next_shape = 1
             next_stride = rest_stride // cs
-        elif cs % ars == 0:
-            next_shape = cs // ars
-            next_stride = 1 if rest_stride > 0 else -1
+        elif cs % rest_stride == 0:
+            next_shape = cs // rest_stride
+            next_stride = 1
         else:
             raise LayoutError(
-                f"composition({A}, {B}): stride divisibility condition violated: B's stride "
-                f"{ars} reaches A's mode of size {cs} and neither divides the other, so A o B "
-                "is not a layout; use a tiler whose strides follow A's mode boundaries"
+                f"{_cname(ctx)}: stride divisibility condition violated: B's stride "
+                f"{rest_stride} reaches A's mode of size {cs} and neither divides the other, so "
+                "A o B is not a layout; use a tiler whose strides follow A's mode boundaries"
             )
         if next_shape == 1 or rest_shape == 1:
             rest_stride = next_stride
@@ -263,7 +244,7 @@ def _compose_int(As, Ad, s: int, d: int, A: Layout, B, used: list) -> tuple:
         new_shape = next_shape if next_shape < rest_shape else rest_shape
         if rest_shape % new_shape:
             raise LayoutError(
-                f"composition({A}, {B}): shape divisibility condition violated: B's mode of "
+                f"{_cname(ctx)}: shape divisibility condition violated: B's mode of "
                 f"size {rest_shape} must be split by A's mode of size {new_shape}, which does "
                 "not divide it, so A o B is not a layout; use a tiler whose sizes divide "
                 "A's modes"
@@ -283,11 +264,62 @@ def _compose_int(As, Ad, s: int, d: int, A: Layout, B, used: list) -> tuple:
     return tuple(rshape), tuple(rstride)
 
 
-def _compose_rec(As, Ad, shape, stride, A, B, used):
-    if type(shape) is tuple:
-        parts = [_compose_rec(As, Ad, s, d, A, B, used) for s, d in zip(shape, stride)]
-        return tuple(p[0] for p in parts), tuple(p[1] for p in parts)
-    return _compose_int(As, Ad, shape, stride, A, B, used)
+def _compose_rec(As, Ad, shape, stride, ctx, used):
+    if type(shape) is not tuple:
+        return _compose_int(As, Ad, shape, stride, ctx, used)
+    rs: list = []
+    rd: list = []
+    for s, d in zip(shape, stride):
+        if type(s) is tuple:
+            s, d = _compose_rec(As, Ad, s, d, ctx, used)
+        else:
+            s, d = _compose_int(As, Ad, s, d, ctx, used)
+        rs.append(s)
+        rd.append(d)
+    return tuple(rs), tuple(rd)
+
+
+def _scale(stride, k: int):
+    """Every leaf of ``stride`` times ``k``. ``_scale((1, (2, 0)), 3) -> (3, (6, 0))``."""
+    if type(stride) is not tuple:
+        return stride * k
+    return tuple([_scale(d, k) if type(d) is tuple else d * k for d in stride])
+
+
+def _compose(ashape, astride, bshape, bstride) -> tuple:
+    """``A o B`` on plain int-tuples: the result's ``(shape, stride)``, or a LayoutError."""
+    fs = leaves(ashape)
+    fd = astride if fs is ashape else leaves(astride)
+    if fs[-1] == 1 and _unit_tail_extends_differently(fs, fd):
+        size = product(ashape)
+        if _leaves_domain(bshape, bstride, size):
+            raise LayoutError(
+                f"{_cname((ashape, astride, bshape, bstride))}: B reaches past A's domain "
+                f"(size {size}), and A ends in a size-1 mode, so how A extends beyond its "
+                "domain is ambiguous (C++ CuTe follows the size-1 mode's stride, pycute the "
+                "previous mode's); drop the trailing size-1 mode of A or keep B inside A's domain"
+            )
+    As, Ad = _coalesce_lists(fs, fd)
+    if len(As) == 1:  # A is linear: B with its strides scaled, no condition to check
+        k = Ad[0]
+        return bshape, (bstride if k == 1 else _scale(bstride, k))
+    ctx = (ashape, astride, bshape, bstride)
+    used = [0] * len(As)
+    if type(bshape) is not tuple:
+        return _compose_int(As, Ad, bshape, bstride, ctx, used)
+    shape, stride = _compose_rec(As, Ad, bshape, bstride, ctx, used)
+    # B's modes are composed one by one; their sum is A's sum only if, in every mode of A
+    # but the last, the coordinates they reach add up without a carry.
+    for m in range(len(As) - 1):
+        if used[m] >= As[m]:
+            raise LayoutError(
+                f"{_cname(ctx)}: B's modes together reach coordinate {used[m]} "
+                f"of A's mode of size {As[m]} (after coalescing A), so "
+                "composing them one by one carries into the next mode and A o B is not "
+                "a layout (left-distributivity fails); split B so its modes hit "
+                "disjoint modes of A"
+            )
+    return shape, stride
 
 
 def composition(a, b) -> Layout:
@@ -298,50 +330,32 @@ def composition(a, b) -> Layout:
     """
     if type(a) is not Layout:
         a = _layout(a, "composition")
-    if not (type(b) is Layout or (type(b) is int and b > 0)):
-        b = _tiler(b, "composition")
-    return _composition(a, b)
+    if type(b) is Layout:
+        return _composition_of(a.shape, a.stride, b.shape, b.stride)
+    if type(b) is int and b > 0:
+        return _composition_of(a.shape, a.stride, b, 1)
+    return _composition(a, _tiler(b, "composition"))
 
 
-@memo(_CACHE)
 def _composition(A: Layout, b) -> Layout:
+    """``A o b`` for a normalised tiler ``b`` (None, int, Layout or tuple of tilers)."""
     if b is None:
         return A
     if type(b) is tuple:
-        return _by_mode("composition", A, b, _composition, False)
+        return _composition_by_mode(A, b)
     if type(b) is int:
-        B = Layout._make(b, 1)
-    else:
-        B = b
-    fs = A.flat_shape
-    fd = A.flat_stride
-    if _unit_tail_extends_differently(fs, fd) and _leaves_domain(B, A.size()):
-        raise LayoutError(
-            f"composition({A}, {B}): B reaches past A's domain (size {A.size()}), and A ends "
-            "in a size-1 mode, so how A extends beyond its domain is ambiguous (C++ CuTe "
-            "follows the size-1 mode's stride, pycute the previous mode's); drop the "
-            "trailing size-1 mode of A or keep B inside A's domain"
-        )
-    As, Ad = _coalesce_lists(fs, fd)
-    used = [0] * len(As)
-    bs = B.shape
-    if type(bs) is int:
-        shape, stride = _compose_int(As, Ad, bs, B.stride, A, B, used)
-    else:
-        shape, stride = _compose_rec(As, Ad, bs, B.stride, A, B, used)
-    if type(bs) is tuple:
-        # B's modes are composed one by one; their sum is A's sum only if, in every mode
-        # of A but the last, the coordinates they reach add up without a carry.
-        for m in range(len(As) - 1):
-            if used[m] >= As[m]:
-                raise LayoutError(
-                    f"composition({A}, {B}): B's modes together reach coordinate {used[m]} "
-                    f"of A's mode of size {As[m]} (after coalescing A), so "
-                    "composing them one by one carries into the next mode and A o B is not "
-                    "a layout (left-distributivity fails); split B so its modes hit "
-                    "disjoint modes of A"
-                )
-    return Layout._make(shape, stride)
+        return _composition_of(A.shape, A.stride, b, 1)
+    return _composition_of(A.shape, A.stride, b.shape, b.stride)
+
+
+@memo(_CACHE)
+def _composition_by_mode(A: Layout, b: tuple) -> Layout:
+    return _by_mode("composition", A, b, _composition, False)
+
+
+@memo(_CACHE)
+def _composition_of(ashape, astride, bshape, bstride) -> Layout:
+    return _new(*_compose(ashape, astride, bshape, bstride))
 
 
 # --------------------------------------------------------------------------------------
@@ -357,30 +371,36 @@ def complement(layout, cotarget=None) -> Layout:
     L = layout if type(layout) is Layout else _layout(layout, "complement")
     if cotarget is not None and type(cotarget) is not int:
         if isinstance(cotarget, (tuple, list)):
-            from .inttuple import product
-
             cotarget = product(tuple(cotarget))
     if cotarget is not None and (type(cotarget) is not int or cotarget <= 0):
         raise LayoutError(
             f"complement({L}, {cotarget!r}): cotarget must be a positive int (or a shape)"
         )
-    return _complement(L, cotarget)
+    return _complement(L.shape, L.stride, cotarget)
 
 
 @memo(_CACHE)
-def _complement(L: Layout, cotarget) -> Layout:
-    modes = sorted(
-        (d, s) for s, d in zip(L.flat_shape, L.flat_stride) if s != 1 and d != 0
-    )
+def _complement(shape, stride, cotarget) -> Layout:
+    return _new(*_complement_modes(shape, stride, cotarget))
+
+
+def _complement_modes(shape, stride, cotarget) -> tuple:
+    """The complement of ``shape:stride`` on plain int-tuples: its ``(shape, stride)``, coalesced."""
+    fs = leaves(shape)
+    fd = stride if fs is shape else leaves(stride)
+    modes = [(d, s) for s, d in zip(fs, fd) if s != 1 and d != 0]
     explicit = cotarget is not None
-    if cotarget is None:
-        cotarget = 1 + sum((s - 1) * d for d, s in modes)
+    if not explicit:
+        cotarget = 1
+        for d, s in modes:
+            cotarget += (s - 1) * d
     if not modes:
-        return Layout._make(cotarget, 1) if cotarget != 1 else Layout._make(1, 0)
+        return (cotarget, 1) if cotarget != 1 else (1, 0)
+    modes.sort()
     if modes[0][0] < 0:
         raise LayoutError(
-            f"complement({L}, {cotarget}): stride {modes[0][0]} is negative; the complement is defined for "
-            "layouts with non-negative strides"
+            f"complement({_txt(shape, stride)}, {cotarget}): stride {modes[0][0]} is negative; "
+            "the complement is defined for layouts with non-negative strides"
         )
     rs: list = []
     rd: list = []
@@ -389,20 +409,28 @@ def _complement(L: Layout, cotarget) -> Layout:
     for d, s in modes:
         if d < cur:
             raise LayoutError(
-                f"complement({L}, {cotarget}): layout is not injective (its mode {s}:{d} "
-                f"overlaps the offsets below {cur} reached by the smaller-stride modes); the complement of a "
-                "non-injective layout is undefined"
+                f"complement({_txt(shape, stride)}, {cotarget}): layout is not injective (its "
+                f"mode {s}:{d} overlaps the offsets below {cur} reached by the smaller-stride "
+                "modes); the complement of a non-injective layout is undefined"
             )
-        divisible = divisible and d % cur == 0
+        if divisible and d % cur:
+            divisible = False
         rs.append(d // cur)
         rd.append(cur)
         cur = s * d
-    rs.append(ceil_div(cotarget, cur))
+    rs.append(-(-cotarget // cur))
     rd.append(cur)
-    R = _coalesce_flat(rs, rd)
+    rs, rd = _coalesce_lists(rs, rd)
+    if len(rs) == 1:
+        rs, rd = rs[0], rd[0]
+    else:
+        rs, rd = tuple(rs), tuple(rd)
     if not divisible:
-        _check_loose_complement(L, R, cotarget if explicit else 1, f"complement({L}, {cotarget})")
-    return R
+        _check_loose_complement(
+            _new(shape, stride), _new(rs, rd), cotarget if explicit else 1,
+            f"complement({_txt(shape, stride)}, {cotarget})",
+        )
+    return rs, rd
 
 
 def _check_loose_complement(L: Layout, R: Layout, cotarget: int, what: str) -> None:
@@ -442,8 +470,7 @@ def right_inverse(layout) -> Layout:
 
 @memo(_CACHE)
 def _right_inverse(L: Layout) -> Layout:
-    c = _coalesce_flat(L.flat_shape, L.flat_stride)
-    ls, ld = c.flat_shape, c.flat_stride
+    ls, ld = _coalesce_lists(*L._flats())
     pre = [1]
     for s in ls:
         pre.append(pre[-1] * s)
@@ -469,10 +496,9 @@ def left_inverse(layout) -> Layout:
 
 @memo(_CACHE)
 def _left_inverse(L: Layout) -> Layout:
-    c = _coalesce_flat(L.flat_shape, L.flat_stride)
-    ls, ld = c.flat_shape, c.flat_stride
-    if c.size() == 1:
-        return Layout._make(1, 0)
+    ls, ld = _coalesce_lists(*L._flats())
+    if ls == [1]:
+        return _new(1, 0)
     for s, d in zip(ls, ld):
         if d < 0:
             raise LayoutError(
@@ -533,24 +559,40 @@ def logical_divide(a, b) -> Layout:
     """
     if type(a) is not Layout:
         a = _layout(a, "logical_divide")
-    if not (type(b) is Layout or (type(b) is int and b > 0)):
-        b = _tiler(b, "logical_divide")
-    return _logical_divide(a, b)
+    if type(b) is Layout:
+        return _divide(a.shape, a.stride, b.shape, b.stride)
+    if type(b) is int and b > 0:
+        return _divide(a.shape, a.stride, b, 1)
+    return _logical_divide(a, _tiler(b, "logical_divide"))
 
 
-@memo(_CACHE)
 def _logical_divide(A: Layout, b) -> Layout:
+    """Logical divide by a normalised tiler ``b`` (None, int, Layout or tuple of tilers)."""
     if b is None:
         return A
     if type(b) is tuple:
-        return _by_mode("logical_divide", A, b, _logical_divide, True)
-    B = Layout._make(b, 1) if type(b) is int else b
-    def where():
-        return f"logical_divide({A}, {B})"
+        return _logical_divide_by_mode(A, b)
+    if type(b) is int:
+        return _divide(A.shape, A.stride, b, 1)
+    return _divide(A.shape, A.stride, b.shape, b.stride)
 
-    comp = _relabel(where, _complement.__wrapped__, B, A.size())
-    BB = Layout._make((B.shape, comp.shape), (B.stride, comp.stride))
-    return _relabel(where, _composition.__wrapped__, A, BB)
+
+@memo(_CACHE)
+def _logical_divide_by_mode(A: Layout, b: tuple) -> Layout:
+    return _by_mode("logical_divide", A, b, _logical_divide, True)
+
+
+@memo(_CACHE)
+def _divide(ashape, astride, bshape, bstride) -> Layout:
+    """``A o (B, complement(B, size(A)))`` on plain int-tuples, as one Layout."""
+    try:
+        cs, cd = _complement_modes(bshape, bstride, product(ashape))
+        shape, stride = _compose(ashape, astride, (bshape, cs), (bstride, cd))
+    except LayoutError as e:
+        raise LayoutError(
+            f"logical_divide({_txt(ashape, astride)}, {_txt(bshape, bstride)}): {e}"
+        ) from None
+    return _new(shape, stride)
 
 
 def _hier_unzip(splitter, A: Layout, b, where: str) -> Layout:

@@ -23,9 +23,25 @@ from .inttuple import (
 
 
 def _norm(x, what: str, positive: bool, where: str):
-    """Turn lists into tuples and numpy ints into ints; refuse anything else."""
+    """Turn lists into tuples and numpy ints into ints; refuse anything else. A tuple that is
+    already well formed is returned as is (the common case, checked without rebuilding it)."""
+    if type(x) is int:
+        if positive and x <= 0:
+            _int_leaf(x, what, positive, where)
+        return x
+    if type(x) is tuple:
+        for y in x:
+            if type(y) is not int or (positive and y <= 0):
+                break
+        else:
+            return x
     if isinstance(x, (tuple, list)):
-        return tuple(_norm(y, what, positive, where) for y in x)
+        return tuple([_norm(y, what, positive, where) for y in x])
+    return _int_leaf(x, what, positive, where)
+
+
+def _int_leaf(x, what: str, positive: bool, where: str) -> int:
+    """``x`` as an int leaf (numpy ints accepted), or a LayoutError saying why not."""
     if isinstance(x, bool) or not isinstance(x, numbers.Integral):
         raise LayoutError(
             f"{where}: {what} entry {x!r} is not an integer; {what}s are nested tuples of ints"
@@ -39,10 +55,24 @@ def _norm(x, what: str, positive: bool, where: str):
 
 
 class _Slots:
-    """The storage of a ``Layout``, still writable: ``Layout._make`` fills one with plain
-    (fast) attribute stores, then makes it a ``Layout``, which refuses every write."""
+    """The storage of a ``Layout``, still writable: :func:`_new` fills one with plain (fast)
+    attribute stores, then makes it a ``Layout``, which refuses every write."""
 
-    __slots__ = ("shape", "stride", "_hash", "_fshape", "_fstride")
+    __slots__ = ("shape", "stride", "_hash", "_flat")
+
+
+def _new(shape, stride) -> "Layout":
+    """A Layout from an already valid ``shape`` and ``stride``, without checks (hot path).
+    ``_new((4, 2), (1, 4)) == Layout((4, 2))``"""
+    obj = _object_new(_Slots)
+    obj.shape = shape
+    obj.stride = stride
+    obj._hash = obj._flat = None
+    obj.__class__ = Layout  # from here on immutable
+    return obj
+
+
+_object_new = object.__new__
 
 
 class Layout(_Slots):
@@ -68,18 +98,10 @@ class Layout(_Slots):
         _set_shape(self, shape)
         _set_stride(self, stride)
         _set_hash(self, None)
-        _set_fshape(self, None)
-        _set_fstride(self, None)
+        _set_flat(self, None)
 
-    # -- construction without validation (internal, hot path) -------------------------
-    @classmethod
-    def _make(cls, shape, stride) -> "Layout":
-        obj = object.__new__(_Slots)
-        obj.shape = shape
-        obj.stride = stride
-        obj._hash = obj._fshape = obj._fstride = None
-        obj.__class__ = cls  # from here on immutable
-        return obj
+    # construction without validation (internal, hot path); kept as a method for old callers
+    _make = staticmethod(_new)
 
     # -- immutability: only this module writes the slots (``_Slots``, ``_set_*``) ----------
     def __setattr__(self, name, value):
@@ -91,23 +113,23 @@ class Layout(_Slots):
         raise AttributeError(f"Layout is immutable: cannot delete {name!r} of {self}")
 
     # -- attributes ---------------------------------------------------------------------
+    def _flats(self) -> tuple:
+        """``(flat_shape, flat_stride)``, computed once per object."""
+        f = self._flat
+        if f is None:
+            f = (flatten(self.shape), flatten(self.stride))
+            _set_flat(self, f)
+        return f
+
     @property
     def flat_shape(self) -> tuple:
         """Leaves of the shape. ``Layout(((2, 2), 4)).flat_shape -> (2, 2, 4)``."""
-        f = self._fshape
-        if f is None:
-            f = flatten(self.shape)
-            _set_fshape(self, f)
-        return f
+        return self._flats()[0]
 
     @property
     def flat_stride(self) -> tuple:
         """Leaves of the stride. ``Layout(((2, 2), 4)).flat_stride -> (1, 2, 4)``."""
-        f = self._fstride
-        if f is None:
-            f = flatten(self.stride)
-            _set_fstride(self, f)
-        return f
+        return self._flats()[1]
 
     def size(self) -> int:
         """Size of the domain. ``Layout((4, 2)).size() -> 8``."""
@@ -131,7 +153,7 @@ class Layout(_Slots):
         """Same function, one level of modes. ``Layout(((2, 2), 4)).flatten() -> (2,2,4):(1,2,4)``."""
         if type(self.shape) is not tuple:
             return self
-        return Layout._make(self.flat_shape, self.flat_stride)
+        return _new(*self._flats())
 
     def __len__(self) -> int:
         return self.rank
@@ -139,7 +161,7 @@ class Layout(_Slots):
     def __getitem__(self, i: int) -> "Layout":
         """Mode ``i`` as a layout. ``Layout((4, 2))[1] -> 2:4``."""
         if type(self.shape) is tuple:
-            return Layout._make(self.shape[i], self.stride[i])
+            return _new(self.shape[i], self.stride[i])
         if i in (0, -1):
             return self
         raise IndexError(f"mode {i} of rank-1 layout {self}")
@@ -158,8 +180,7 @@ class Layout(_Slots):
         return self.crd2idx(crd)
 
     def _eval_index(self, idx: int) -> int:
-        fs = self.flat_shape
-        fd = self.flat_stride
+        fs, fd = self._flats()
         off = 0
         last = len(fs) - 1
         for k in range(last):
@@ -228,8 +249,7 @@ class Layout(_Slots):
 _set_shape = _Slots.shape.__set__
 _set_stride = _Slots.stride.__set__
 _set_hash = _Slots._hash.__set__
-_set_fshape = _Slots._fshape.__set__
-_set_fstride = _Slots._fstride.__set__
+_set_flat = _Slots._flat.__set__
 
 
 def _fmt(t) -> str:
@@ -286,7 +306,7 @@ def make_layout(*layouts) -> Layout:
     for x in layouts:
         if not isinstance(x, Layout):
             raise LayoutError(f"make_layout: {x!r} is not a Layout; pass Layout objects")
-    return Layout._make(tuple(x.shape for x in layouts), tuple(x.stride for x in layouts))
+    return _new(tuple(x.shape for x in layouts), tuple(x.stride for x in layouts))
 
 
 def as_layout(x, where: str) -> Layout:
@@ -296,7 +316,7 @@ def as_layout(x, where: str) -> Layout:
     if type(x) is int:
         if x <= 0:
             raise LayoutError(f"{where}: tiler {x} is not positive; an int tiler n means n:1")
-        return Layout._make(x, 1)
+        return _new(x, 1)
     if isinstance(x, str):
         return Layout.parse(x)
     raise LayoutError(f"{where}: {x!r} is not a Layout, an int, or layout text")

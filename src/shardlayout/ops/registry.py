@@ -34,11 +34,13 @@ import re
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from ..caches import memo
+from ..caches import memo, register_clearer
+from ..config import settings
 from ..errors import OpError, UnsupportedOp
 from ..mesh import Mesh
 from ..sharding import Sharding
 from ..sharding.core import split_top_level
+from ..sharding.cost import DEFAULT_COST_MODEL
 from .result import canonical_op_name
 
 REQUIRED = object()
@@ -296,18 +298,39 @@ class OpDef:
 
     def propagate(self, inputs: tuple, params: dict, out_pins=None, cost_model=None, tensor_dtype="float32"):
         """Validate, then run the rule (memoised on immutable arguments)."""
-        from ..config import settings
-        from ..sharding.cost import DEFAULT_COST_MODEL
+        return self.resolve(inputs, params, out_pins, cost_model, tensor_dtype)[0]
 
-        bound = self.bind(inputs, params)
+    def resolve(self, inputs: tuple, params: dict, out_pins=None, cost_model=None, tensor_dtype="float32",
+                typed_params=None):
+        """``(Propagation, bound params)``: what :meth:`propagate` returns and the validated params.
+
+        A call seen before (same op, inputs, params with their types, pins, cost model, dtypes and
+        settings) is one dictionary probe: it was validated the first time, and a call that failed
+        validation is never stored. ``typed_params``: ``_typed(params)`` when the caller has it.
+        ``get_op("relu").resolve((s,), {})[1] -> {}``
+        """
         cm = cost_model or DEFAULT_COST_MODEL
         pins = None if out_pins is None else tuple(out_pins)
+        try:
+            seen = (self, _typed(inputs), _typed(params) if typed_params is None else typed_params, pins, cm,
+                    tensor_dtype, settings.subaxes)
+            hit = _SEEN.get(seen)
+        except TypeError:  # an unhashable param (a list of lists, a dict): validate and run every time
+            seen = hit = None
+        if hit is not None:
+            return hit[0], dict(hit[1])
+        bound = self.bind(inputs, params)
         try:
             key = (self, inputs, _freeze(bound), pins, cm, tensor_dtype, settings.subaxes)
             hash(key)
         except TypeError:
-            return self._run(inputs, bound, pins, cm, tensor_dtype)
-        return _memo(key)
+            return self._run(inputs, bound, pins, cm, tensor_dtype), bound
+        p = _memo(key)
+        if seen is not None:
+            if len(_SEEN) >= _SEEN_MAX:
+                _SEEN.clear()
+            _SEEN[seen] = (p, dict(bound))
+        return p, bound
 
     def _run(self, inputs, bound, pins, cm, tensor_dtype):
         p = self.rule(self.name, tuple(inputs), cost_model=cm, tensor_dtype=tensor_dtype, out_pins=pins or (),
@@ -343,6 +366,27 @@ def _freeze(v):
     return v
 
 
+def _typed(v):
+    """A memo key of a call's arguments that tells ``1``, ``1.0`` and ``True`` apart (equal and
+    equally hashed in Python, but not the same input to validate)."""
+    t = type(v)
+    if t is int or t is str or v is None or t is Sharding:
+        return v
+    if t is tuple or t is list:
+        for x in v:
+            if type(x) is not int:
+                return (t, *(_typed(x) for x in v))
+        return v if t is tuple else (list, *v)  # a shape: ints only
+    if t is dict:
+        return (dict, *sorted((k, _typed(x)) for k, x in v.items()))
+    return (t, v)
+
+
+_SEEN: dict = {}  # raw call -> (Propagation, bound params); the fast path of OpDef.resolve
+_SEEN_MAX = 1 << 15
+register_clearer("shardlayout.ops.registry._SEEN", _SEEN.clear, _SEEN.__len__)
+
+
 @memo(1 << 14)
 def _memo(key):
     opdef, inputs, frozen, pins, cm, dtype, _ = key
@@ -375,6 +419,7 @@ def register_op(name: str, signature: str, rule: Callable, numpy: Callable | Non
     for n in (name, *aliases):
         _REGISTRY[n] = opdef if n == name else replace(opdef, name=n)
     _memo.cache_clear()
+    _SEEN.clear()
     return opdef
 
 

@@ -558,13 +558,20 @@ def has_placements(s: Sharding) -> bool:
 def regroup(s: Sharding, out_shape, subaxes: bool | None = None) -> tuple:
     """``(input_target, output)`` for viewing ``s`` as ``out_shape`` (row-major reshape).
 
-    ``input_target == s`` when the view needs no communication; otherwise it is ``s`` with
-    only the pieces in the way gathered. ``subaxes`` defaults to ``settings.subaxes``.
+    ``input_target == s`` when the view needs no communication (then it *is* ``s``);
+    otherwise it is ``s`` with only the pieces in the way gathered. ``subaxes`` defaults to
+    ``settings.subaxes``. Even inputs that regroup without an obstacle take ``regroup_even``
+    (the same answer, found in one pass); everything else the walk below.
 
     ``regroup(Sharding.parse("[dp*4, tp*3]", m), (96,))[1] -> [dp*4*tp*3]``
     """
     out_shape = infer_view_shape(s.shape, out_shape)
     subaxes = settings.subaxes if subaxes is None else subaxes
+    dims = regroup_even(s, out_shape, subaxes)
+    if dims is not None:
+        out = _canonical_sharding(s.mesh, out_shape, dims, s.partial)
+        if subaxes or dims_whole_axes(dims, s.mesh) or has_placements(out):
+            return s, out
     target = s
     while True:
         pieces, floating = flat_pieces(target)
@@ -577,6 +584,111 @@ def regroup(s: Sharding, out_shape, subaxes: bool | None = None) -> tuple:
         if obstacle is None:
             return target, out
         target = gather(target, obstacle)
+
+
+# ------------------------------------------------------------------------------------------
+# the fast path: an even input that regroups with nothing in the way
+# ------------------------------------------------------------------------------------------
+
+
+def regroup_even(s: Sharding, out_shape: tuple, subaxes: bool):
+    """The output dims (canonical: each dim's factors as ``Sharding`` keeps them) of viewing
+    ``s`` as ``out_shape`` when every dim of ``s`` is even and no piece is in the way, else
+    None (the walk then finds the obstacle). One pass of ``fit`` over the factors: the flat
+    list with adjacent local factors merged, each factor cut at every boundary it straddles
+    (an axis factor into sub-axes), each placed factor merged with the one before it in its
+    dim where the canonical form merges them (``sharding.factors._merge_even``).
+
+    ``[dp*4, tp*3] -> (16, 6)``: ``((dp, 4, tp:(1)2), (tp:(2)2, 3))``
+    """
+    new = tuple.__new__  # Factor(...) without the Python-level NamedTuple __new__: the hot path
+    flat: list = []  # the factors, adjacent local ones merged
+    shape = s.shape
+    for d, fs in enumerate(s.dims):
+        if type(fs) is ChunkProgram:
+            return None
+        p = 1
+        for f in fs:
+            p *= f[0]
+            if f[1] is None and flat and flat[-1][1] is None:
+                flat[-1] = new(Factor, (flat[-1][0] * f[0], None, 1))
+            else:
+                flat.append(f)
+        if p != shape[d]:
+            return None  # an uneven dim: a tail for the walk
+    n = len(out_shape)
+    out = [[] for _ in range(n)]
+    k = 0
+    while k < n and out_shape[k] == 1:
+        k += 1
+    room = out_shape[k] if k < n else 1
+    for f in flat:
+        size, axis, pre = f
+        while True:
+            if size <= room:  # f (what is left of it) fits in dim k
+                if room % size:
+                    return None
+                room //= size
+                g, size = f, 1
+            else:  # a boundary cuts f: its outer piece ends dim k
+                if size % room or (axis is not None and not subaxes):
+                    return None
+                g = new(Factor, (room, axis, pre))
+                size //= room
+                if axis is not None:
+                    pre *= room
+                f = new(Factor, (size, axis, pre))
+                room = 1
+            dk = out[k]
+            if dk:  # merged with the factor before it, as the canonical form merges
+                h = dk[-1]
+                if h[1] is None and g[1] is None:
+                    dk[-1] = new(Factor, (h[0] * g[0], None, 1))
+                elif h[1] is not None and h[1] == g[1] and h[2] * h[0] == g[2]:
+                    dk[-1] = new(Factor, (h[0] * g[0], h[1], h[2]))
+                else:
+                    dk.append(g)
+            else:
+                dk.append(g)
+            if room == 1:
+                k += 1
+                while k < n and out_shape[k] == 1:
+                    k += 1
+                room = out_shape[k] if k < n else 1
+            if size == 1:
+                break
+    return tuple(map(tuple, out))
+
+
+def dims_whole_axes(dims: tuple, mesh) -> bool:
+    """Is every axis factor of these even ``dims`` a whole mesh axis? Then DTensor placements
+    say them (an even dim is cut by binding digits: ``S``/``SS`` with the split factor read
+    off the factors in front, see ``to_placements``), with no round trip to find out.
+
+    ``dims_whole_axes(((Factor(2, "a"), Factor(3)),), Mesh.parse("a=2")) -> True``
+    """
+    sizes = dict(zip(mesh.names, mesh.shape))
+    for fs in dims:
+        for f in fs:
+            if f.axis is not None and (f.pre != 1 or f.size != sizes[f.axis]):
+                return False
+    return True
+
+
+_new = object.__new__
+_set = object.__setattr__
+
+
+def _canonical_sharding(mesh, shape: tuple, dims: tuple, partial: tuple) -> Sharding:
+    """A Sharding of dims already in canonical form (``regroup_even``'s): no checks, no
+    re-canonicalising. ``Sharding._trusted`` gives an equal one (``tests/ops/test_regroup.py``)."""
+    obj = _new(Sharding)
+    _set(obj, "mesh", mesh)
+    _set(obj, "shape", shape)
+    _set(obj, "dims", dims)
+    _set(obj, "partial", partial)
+    _set(obj, "_hash", None)
+    return obj
 
 
 def infer_view_shape(shape: tuple, out_shape) -> tuple:

@@ -26,6 +26,7 @@ import numpy as _np
 from ..errors import OpError
 from ..sharding import Sharding
 from ..sharding.core import _product
+from ..sharding.cost import DEFAULT_COST_MODEL
 from .registry import register_op
 from .regroup import infer_view_shape, regroup
 from .result import Propagation
@@ -41,7 +42,8 @@ gathers = input_moves  # the collectives moving input 0 (one function, in ops.st
 
 def _view_result(name, s, out_shape, subaxes, tensor_dtype, cost_model, notes=()):
     target, out = regroup(s, out_shape, subaxes)
-    return Propagation(name, (s,), (target,), (out,), gathers(s, target, tensor_dtype, cost_model), tuple(notes))
+    moves = () if target is s else gathers(s, target, tensor_dtype, cost_model)  # regroup: s when nothing moves
+    return Propagation(name, (s,), (target,), (out,), moves, tuple(notes), (), cost_model or DEFAULT_COST_MODEL)
 
 
 def _np_reshape(x, out_shapes, **_):

@@ -249,47 +249,64 @@ def _infer_backward(program: Program, p: "Plan", pinned: set) -> dict:
     return out
 
 
+def _op_table(program: Program) -> tuple:
+    """Per op, what does not depend on the mesh or the pins: the OpDef, params as a dict and as
+    a memo key, the operand dtypes, and whether it is a creation op (no tensor input, a mesh
+    param). Computed once per Program (programs are immutable)."""
+    table = program.__dict__.get("_op_table")
+    if table is None:
+        from ..ops.registry import _typed
+
+        rows = []
+        for op in program.ops:
+            opdef = get_op(op.target)
+            kw = op.kwargs()
+            dtypes = tuple(program.tensors[i].dtype if isinstance(i, str) else "float32" for i in op.inputs) + tuple(
+                program.tensors[o].dtype for o in op.outputs)
+            creation = (not any(isinstance(i, str) for i in op.inputs)
+                        and opdef.signature.param("mesh") is not None)
+            rows.append((op, opdef, kw, None if creation else _typed(kw), dtypes or "float32", creation))
+        table = tuple(rows)
+        object.__setattr__(program, "_op_table", table)
+    return table
+
+
 def _forward(program: Program, mesh: Mesh, pins: dict, cm: CostModel) -> "Plan":
     t0 = time.perf_counter()
+    same: dict = {}  # equal pins become one object, so memo probes compare by identity
+    pins = {k: same.setdefault(v, v) for k, v in pins.items()}
     shard: dict = {}
     for name in program.inputs():
         shard[name] = pins.get(name) or Sharding(mesh, program.tensors[name].shape)
     moves: dict = {}
     collectives: list = []
     planned: list = []
+    tensors = program.tensors
 
     def move(tensor, src, dst, opname):
         key = (tensor, dst)
         if key in moves:
             return
-        moves[key] = plan_move(src, dst, program.tensors[tensor].dtype, cm)
+        moves[key] = plan_move(src, dst, tensors[tensor].dtype, cm)
         collectives.extend(c.attributed(tensor, opname) for c in moves[key] if c.kind.communicates)
 
-    for op in program.ops:
-        opdef = get_op(op.target)
-        args = [shard[i] if isinstance(i, str) else i for i in op.inputs]
-        out_pins = [pins.get(o) for o in op.outputs]
-        kw = op.kwargs()
-        if not any(isinstance(a, Sharding) for a in args) and opdef.signature.param("mesh") is not None:
-            kw["mesh"] = mesh  # creation ops: replicated (consumers slice them for free)
-        dtypes = tuple(program.tensors[i].dtype if isinstance(i, str) else "float32" for i in op.inputs) + tuple(
-            program.tensors[o].dtype for o in op.outputs)
+    for op, opdef, kw, typed, dtypes, creation in _op_table(program):
+        args = tuple(shard[i] if type(i) is str else i for i in op.inputs)
+        if creation:
+            kw, typed = {**kw, "mesh": mesh}, None  # creation ops: replicated (consumers slice them for free)
         try:
-            p = propagate(op.target, args, out_pins=out_pins, cost_model=cm, tensor_dtype=dtypes or "float32", **kw)
-            params = opdef.bind(tuple(args), kw)
+            p, params = opdef.resolve(args, kw, tuple(pins.get(o) for o in op.outputs), cm, dtypes, typed)
         except ShardingError as e:
             raise type(e)(f"op {op.name} ({op.target}): {e}") from None
-        targets = []
         for i, a, tgt in zip(op.inputs, args, p.input_targets):
-            if isinstance(a, Sharding) and tgt != a:
+            if tgt is not a and type(a) is Sharding and tgt != a:
                 move(i, a, tgt, op.name)
-            targets.append(tgt)
         for o, s in zip(op.outputs, p.outputs):
             final = pins.get(o, s)
-            if final != s:
+            if final is not s and final != s:
                 move(o, s, final, op.name)
             shard[o] = final
-        planned.append(PlannedOp(op.name, op.target, tuple(op.inputs), tuple(targets), tuple(p.outputs), params))
+        planned.append(PlannedOp(op.name, op.target, op.inputs, tuple(p.input_targets), tuple(p.outputs), params))
     return Plan(program, mesh, shard, planned, collectives, time.perf_counter() - t0, moves, cm)
 
 

@@ -212,19 +212,29 @@ class ProgramBuilder:
         the first tensor input's)."""
         from .shapes import shape_of
 
-        specs = [self._tensors[i] if isinstance(i, str) else i for i in inputs]
-        shapes = shape_of(target, [s.shape if isinstance(s, TensorSpec) else s for s in specs], params)
-        dtype = next((s.dtype for s in specs if isinstance(s, TensorSpec)), "float32")
+        tensors = self._tensors
+        in_shapes, dtype = [], None
+        for i in inputs:
+            if type(i) is str:
+                spec = tensors.get(i)
+                if spec is None:
+                    raise ProgramError(f"op {name or target}: input {i!r} is not a tensor defined before it")
+                in_shapes.append(spec.shape)
+                dtype = dtype or spec.dtype
+            else:
+                in_shapes.append(i)
+        dtype = dtype or "float32"
+        shapes = shape_of(target, in_shapes, params)
         self._count += 1
         base = name or f"{target.split('.')[0].replace('aten', '').strip('_:') or 'op'}_{self._count}"
-        outs = [base] if len(shapes) == 1 else [f"{base}.{k}" for k in range(len(shapes))]
-        if not shapes:
-            outs = []
+        outs = [] if not shapes else [base] if len(shapes) == 1 else [f"{base}.{k}" for k in range(len(shapes))]
         dts = list(dtypes) if dtypes is not None else [dtype] * len(outs)
         for o, shp, dt in zip(outs, shapes, dts):
-            self._add(TensorSpec(o, tuple(shp), str(dt or dtype), "value"))
-        frozen = tuple(sorted((k, _freeze(v)) for k, v in params.items()))
-        self._add_op(Op(target, tuple(inputs), frozen, tuple(outs), base))
+            if o in tensors:
+                raise ProgramError(f"tensor {o!r} is defined twice")
+            tensors[o] = TensorSpec(o, tuple(shp), str(dt or dtype), "value")  # shapes from the op rules
+        frozen = tuple(sorted((k, _freeze(v)) for k, v in params.items())) if params else ()
+        self._ops.append(Op(target, tuple(inputs), frozen, tuple(outs), base))
         if not outs:
             return None
         return outs[0] if n_out == 1 else tuple(outs)

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+from ..caches import register_clearer
 from ..mesh import Mesh
 from ..sharding import Sharding
 
@@ -13,7 +14,33 @@ _ONE = Mesh((1,), ("one",))
 
 
 def shape_of(target: str, input_shapes: list, params: dict) -> list:
-    """Output shapes of ``target`` on inputs of ``input_shapes`` (non-tuples are constants)."""
+    """Output shapes of ``target`` on inputs of ``input_shapes`` (non-tuples are constants);
+    memoised per (op, input shapes, params), so a repeated layer costs a dictionary probe."""
+    from ..ops.registry import _typed
+
+    try:
+        key = (target, _typed(list(input_shapes)), _typed(params))
+        hash(key)
+    except TypeError:  # an unhashable param: computed every time
+        return _shape_of(target, input_shapes, params)
+    return list(_shape_memo(key, target, tuple(input_shapes), params))
+
+
+def _shape_memo(key, target, input_shapes, params):
+    hit = _SHAPES.get(key)
+    if hit is None:
+        if len(_SHAPES) >= _SHAPES_MAX:
+            _SHAPES.clear()
+        hit = _SHAPES[key] = tuple(_shape_of(target, list(input_shapes), params))
+    return hit
+
+
+_SHAPES: dict = {}
+_SHAPES_MAX = 1 << 14
+register_clearer("shardlayout.program.shapes._SHAPES", _SHAPES.clear, _SHAPES.__len__)
+
+
+def _shape_of(target: str, input_shapes: list, params: dict) -> list:
     from ..ops.registry import get_op
     from ..propagation import propagate
 

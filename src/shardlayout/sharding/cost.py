@@ -78,6 +78,11 @@ class CostModel:
             sa(self, name, _check_positive(name, getattr(self, name)))
         if self.default_bandwidth == 0 or any(v == 0 for _, v in self.bandwidth):
             raise ShardingSpecError("CostModel: a bandwidth of 0 would make every collective infinite; give > 0")
+        sa(self, "_hash", hash((self.latency, self.hop_latency, self.bandwidth, self.default_hop_latency,
+                                self.default_bandwidth, self.all_to_all_penalty)))
+
+    def __hash__(self) -> int:  # computed once: a CostModel is part of every memo key
+        return self._hash
 
     def axis_bandwidth(self, axis: str) -> float:
         """Bytes per second on ``axis``. ``CostModel().axis_bandwidth("tp") -> 94166581657.6``."""
