@@ -29,8 +29,11 @@ test: $(DEVSTAMP)
 lint: $(DEVSTAMP)
 	$(BIN)/ruff check src tests benchmarks
 
+# every benchmark (each times ours and its peer in one run), then README's tables from their output
+BENCHES := layout view strategy plan verify run
 bench: $(DEVSTAMP)
-	$(BIN)/python benchmarks/bench_layout.py
+	for b in $(BENCHES); do $(BIN)/python benchmarks/bench_$$b.py || exit 1; done
+	$(BIN)/python benchmarks/update_readme.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .hypothesis

@@ -45,6 +45,10 @@ import sys
 import tempfile
 import time
 from datetime import timedelta
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from report import emit, table  # noqa: E402
 
 ROUNDS = 3
 STEPS = 30
@@ -409,30 +413,26 @@ def main() -> int:
     def cli_range(mode):
         return min(st["min"] for st in cli[mode]), max(st["max"] for st in cli[mode])
 
-    print(f"## `shardlayout run` vs DTensor vs hand-written — {LAYERS}-layer Llama (b={BATCH}, s={SEQ}, d={DIM}, "
-          f"{HEADS} heads, ffn={FFN}), tp={WORLD}, Megatron, gloo CPU, float32, 1 thread/rank\n")
-    print(f"{ROUNDS} rounds × {STEPS} timed steps per side and mode (rank 0, each step between two barriers); "
-          "median (min–max) over all rounds' steps. CLI: median of its per-run medians, min–max over its runs.\n")
-    print("| side | forward ms | fwd+bwd ms | collectives / fwd step | collectives / fwd+bwd step |")
-    print("|---|---|---|---|---|")
+    method = (f"**bench_run** — `shardlayout run` vs DTensor vs hand-written: a {LAYERS}-layer Llama (b={BATCH}, "
+              f"s={SEQ}, d={DIM}, {HEADS} heads, ffn={FFN}), tp={WORLD}, Megatron, gloo CPU, float32, 1 thread per "
+              f"rank. {ROUNDS} rounds × {STEPS} timed steps per side and mode (rank 0, each step between two "
+              "barriers), sides interleaved step by step in one process group; median (min–max) over all "
+              "rounds' steps, ms. CLI: median of its per-run medians, min–max over its runs. All sides are "
+              "checked to compute the same output and gradients before timing.")
+    header = ["side", "forward ms", "fwd+bwd ms", "collectives / fwd step", "collectives / fwd+bwd step"]
     lo, hi = cli_range("fwd")
     lo2, hi2 = cli_range("fwdbwd")
-    fb = dict(cli_counts["fwdbwd"])
-    print(f"| ours — `shardlayout run --repeat` CLI (fwd+bwd: every backward collective) | {_ms(cli_med('fwd'))} "
-          f"({_ms(lo)}–{_ms(hi)}) | {_ms(cli_med('fwdbwd'))} ({_ms(lo2)}–{_ms(hi2)}) | {_counts(cli_counts['fwd'])} | "
-          f"{_counts(fb)} |")
+    rows = [["ours — `shardlayout run --repeat` CLI", f"{_ms(cli_med('fwd'))} ({_ms(lo)}–{_ms(hi)})",
+             f"{_ms(cli_med('fwdbwd'))} ({_ms(lo2)}–{_ms(hi2)})", _counts(cli_counts["fwd"]),
+             _counts(dict(cli_counts["fwdbwd"]))]]
     names = {"ours": "ours — same engine, in-process, interleaved",
              "dtensor": "DTensor `parallelize_module`", "hand": "hand-written local shards (floor)"}
     for s in SIDES:
-        print(f"| {names[s]} | {_cell(pooled[s + '|fwd'])} | {_cell(pooled[s + '|fwdbwd'])} | "
-              f"{_counts(counts[s + '|fwd'])} | {_counts(counts[s + '|fwdbwd'])} |")
-
-    print(f"| empty step: the two barriers alone (in every row above) | {_cell(pooled['empty|fwd'])} | "
-          f"{_cell(pooled['empty|fwdbwd'])} | 0 | 0 |")
-
-    print("\n| ratio (> 1: ours slower) | forward | fwd+bwd | per-round range fwd | per-round range fwd+bwd "
-          "| fwd, fwd+bwd net of the empty step |")
-    print("|---|---|---|---|---|---|")
+        rows.append([names[s], _cell(pooled[s + "|fwd"]), _cell(pooled[s + "|fwdbwd"]), _counts(counts[s + "|fwd"]),
+                     _counts(counts[s + "|fwdbwd"])])
+    rows.append(["empty step: the two barriers alone (in every row above)", _cell(pooled["empty|fwd"]),
+                 _cell(pooled["empty|fwdbwd"]), "0", "0"])
+    ratio_rows = []
     for peer in ("dtensor", "hand"):
         for who in ("cli", "ours"):
             cells, ranges, net = [], [], []
@@ -445,11 +445,14 @@ def main() -> int:
                        / med(f"{peer}|{mode}", rnd) for i, rnd in enumerate(inproc)]
                 ranges.append(f"{min(per):.2f}–{max(per):.2f}")
             label = "ours CLI" if who == "cli" else "ours in-process"
-            print(f"| {label} / {names[peer].split(' ')[0]} | {cells[0]} | {cells[1]} | {ranges[0]} | {ranges[1]} "
-                  f"| {net[0]}, {net[1]} |")
-    print("\nsame work, checked before timing (max over rounds; |side − hand| / max|hand|, ours and DTensor): "
-          + ", ".join(f"{k} {v:.1e}" for k, v in worst_check.items()))
-    print(f"\ntotal {time.perf_counter() - t_start:.0f} s")
+            ratio_rows.append([f"{label} / {names[peer].split(' ')[0]}", cells[0], cells[1], ranges[0], ranges[1],
+                               f"{net[0]}, {net[1]}"])
+    notes = (table(["ratio (> 1: ours slower)", "forward", "fwd+bwd", "per-round range fwd",
+                    "per-round range fwd+bwd", "fwd, fwd+bwd net of the empty step"], ratio_rows)
+             + "\n\nSame work, checked before timing (max over rounds; |side − hand| / max|hand|): "
+             + ", ".join(f"{k} {v:.1e}" for k, v in worst_check.items()) + ".")
+    emit("run", method, header, rows, notes)
+    print(f"total {time.perf_counter() - t_start:.0f} s", file=sys.stderr)
     bad = [k for k, v in worst_check.items() if not v < 1e-4]
     if bad:
         print(f"MISMATCH: {bad}", file=sys.stderr)

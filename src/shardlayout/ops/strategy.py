@@ -386,10 +386,20 @@ def candidates(fm: FactorMap, inputs: list, out_shapes: list, out_pins: tuple = 
         yield choices, targets, outputs
 
 
+@memo(1 << 14)
+def _letter_options(axes: tuple, n: int, carriers: tuple, mesh, even: bool) -> tuple:
+    """``letter_structures`` of a letter, only the even ones when the rule needs them even."""
+    opts = letter_structures(axes, n, list(carriers), mesh)
+    return tuple(fs for fs in opts if _even(fs, n, mesh)) if even else tuple(opts)
+
+
 def _per_axis_candidates(fm, inputs, out_shapes, out_pins, mesh, seen):
     sizes = _letter_sizes(fm, inputs, out_shapes)
     per_axis = [axis_options(fm, inputs, a) for a in mesh.names]
     order = {n: i for i, n in enumerate(mesh.names)}
+    carriers = {L: tuple(_carriers(fm, inputs, out_pins, L, n)) for L, n in sizes.items()}
+    uses = [None if x is None else axis_usage(x) for x in inputs]
+    summing = fm.linear in ("sum", "max", "min")
     for combo in cartesian(*per_axis):
         letter_axes: dict = {}
         partial = []
@@ -399,29 +409,22 @@ def _per_axis_candidates(fm, inputs, out_shapes, out_pins, mesh, seen):
             elif opt[0] == "P":
                 partial.append((a, opt[1]))
         letters = sorted(letter_axes)
-        options = [letter_structures(tuple(letter_axes[L]), sizes[L],
-                                     _carriers(fm, inputs, out_pins, L, sizes[L]), mesh) for L in letters]
-        options = [[fs for fs in opts if _even(fs, sizes[L], mesh)] if L in fm.even else opts
-                   for L, opts in zip(letters, options)]
+        options = [_letter_options(tuple(letter_axes[L]), sizes[L], carriers[L], mesh, L in fm.even)
+                   for L in letters]
         red = [(a, fm.reduce) for L in letters if L not in fm.output for a in letter_axes[L]]
         out_partial = tuple(sorted(partial + red, key=lambda p: order[p[0]]))
         choices = tuple(zip(mesh.names, combo))
+        keeps = [None if use is None else tuple((a, op) for a, op in partial if summing or use[a] == ("P", op))
+                 for use in uses]
         for pick in cartesian(*options):
             structure = tuple((L, (sizes[L], fs)) for L, fs in zip(letters, pick))
-            targets = []
-            for x, lt in zip(inputs, fm.inputs):
-                if x is None:
-                    targets.append(None)
-                    continue
-                use = axis_usage(x)
-                keep = tuple((a, op) for a, op in partial
-                             if use[a] == ("P", op) or fm.linear in ("sum", "max", "min"))
-                targets.append(_build(mesh, x.shape, lt, structure, keep))
+            targets = tuple(None if x is None else _build(mesh, x.shape, lt, structure, keep)
+                            for x, lt, keep in zip(inputs, fm.inputs, keeps))
             outputs = tuple(_build(mesh, shape, fm.output, structure, out_partial) for shape in out_shapes)
-            key = (tuple(targets), outputs)
+            key = (targets, outputs)
             if key not in seen:
                 seen.add(key)
-                yield choices, tuple(targets), outputs
+                yield choices, targets, outputs
 
 
 def input_moves(src: Sharding, dst: Sharding, tensor_dtype="float32", cost_model=None) -> tuple:

@@ -90,6 +90,12 @@ def _local_bytes(s: Sharding, nbytes: int) -> int:
 
 @memo(1 << 15)
 def _plan_move(src: Sharding, dst: Sharding, item: int, cost_model) -> tuple:
+    if _only_local(src, dst):  # the common case of the search (a free slice), decided without building
+        return (Collective(CollectiveKind.LOCAL, (), (), 0, src, dst),)
+    return _plan_general(src, dst, item, cost_model)
+
+
+def _plan_general(src: Sharding, dst: Sharding, item: int, cost_model) -> tuple:
     gathered, cur = _move_pieces(src, dst, item)
     first = gathered + _reduce_partials(cur, dst, item)
     reduced = _reduce_partials(src, dst, item) if any(c.kind.communicates for c in gathered) else ()
@@ -102,6 +108,31 @@ def _plan_move(src: Sharding, dst: Sharding, item: int, cost_model) -> tuple:
     if end != dst:  # local: slice the target's new pieces, partition onto new partial axes
         first = first + (Collective(CollectiveKind.LOCAL, (), (), 0, end, dst),)
     return first
+
+
+def _only_local(src: Sharding, dst: Sharding) -> bool:
+    """Does every piece of ``src`` stay at its digit in ``dst`` and every partial axis stay
+    partial? Then the general path below gathers and reduces nothing and ends in one local step:
+    this answers it from the factor lists alone (the same test as ``kept`` there)."""
+    dst_partial = set(dst.partial)
+    if any(p not in dst_partial for p in src.partial):
+        return False
+    a_place = b_place = None
+    for d, (fa, fb) in enumerate(zip(src.dims, dst.dims)):
+        if fa == fb:
+            continue
+        if type(fa) is ChunkProgram or not src.is_even(d) or not dst.is_even(d):
+            if any(f.axis is not None for f in fa) if type(fa) is not ChunkProgram else True:
+                return False
+            continue
+        if a_place is None:
+            a_place, b_place = placed(src), placed(dst)
+        for f in fa:
+            if f.axis is not None:
+                key = (f.axis, f.pre, f.size)
+                if key not in b_place or b_place[key] != a_place.get(key):
+                    return False
+    return True
 
 
 def _move_pieces(src: Sharding, dst: Sharding, item: int) -> tuple:
