@@ -91,3 +91,23 @@ def test_calls_equal_in_python_but_different_in_type_are_told_apart():
     propagate("mean", [s], dim=-1, keepdim=True)
     with pytest.raises(OpError):
         propagate("mean", [s], dim=-1, keepdim=1)
+
+
+def test_paused_gc_restores_the_collector_even_on_error():
+    import gc
+
+    from shardlayout.caches import paused_gc
+
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError):
+        with paused_gc():
+            assert not gc.isenabled()
+            raise RuntimeError("boom")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with paused_gc():
+            pass
+        assert not gc.isenabled()  # a caller's own choice is kept
+    finally:
+        gc.enable()

@@ -10,6 +10,8 @@ with warm caches, cold caches or none (``tests/test_caches.py`` checks it byte f
 
 from __future__ import annotations
 
+import gc
+from contextlib import contextmanager
 from functools import lru_cache
 
 _MEMOS: dict = {}
@@ -57,4 +59,19 @@ def cache_stats() -> dict:
     return out
 
 
-__all__ = ["cache_stats", "clear_caches", "memo", "register_clearer"]
+@contextmanager
+def paused_gc():
+    """Pause Python's cyclic garbage collector for a burst of allocation that makes no cycles
+    worth collecting (planning a model allocates ~10**5 small immutable records; the collector's
+    passes over a growing heap cost a third of the time). Restored on exit, exceptions included.
+    ``with paused_gc(): ...``"""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+__all__ = ["cache_stats", "clear_caches", "memo", "paused_gc", "register_clearer"]

@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..caches import paused_gc
 from ..errors import NotRepresentable, ShardingError
 from ..execute import NumpySimulator, walk
 from ..mesh import Mesh
 from ..ops.registry import get_op
 from ..program import Program
-from ..propagation import propagate
 from ..sharding import Sharding
 from ..sharding.cost import DEFAULT_COST_MODEL, CostModel, cost
 from ..sharding.move import plan_move
@@ -209,14 +209,15 @@ def plan(program: Program, mesh: Mesh, pins: dict | None = None, cost_model: Cos
     user = {k: (Sharding.parse(v, mesh) if isinstance(v, str) else v) for k, v in (pins or {}).items()}
     _check_pins(program, user)
     inferred: dict = {}
-    for _ in range(8 if backward else 1):
-        p = _forward(program, mesh, {**inferred, **user}, cm)
-        if not backward:
-            break
-        new = _infer_backward(program, p, set(user) | set(inferred))
-        if not new:
-            break
-        inferred.update(new)
+    with paused_gc():
+        for _ in range(8 if backward else 1):
+            p = _forward(program, mesh, {**inferred, **user}, cm)
+            if not backward:
+                break
+            new = _infer_backward(program, p, set(user) | set(inferred))
+            if not new:
+                break
+            inferred.update(new)
     p.plan_seconds = time.perf_counter() - t0
     return p
 
