@@ -11,7 +11,7 @@ case), converted for us with ``Sharding.from_placements``. Per case, in random o
   beforehand: we time its sharding propagation (strategy expansion, redistribute costs, choice),
   not FakeTensorMode running the op. That shape inference is timed separately and shown, but
   excluded from the ratio (our search does not run the op either).
-* **ours, cold**: every ``functools`` cache in every loaded ``shardlayout`` module cleared (the
+* **ours, cold**: ``shardlayout.caches.clear_caches()`` (every memo of the package: the
   per-call memo, the search's, ``plan_move``'s, the Sharding and layout-algebra ones), fresh
   ``Mesh`` and ``Sharding`` objects (no cached hashes), then ``propagate`` timed.
 * **ours, warm**: the same call again right after (median of ``WARM_CALLS`` back-to-back calls):
@@ -21,7 +21,8 @@ case), converted for us with ``Sharding.from_placements``. Per case, in random o
 collection itself evicts the CPU caches, which costs either side ~0.1 ms on the next call). One untimed case per
 row first pays one-time set-up (imports, FakeTensorMode) on both sides. Prints a Markdown table:
 medians with the interquartile range, and the ratio DTensor median / ours cold median from this run
-(> 1: ours is faster; < 1: ours is slower). Run: ``python benchmarks/bench_strategy.py``.
+(> 1: ours is faster; < 1: ours is slower). The table and this method go through
+``benchmarks/report.py`` (``results/strategy.md``). Run: ``python benchmarks/bench_strategy.py``.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import random
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -38,6 +40,10 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 
 import shardlayout
 from shardlayout import Mesh, Sharding, propagate
+from shardlayout.caches import clear_caches
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from report import emit  # noqa: E402
 
 ROWS = [("mm", (8,)), ("mm", (2, 4)), ("mm", (2, 2, 4)), ("mm", (2, 2, 2, 2)), ("einsum", (2, 2, 2, 2))]
 REPS = 21
@@ -52,7 +58,7 @@ SEED = 0
 
 def _caches_in(package: str) -> list:
     """Every functools cache at module level (or on a class) in the loaded modules of
-    ``package``."""
+    ``package`` (DTensor's: it has no registry of its caches)."""
     found, seen = [], set()
 
     def add(v):
@@ -74,12 +80,8 @@ def _caches_in(package: str) -> list:
 
 
 def clear_ours() -> None:
-    """Forget everything shardlayout memoised (found afresh each time: modules may change)."""
-    from shardlayout.layout import algebra
-
-    algebra.clear_caches()  # also its plain-dict _COALESCED cache
-    for c in _caches_in("shardlayout"):
-        c.cache_clear()
+    """Forget everything shardlayout memoised: ``shardlayout.caches.clear_caches()``."""
+    clear_caches()
 
 
 def clear_dtensor() -> None:
@@ -232,12 +234,9 @@ def main() -> int:
         rows.append((op, shape, t_dt, t_meta, t_cold, t_warm, cands, first))
     elapsed = time.perf_counter() - t_start
 
-    print(f"torch {torch.__version__}, shardlayout {getattr(shardlayout, '__version__', '?')}; "
-          f"{REPS} cases per row (seed {SEED}), {elapsed:.0f} s in all")
-    print()
-    print("| op | mesh | DTensor propagation, ms | ours cold, ms | DTensor ÷ ours cold | ours warm (memo hit) "
-          "| candidates we price | DTensor fake shape inference (excluded), ms |")
-    print("|---|---|---|---|---|---|---|---|")
+    header = ["op", "mesh", "DTensor propagation, ms", "ours cold, ms", "DTensor ÷ ours cold", "ours warm (memo hit)",
+              "candidates we price", "DTensor fake shape inference (excluded), ms"]
+    table = []
     for op, shape, t_dt, t_meta, t_cold, t_warm, cands, _ in rows:
         mesh = "x".join(map(str, shape))
         cand = f"{statistics.median(cands):.0f} ({min(cands)}–{max(cands)})"
@@ -249,12 +248,15 @@ def main() -> int:
             dcol, mcol = fmt_ms(t_dt), fmt_ms(t_meta)
         else:
             ratio, dcol, mcol = "n/a", "n/a: no strategy for aten.einsum", "n/a"
-        print(f"| {op} | {mesh} | {dcol} | {fmt_ms(t_cold)} | {ratio} | {fmt_us(t_warm)} | {cand} | {mcol} |")
-    print()
-    print("Medians over the cases, (p25–p75) in brackets; the ratio is DTensor's median over our cold median"
-          " (> 1: ours faster), its brackets the p25–p75 of the per-case paired ratios. Which side ran first"
-          " was random per case: " + ", ".join(
-              f"{'x'.join(map(str, s))} ours first {f['ours']}/{REPS}" for o, s, *_, f in rows if o == "mm") + ".")
+        table.append([op, mesh, dcol, fmt_ms(t_cold), ratio, fmt_us(t_warm), cand, mcol])
+    method = (f"### Strategy selection, cold ({REPS} cases per row, seed {SEED}; torch {torch.__version__}, "
+              f"shardlayout {getattr(shardlayout, '__version__', '?')}; {elapsed:.0f} s in all)\n\n"
+              + __doc__.split("The table and this method")[0].strip())
+    notes = ("Medians over the cases, (p25–p75) in brackets; the ratio is DTensor's median over our cold median"
+             " (> 1: ours faster), its brackets the p25–p75 of the per-case paired ratios. Which side ran first"
+             " was random per case: " + ", ".join(
+                 f"{'x'.join(map(str, s))} ours first {f['ours']}/{REPS}" for o, s, *_, f in rows if o == "mm") + ".")
+    emit("strategy", method, header, table, notes)
     return 0
 
 

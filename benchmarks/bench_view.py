@@ -39,7 +39,6 @@ from pathlib import Path
 from torch.distributed.tensor._ops._view_ops import propagate_shape_and_sharding, view_groups
 from torch.distributed.tensor.placement_types import Replicate, Shard
 
-import shardlayout
 from shardlayout import Mesh, Sharding, propagate
 from shardlayout.caches import clear_caches
 from shardlayout.config import options

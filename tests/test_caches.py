@@ -60,7 +60,7 @@ def test_clear_caches_empties_every_memo_and_stats_name_them():
     prog = llama(layers=1)
     plan(prog, mesh, style_pins(prog, mesh, "megatron"))
     stats = cache_stats()
-    assert stats["shardlayout.ops.registry._memo"]["size"] > 0
+    assert stats["shardlayout.ops.registry._SEEN"]["size"] > 0
     assert all(s["maxsize"] is None or s["size"] <= s["maxsize"] for s in stats.values())
     clear_caches()
     assert all(s["size"] == 0 for s in cache_stats().values())

@@ -13,6 +13,7 @@ from .errors import (
     ShardingError,
     ShardingSpecError,
     ShardMismatch,
+    UnmatchedStyle,
     UnsupportedOp,
 )
 from .layout import Layout
@@ -47,6 +48,7 @@ __all__ = [
     "ShardingError",
     "ShardingSpecError",
     "ShardMismatch",
+    "UnmatchedStyle",
     "UnsupportedOp",
     "__version__",
 ]

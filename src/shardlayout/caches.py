@@ -49,7 +49,7 @@ def clear_caches() -> None:
 
 def cache_stats() -> dict:
     """``{name: {"size", "maxsize", "hits", "misses"}}`` for every registered memo (hits and misses
-    are None for plain-dict caches). ``cache_stats()["shardlayout.ops.registry._memo"]["hits"]``"""
+    are None for plain-dict caches). ``cache_stats()["shardlayout.ops.strategy._build"]["hits"]``"""
     out = {}
     for name, f in sorted(_MEMOS.items()):
         info = f.cache_info()

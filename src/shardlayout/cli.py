@@ -32,7 +32,9 @@ def _parse_operand(text: str):
     text = text.strip()
     if text in ("_", "None"):
         return None
-    if text.lstrip("-").isdigit():
+    if text.count("[") > 32:  # each level re-splits the text: refuse absurd nesting before it costs seconds
+        raise ShardingError(f"operand {text[:40]!r}... nests more than 32 '[' levels")
+    if text.lstrip("-").isascii() and text.lstrip("-").isdigit():
         return int(text)
     if text.startswith("[") and text.endswith("]"):
         parts = _split_top(text[1:-1])
@@ -57,6 +59,8 @@ def cmd_layout(args) -> int:
 
 def _parse_shape(text: str) -> tuple:
     try:
+        if not text.isascii():  # int() would read '８' or '٨' as 8
+            raise ValueError
         shape = tuple(int(x) for x in text.replace("(", "").replace(")", "").split(",") if x.strip())
     except ValueError:
         raise ShardingError(f"--shape {text!r} is not a comma-separated list of ints, e.g. 8,12") from None
@@ -139,9 +143,6 @@ def _spec_text(spec) -> str:
     return "PartitionSpec(" + ", ".join(one(x) for x in spec) + ")"
 
 
-PICTURE_LIMIT = 1 << 20
-
-
 def print_sharding(s, info: dict) -> None:
     from .report import picture
 
@@ -159,13 +160,7 @@ def print_sharding(s, info: dict) -> None:
     if info["layout"]:
         print(f"layout      {info['layout']}   ((local dims), (mesh axes)) -> offset")
     print()
-    n = 1
-    for x in s.shape:
-        n *= x
-    if n > PICTURE_LIMIT:  # the picture colours every element: bounded, never the whole of a real tensor
-        print(f"(picture elided: {n} elements, over {PICTURE_LIMIT}; each rank's index ranges follow)")
-    else:
-        print(picture(s))
+    print(picture(s))  # per block from the factors (report/cells.py): bounded whatever the tensor and mesh
     print()
     for row in info["ranks"][:16]:
         coord = ",".join(f"{k}={v}" for k, v in row["coord"].items())
@@ -181,10 +176,13 @@ def print_sharding(s, info: dict) -> None:
 def cmd_show(args) -> int:
     s = sharding_from_args(args)
     info = describe(s, None if args.json else 16)  # the text shows 16 ranks: compute only those
+    info.update(_figures(args, lambda path, fmt: _report("figure").sharding_figure(s, path, fmt)))
     if args.json:
         print(json.dumps(info))
     else:
         print_sharding(s, info)
+        for path in info.get("pictures", ()):
+            print(f"picture written to {path}")
     return 0
 
 
@@ -239,9 +237,11 @@ def _parse_param(text: str):
     k, v = text.split("=", 1)
     v = v.strip()
     try:
-        value = json.loads(v)
+        value = json.loads(v, parse_constant=str)  # NaN / Infinity stay text: no param takes them as numbers
     except ValueError:
         value = v
+    except RecursionError:
+        raise ShardingError(f"--param {k.strip()}: the value is nested too deeply") from None
     if isinstance(value, list):
         value = tuple(value)
     return k.strip(), value
@@ -300,13 +300,58 @@ def _collective_line(c, cm) -> str:
 
 
 def cmd_plan(args) -> int:
-    p = jobs.build_plan(args)
-    v = p.verify() if args.verify else None
+    if args.max_rows < 0:
+        raise ShardingError(f"--max-rows {args.max_rows}: give 0 or more tensor rows to print")
+    if args.style == "auto":
+        return _plan_auto(args)
+    with _report("progress").task(f"planning on mesh {args.mesh}"):  # a transient bar past ~2 s on a terminal
+        p = jobs.build_plan(args)
+    with _report("progress").task(f"verifying ({args.verify})"):
+        v = p.verify(mode=args.verify) if args.verify else None
+    pictures = _figures(args, lambda path, fmt: _report("figure").plan_figure(p, path, fmt, _plan_title(p, args)))
     if args.json:
         print(p.to_json())
         return 0 if v is None or v.ok else 1
     print_plan(p, v, args)
+    for path in pictures.get("pictures", ()):
+        print(f"picture written to {path}")
     return 0 if v is None or v.ok else 1
+
+
+def _plan_auto(args) -> int:
+    """``plan --style auto``: the plan, then how it was found and what it costs against each style."""
+    a = jobs.build_auto(args)
+    p = a.plan
+    v = p.verify(mode=args.verify) if args.verify else None
+    if args.json:
+        data = json.loads(p.to_json())
+        data["auto"] = a.to_json()
+        print(json.dumps(data, indent=1, sort_keys=True))
+    else:
+        print_plan(p, v, args)
+        print()
+        print(a.text())
+    return 0 if v is None or v.ok else 1
+
+
+def _report(name: str):
+    import importlib
+
+    return importlib.import_module(f".report.{name}", __package__)
+
+
+def _figures(args, draw) -> dict:
+    """Write the pictures --png / --svg ask for with ``draw(path, fmt)``: ``{"pictures": [...]}``."""
+    done = [draw(path, fmt) for fmt, path in (("png", getattr(args, "png", None)), ("svg", getattr(args, "svg", None)))
+            if path]
+    return {"pictures": done} if done else {}
+
+
+def _plan_title(p, args) -> str:
+    source = (getattr(args, "module", None) or getattr(args, "export", None) or getattr(args, "program", None)
+              or getattr(args, "model", "program"))
+    return f"plan of {source} ({len(p.program.ops)} ops) on mesh {p.mesh}" + (
+        f", style {args.style}" if getattr(args, "style", None) else "")
 
 
 def print_plan(p, v, args) -> None:
@@ -318,6 +363,8 @@ def print_plan(p, v, args) -> None:
     print(f"plan of {source} ({len(prog.ops)} ops, {len(prog.tensors)} tensors) "
           f"on mesh {p.mesh}" + (f", style {args.style}" if getattr(args, "style", None) else ""))
     print()
+    if p.matched is not None:
+        print_matched(p.matched, args)
     w = max(len(n) for n in shown)
     print(f"{'tensor'.ljust(w)}  {'shape':<14} sharding")
     for n in shown[: args.max_rows]:
@@ -337,10 +384,32 @@ def print_plan(p, v, args) -> None:
     print(f"total: {len(p.collectives)} collectives ({counts or 'none'}), {p.total_bytes} bytes, "
           f"~{p.total_seconds * 1e6:.1f} µs estimated; planned in {p.plan_seconds * 1e3:.1f} ms")
     if v is not None:
-        if v.ok:
+        if v.ok and v.mode == "full":
             print(f"verified: every rank simulated in numpy; all {v.checked} tensors equal the unsharded run")
+        elif v.ok:
+            how = "proven at the index level for every rank" if v.proven else \
+                f"proven for every rank except {len(v.unproven)} op(s) checked numerically only"
+            print(f"verified: all {v.checked} tensors {how}; {v.simulated} local runs of {v.classes} rank classes "
+                  f"({v.ops} distinct ops, {v.collectives} distinct collectives) equal the unsharded values")
         else:
             print(f"NOT verified: {v.first_mismatch} differs (max error {v.max_error:.3g})")
+
+
+def print_matched(matched: list, args, limit: int = 12) -> None:
+    """The blocks the style / TP plan found, one line each (the first ``limit``)."""
+    from collections import Counter
+
+    what = " and ".join(x for x in (f"style {args.style}" if getattr(args, "style", None) else "",
+                                    "--tp-plan" if getattr(args, "tp_plan", None) else "") if x)
+    kinds = Counter(m["kind"] for m in matched)
+    print(f"{what} matched " + (", ".join(f"{n} {k}" for k, n in kinds.items()) or "nothing") + ":")
+    for m in matched[:limit]:
+        pre = m["block"] + "." if m["block"] else ""
+        names = [n[len(pre):] if pre and n.startswith(pre) else n for n in m["tensors"]]
+        print(f"  {m['kind']:<10} {m['block'] or '(root)'}: {', '.join(names)}")
+    if len(matched) > limit:
+        print(f"  ... {len(matched) - limit} more (--json lists every one)")
+    print()
 
 
 def _add_sharding_args(p) -> None:
@@ -360,7 +429,7 @@ def cmd_demo(args) -> int:
                             pin=None, max_rows=24)
     print("shardlayout demo: a 2-layer Llama block on mesh dp=2,tp=4, Megatron tensor + sequence parallel\n")
     p = jobs.build_plan(ns)
-    v = p.verify()
+    v = p.verify(mode="full")
     print_plan(p, v, ns)
     print("\nThe same with --style megatron gives exactly 4 all-reduces on tp; try:")
     print("  shardlayout plan --style megatron --verify     shardlayout show --mesh dp=2,tp=4 --shape 8,12 "
@@ -398,7 +467,8 @@ def cmd_run(args) -> int:
             raise ShardingError(f"--nproc {nproc}: the mesh {mesh} has {mesh.size} devices; one rank per device")
         jobs.build_plan(args)  # bad input fails here, once, before any rank starts
         try:
-            report = launch(opts, nproc)
+            with _report("progress").task(f"running on {nproc} ranks"):
+                report = launch(opts, nproc)
         except RunError as e:  # the run failed (a rank died, a timeout): exit 1, not 2
             print(f"shardlayout: error: {e}", file=sys.stderr)
             return 1
@@ -424,7 +494,8 @@ def cmd_run(args) -> int:
 
 def cmd_export(args) -> int:
     """Per parameter, the plan's sharding as DTensor placements or a JAX PartitionSpec."""
-    p = jobs.build_plan(args)
+    with _report("progress").task(f"planning on mesh {args.mesh}"):
+        p = jobs.build_plan(args)
     entries = p.to_dtensor() if args.to == "dtensor" else p.to_partition_specs()
     data = {"target": args.to, "mesh": {"names": list(p.mesh.names), "shape": list(p.mesh.shape)},
             "tensors": entries}
@@ -447,14 +518,57 @@ def _add_model_args(pl) -> None:
     pl.add_argument("--export", help="a torch.export .pt2 file")
     pl.add_argument("--layers", type=int, default=2)
     pl.add_argument("--mesh", default="dp=2,tp=4")
-    pl.add_argument("--style", choices=["dp", "megatron", "megatron-sp", "fsdp", "ep"], default=None)
+    pl.add_argument("--style", choices=["dp", "megatron", "megatron-sp", "fsdp", "ep", "auto"], default=None,
+                    help="pins found by graph structure (attention/MLP blocks, embeddings, norms, heads, experts)")
+    pl.add_argument("--tp-plan", help="a torchtitan-style TP plan JSON: {\"layers.*.attention.wq\": \"colwise\", ...}")
+    pl.add_argument("--allow-unmatched", action="store_true",
+                    help="plan even when the style or a --tp-plan pattern matches nothing")
     pl.add_argument("--pin", action="append", help="name=SHARDING pins any tensor (repeatable)")
+    pl.add_argument("--memory", help="--style auto: memory per device, e.g. 80GiB, 512MiB, 40KiB")
+    pl.add_argument("--flop-rate", type=float, help="--style auto: FLOP/s of one device (default 1e14)")
+    pl.add_argument("--training", choices=["adam", "momentum", "sgd", "inference"], default="adam",
+                    help="--style auto: optimizer state kept per parameter, and whether a backward runs")
+
+
+def _add_picture_args(p, what: str) -> None:
+    p.add_argument("--png", metavar="FILE", help=f"also write a picture ({what}) as PNG (needs matplotlib)")
+    p.add_argument("--svg", metavar="FILE", help=f"also write a picture ({what}) as SVG (needs matplotlib)")
+
+
+def _ascii_int(text: str) -> int:
+    """argparse's ``type=int``, ASCII digits only (Python's int() reads '２' as 2)."""
+    if not text.strip().isascii() or len(text.strip()) > 19:
+        raise ValueError(text)
+    return int(text)
+
+
+def _ascii_float(text: str) -> float:
+    if not text.strip().isascii():
+        raise ValueError(text)
+    return float(text)
+
+
+_ascii_int.__name__, _ascii_float.__name__ = "int", "float"  # argparse names the type in its message
+_USAGE_ERROR: list = []
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with ASCII-only ints and floats, and usage errors as one line (exit 2)."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.register("type", int, _ascii_int)
+        self.register("type", float, _ascii_float)
+
+    def error(self, message):
+        _USAGE_ERROR[:] = [message]
+        self.exit(2, f"shardlayout: error: {message} (see '{self.prog} --help')\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
-    p = argparse.ArgumentParser(prog="shardlayout", description=__doc__.splitlines()[0])
+    p = _Parser(prog="shardlayout", description=__doc__.splitlines()[0])
     p.add_argument("--version", action="version", version=f"shardlayout {__version__}")
     p.add_argument("--debug", action="store_true", help="show the Python traceback of an error")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -462,6 +576,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=cmd_demo)
     sh = sub.add_parser("show", help="a sharding in every notation, with a picture of who holds what")
     _add_sharding_args(sh)
+    _add_picture_args(sh, "who holds what")
     sh.set_defaults(func=cmd_show)
     vw = sub.add_parser("view", help="propagate a sharding through a view/reshape")
     _add_sharding_args(vw)
@@ -471,9 +586,12 @@ def build_parser() -> argparse.ArgumentParser:
     vw.set_defaults(func=cmd_view)
     pl = sub.add_parser("plan", help="plan a whole model: every tensor's sharding and every collective")
     _add_model_args(pl)
-    pl.add_argument("--verify", action="store_true", help="simulate every rank and compare with the unsharded run")
+    pl.add_argument("--verify", nargs="?", const="classes", choices=["classes", "full"],
+                    help="prove the plan for every rank and simulate one pair per rank class (--verify=full: "
+                         "simulate every rank) and compare with the unsharded run")
     pl.add_argument("--json", action="store_true")
     pl.add_argument("--max-rows", type=int, default=40, help="tensor rows to print")
+    _add_picture_args(pl, "a per-layer diagram of shardings and collectives")
     pl.set_defaults(func=cmd_plan)
     rn = sub.add_parser("run", help="run the plan on torch.distributed (forward) and compare with the unsharded run")
     _add_model_args(rn)
@@ -534,12 +652,18 @@ def main(argv=None) -> int:
     import warnings
 
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # a usage error: one line on stderr (and the error object with --json)
+        if e.code == 2 and _USAGE_ERROR and "--json" in (sys.argv[1:] if argv is None else argv):
+            print(json.dumps({"error": {"type": "UsageError", "message": _USAGE_ERROR[0]}}))
+        raise
     try:
         with warnings.catch_warnings():
             if not args.debug:  # third-party warnings (torch.export's FutureWarnings) stay off stderr
                 warnings.simplefilter("ignore")
-            return args.func(args)
+            with _report("progress").enabled(not getattr(args, "json", False)):  # bars: a terminal, not --json
+                return args.func(args)
     except BrokenPipeError:  # e.g. piped into `head`
         import os
 
@@ -548,7 +672,9 @@ def main(argv=None) -> int:
     except (ShardingError, TypeError) as e:
         if args.debug:
             raise
-        return _fail(args, type(e).__name__, str(e), 2)
+        from .plan.auto import NoPlanFits
+
+        return _fail(args, type(e).__name__, str(e), 1 if isinstance(e, NoPlanFits) else 2)
     except (KeyboardInterrupt, SystemExit):
         raise
     except Exception as e:  # noqa: BLE001 - a failure we did not foresee: one line, exit 1

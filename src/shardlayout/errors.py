@@ -49,3 +49,8 @@ class RunError(ShardingError):
 
 class SimulationUnsupported(ShardingError):
     """An op the numpy simulator cannot run (random, undefined or data-dependent values)."""
+
+
+class UnmatchedStyle(ShardingError):
+    """A style or TP plan that matches nothing in the model (a pattern naming no module, a
+    style finding none of the blocks it shards)."""

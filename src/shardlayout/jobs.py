@@ -2,7 +2,7 @@
 
 ``plan``, ``run`` and ``demo`` (and every rank of a ``run``) build their plan here from the same
 options (``model``, ``program``, ``module``, ``export``, ``layers``, ``mesh``, ``style``,
-``pin``), so a rank rebuilds exactly the plan the command printed.
+``tp_plan``, ``allow_unmatched``, ``pin``), so a rank rebuilds exactly the plan the command printed.
 
     >>> from argparse import Namespace
     >>> p = build_plan(Namespace(model="llama", program=None, module=None, export=None, layers=1,
@@ -29,14 +29,29 @@ def load_program(args):
         module, example_args = _call_factory(args.module)
         return from_torch(module, example_args)
     if getattr(args, "export", None):
+        import logging
+        import os
+        import zipfile
+
+        if not os.path.isfile(args.export):
+            raise ShardingError(f"--export {args.export}: no such file")
+        if not zipfile.is_zipfile(args.export):  # before torch, which would log a traceback
+            raise ShardingError(f"--export {args.export}: not a torch.export archive (.pt2, a zip file written by "
+                                "torch.export.save)")
         import torch
 
         from .program.torch_import import from_exported
 
+        quiet = logging.getLogger("torch.export")  # it logs a traceback before falling back to old archives
+        level, quiet.level = quiet.level, logging.CRITICAL
         try:
-            return from_exported(torch.export.load(args.export))
-        except (OSError, RuntimeError) as e:
-            raise ShardingError(f"--export {args.export}: {e}") from None
+            ep = torch.export.load(args.export)
+        except Exception as e:  # noqa: BLE001 - a damaged or foreign archive: one line
+            raise ShardingError(f"--export {args.export}: torch.export.load failed ({type(e).__name__}): not an "
+                                "archive written by torch.export.save, or a damaged one") from None
+        finally:
+            quiet.setLevel(level)
+        return from_exported(ep)
     if args.program:
         try:
             with open(args.program) as f:
@@ -79,20 +94,25 @@ def _call_factory(spec: str):
     except ModuleNotFoundError as e:
         hint = " (pip install 'shardlayout[torch]')" if e.name == "torch" else ""
         raise ShardingError(f"--module {spec}: importing {target!r} failed: {e}{hint}") from None
-    except Exception as e:  # noqa: BLE001 - the user's module failed: one line, not a traceback
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - the user's module failed (or exited): one line
         raise ShardingError(f"--module {spec}: importing {target!r} failed: {type(e).__name__}: {e}") from None
     factory = getattr(mod, attr, None)
     if not callable(factory):
         raise ShardingError(f"--module {spec}: {target!r} has no callable {attr!r}; name the factory after ':'")
     try:
         got = factory()
-    except Exception as e:  # noqa: BLE001
+    except (Exception, SystemExit) as e:  # noqa: BLE001
         raise ShardingError(f"--module {spec}: {attr}() raised {type(e).__name__}: {e}") from None
     if not (isinstance(got, tuple) and len(got) == 2):
         raise ShardingError(
             f"--module {spec}: {attr}() must return (nn.Module, example_args), got {type(got).__name__}"
         )
     module, example_args = got
+    import torch
+
+    if not isinstance(module, torch.nn.Module):
+        raise ShardingError(f"--module {spec}: {attr}() returned a {type(module).__name__} first; it must return "
+                            "(nn.Module, example_args)")
     return module, tuple(example_args) if isinstance(example_args, (list, tuple)) else (example_args,)
 
 
@@ -100,19 +120,67 @@ def build_plan(args):
     """The Plan the options describe (model, mesh, style, pins)."""
     from .mesh import Mesh
     from .plan import plan
-    from .program.models import style_pins
 
+    if getattr(args, "style", None) == "auto":
+        return build_auto(args).plan
     mesh = Mesh.parse(args.mesh)
     prog = load_program(args)
-    pins = style_pins(prog, mesh, args.style) if args.style else {}
-    for text in args.pin or []:
+    pins, matched = style_and_tp_plan(prog, mesh, args)
+    pins.update(user_pins(args, mesh))
+    p = plan(prog, mesh, pins)
+    p.matched = matched
+    return p
+
+
+def user_pins(args, mesh) -> dict:
+    """``{name: Sharding}`` of the ``--pin name=SHARDING`` options."""
+    from .sharding import Sharding
+
+    pins = {}
+    for text in getattr(args, "pin", None) or []:
         if "=" not in text:
             raise ShardingError(f"--pin {text!r}: write name=SHARDING, e.g. 'x=[dp, 8, 16]'")
         name, sh = text.split("=", 1)
-        from .sharding import Sharding
-
         pins[name.strip()] = Sharding.parse(sh, mesh)
-    return plan(prog, mesh, pins)
+    return pins
 
 
-__all__ = ["build_plan", "load_program"]
+def build_auto(args):
+    """The ``AutoPlan`` of ``--style auto``: the minimum-step-time plan within ``--memory``
+    (``--flop-rate``, ``--training``), keeping the pins of ``--tp-plan`` and ``--pin``."""
+    from .mesh import Mesh
+    from .plan.auto import auto_plan, parse_memory
+
+    mesh = Mesh.parse(args.mesh)
+    prog = load_program(args)
+    pins = {}
+    if getattr(args, "tp_plan", None):
+        from .program.tp_plan import apply_tp_plan, read_tp_plan
+
+        pins.update(apply_tp_plan(prog, mesh, read_tp_plan(args.tp_plan),
+                                  bool(getattr(args, "allow_unmatched", False))).pins)
+    pins.update(user_pins(args, mesh))
+    memory = getattr(args, "memory", None)
+    return auto_plan(prog, mesh, pins, None if memory is None else parse_memory(memory),
+                     flop_rate=getattr(args, "flop_rate", None), training=getattr(args, "training", None) or "adam")
+
+
+def style_and_tp_plan(prog, mesh, args) -> tuple:
+    """``(pins, matched)`` of ``--style`` and ``--tp-plan`` (the plan's entries win); matched is
+    None when neither is given, else the ``[{block, kind, tensors}]`` they found."""
+    from .program.styles import apply_style
+    from .program.tp_plan import apply_tp_plan, read_tp_plan
+
+    allow = bool(getattr(args, "allow_unmatched", False))
+    pins, matched = {}, None
+    if args.style:
+        got = apply_style(prog, mesh, args.style, allow)
+        pins, matched = dict(got.pins), got.matched_json()
+    if getattr(args, "tp_plan", None):
+        got = apply_tp_plan(prog, mesh, read_tp_plan(args.tp_plan), allow)
+        pins.update(got.pins)
+        matched = (matched or []) + got.matched_json()
+    return pins, matched
+
+
+__all__ = ["build_auto", "build_plan", "load_program", "style_and_tp_plan", "user_pins"]

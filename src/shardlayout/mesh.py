@@ -16,6 +16,7 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 MAX_DEVICES = 1 << 20  # per-rank index sets are enumerated: a mesh beyond a million devices is refused
+MAX_AXES = 16  # strategy search grows with the number of axes; no real mesh has more
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,9 @@ class Mesh:
                 raise MeshError(f"Mesh: axis {n!r} has size {s!r}; sizes are positive ints")
         if len(set(names)) != len(names):
             raise MeshError(f"Mesh: axis names {names} repeat; each axis needs its own name")
+        if len(names) > MAX_AXES:
+            raise MeshError(f"Mesh: {len(names)} axes, more than the {MAX_AXES} this tool plans for; "
+                            "merge axes that act together (e.g. dp=2,fsdp=4 as dp=8)")
         total = 1
         for s in shape:
             total *= s
@@ -64,8 +68,11 @@ class Mesh:
                 )
             n, s = part.split("=", 1)
             n, s = n.strip(), s.strip()
-            if not s.isdigit():
-                raise MeshError(f"Mesh.parse: size {s!r} of axis {n!r} is not a positive integer")
+            if not (s.isascii() and s.isdigit()):
+                raise MeshError(f"Mesh.parse: size {s[:24]!r} of axis {n!r} is not a positive integer (ASCII digits)")
+            if len(s) > 18:
+                raise MeshError(f"Mesh.parse: axis {n!r} of size {s[:20]}... ({len(s)} digits) is more than the "
+                                f"{MAX_DEVICES} devices this tool plans for; give a smaller mesh")
             names.append(n)
             shape.append(int(s))
         return Mesh(tuple(shape), tuple(names))

@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-from .ops.registry import get_op
+from .ops.registry import _REGISTRY, get_op
 from .ops.result import Propagation, canonical_op_name
 from .sharding import Sharding
 from .sharding.cost import DEFAULT_COST_MODEL, CostModel
@@ -28,10 +28,10 @@ def propagate(op: str, inputs, *, out_pins=None, cost_model: CostModel | None = 
     """
     if isinstance(inputs, Sharding):
         inputs = [inputs]
-    opdef = get_op(op)
-    return opdef.propagate(tuple(inputs), params, out_pins=out_pins, cost_model=cost_model or DEFAULT_COST_MODEL,
-                           tensor_dtype=tuple(map(str, tensor_dtype)) if isinstance(tensor_dtype, (tuple, list))
-                           else str(tensor_dtype))
+    opdef = (_REGISTRY.get(op) if type(op) is str else None) or get_op(op)  # a short name is a key as it is
+    return opdef.resolve(tuple(inputs), params, out_pins, cost_model or DEFAULT_COST_MODEL,
+                         tuple(map(str, tensor_dtype)) if isinstance(tensor_dtype, (tuple, list))
+                         else str(tensor_dtype))[0]
 
 
 __all__ = ["Propagation", "canonical_op_name", "propagate"]

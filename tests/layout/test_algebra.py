@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from shardlayout.caches import clear_caches
 from shardlayout.errors import LayoutError, ShardingError
 from shardlayout.layout import (
     Layout,
@@ -117,6 +118,45 @@ def test_complement_of_compact_layout_tiles_the_range(A, k):
     R = complement(A, A.size() * k)
     both = make_layout(A, R)
     assert sorted(both.values()) == list(range(A.size() * k))
+
+
+def _gaps_then_coalesce(A: Layout, cotarget: int) -> Layout:
+    """The complement as CuTe writes it (every gap between the sorted modes, then coalesce)."""
+    modes = sorted((d, s) for s, d in zip(A.flat_shape, A.flat_stride) if s != 1 and d != 0)
+    shapes, strides, cur = [], [], 1
+    for d, s in modes:
+        shapes.append(d // cur)
+        strides.append(cur)
+        cur = s * d
+    shapes.append(-(-cotarget // cur))
+    strides.append(cur)
+    return coalesce(Layout(tuple(shapes), tuple(strides)))
+
+
+@given(layouts(strides=st.sampled_from([0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64])), st.integers(1, 300))
+def test_complement_gaps_never_merge(A, cotarget):
+    # complement() only drops the size-1 gaps instead of coalescing them: no two gaps can merge
+    R = refused_or(complement, A, cotarget)
+    if R is not None:
+        assert R == _gaps_then_coalesce(A, cotarget)
+
+
+# -- memos: a cold call and a memo hit give the same answer -----------------------------
+
+
+@given(composable(), st.integers(1, 64))
+def test_cold_calls_and_memo_hits_agree(AB, cotarget):
+    A, B = AB
+    calls = [
+        (composition, (A, B)), (logical_divide, (A, B)), (complement, (A, cotarget)),
+        (coalesce, (A,)), (filter, (A,)), (right_inverse, (A,)), (logical_product, (A, B)),
+    ]
+    for f, args in calls:
+        clear_caches()
+        fresh = tuple(Layout(x.shape, x.stride) if isinstance(x, Layout) else x for x in args)
+        cold = refused_or(f, *fresh)
+        assert refused_or(f, *fresh) == cold  # a memo hit (or the same refusal)
+        assert refused_or(f, *args) == cold  # equal operands, other objects
 
 
 # -- inverses ----------------------------------------------------------------------------

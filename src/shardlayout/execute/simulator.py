@@ -20,75 +20,80 @@ import numpy as np
 
 from ..errors import ShardMismatch
 from ..mesh import Mesh
+from .classes import group_ranks
 
 _REDUCE = {"sum": np.sum, "avg": np.mean, "max": np.max, "min": np.min}
 
 
-def _piece_digit(mesh: Mesh, coord: tuple, axis: str, pre: int, size: int) -> int:
-    n = mesh.axis_size(axis)
-    return (coord[mesh.axis_index(axis)] // (n // (pre * size))) % size
-
-
 def group_of(mesh: Mesh, rank: int, pieces: tuple) -> list:
     """Ranks in ``rank``'s group for a collective over ``pieces`` (AxisPiece values): those whose
-    coordinates agree with it everywhere except in the digits of the pieces."""
-    if not pieces:
-        return [rank]
-    c = mesh.coord(rank)
-    touched = {p.axis for p in pieces}
+    coordinates agree with it everywhere except in the digits of the pieces (ascending;
+    enumerated from the pieces, never by scanning the mesh)."""
+    return list(group_ranks(mesh, rank, tuple(pieces)))
 
-    def outside(coord, axis):  # the coordinate of ``axis`` with the pieces' digits zeroed
-        n, v = mesh.axis_size(axis), coord[mesh.axis_index(axis)]
-        for p in pieces:
-            if p.axis == axis:
-                stride = n // (p.pre * p.size)
-                v -= _piece_digit(mesh, coord, axis, p.pre, p.size) * stride
-        return v
 
-    out = []
-    for q in mesh.ranks():
-        d = mesh.coord(q)
-        if all(d[i] == c[i] for i, a in enumerate(mesh.names) if a not in touched) and \
-                all(outside(d, a) == outside(c, a) for a in touched):
-            out.append(q)
+def _positions(held: np.ndarray, want: np.ndarray, n: int) -> tuple:
+    """``(k, j)``: the positions ``k`` in ``held`` whose global index is ``want[j]``."""
+    where = np.full(n, -1, dtype=np.int64)
+    where[want] = np.arange(len(want))
+    j = where[held] if len(held) else np.zeros(0, dtype=np.int64)
+    k = np.nonzero(j >= 0)[0]
+    return k, j[k]
+
+
+def collective_piece(c, rank: int, pieces: dict, want=None, held=None):
+    """``rank``'s piece after collective ``c``, from the pieces of its group (``pieces`` maps
+    every member of ``group_of(mesh, rank, c.axes)`` to its source piece). Each member's
+    elements are placed by their global indices into ``rank``'s target piece only (memory: the
+    target piece, never the global tensor). A gather takes each element from any member that
+    holds it; a reduction needs it from every member. ``want`` (per dim, global indices; default
+    ``dst.indices(rank)``) asks for a sub-box of the target piece, ``held`` ({member: per-dim
+    indices}; default ``src.indices(member)``) says what each given piece covers. Raises
+    ``ShardMismatch`` when the group does not hold what the target names."""
+    src, dst, mesh = c.src, c.dst, c.src.mesh
+    group = group_of(mesh, rank, c.axes)
+    reduce_op = c.reduce_op if c.kind.communicates else None
+    want = dst.indices(rank) if want is None else want
+    shape = tuple(len(w) for w in want)
+    dtype = np.result_type(*[np.asarray(pieces[q]).dtype for q in group], np.float64)
+    have = np.zeros(shape, dtype=bool)
+    out = np.zeros(shape, dtype=dtype)
+    stacked = []
+    for q in group:
+        mine = src.indices(q) if held is None else held[q]
+        if not reduce_op and any(len(h) == 0 for h in mine):
+            continue  # an empty piece gives nothing
+        pos = [_positions(h, w, n) for h, w, n in zip(mine, want, src.shape)]
+        block = np.asarray(pieces[q])[np.ix_(*[k for k, _ in pos])] if pos else np.asarray(pieces[q])
+        at = np.ix_(*[j for _, j in pos]) if pos else ()
+        if reduce_op:
+            if any(len(j) != len(w) for (_, j), w in zip(pos, want)):
+                raise ShardMismatch(
+                    f"{c.kind.value} over {c.axes_text()}: rank {q} of rank {rank}'s group {group} does not hold "
+                    f"every element rank {rank} needs ({src} -> {dst}); a reduction needs them from every member")
+            buf = np.zeros(shape, dtype=dtype)
+            buf[at] = block
+            stacked.append(buf)
+        else:
+            out[at] = block
+        have[at] = True
+    if not have.all():
+        raise ShardMismatch(
+            f"{c.kind.value} over {c.axes_text() or 'no axes'}: rank {rank} needs elements its group "
+            f"{group} does not hold ({src} -> {dst}); the plan is invalid"
+        )
+    if reduce_op:
+        out = _REDUCE[reduce_op](np.stack(stacked), axis=0)
+    src_partial = dict(src.partial)
+    for a, op in dst.partial:
+        if a not in src_partial and op == "sum":
+            out = out / mesh.axis_size(a)  # DTensor's Partial._partition_value
     return out
 
 
 def run_collective(c, pieces: dict) -> dict:
     """Run one :class:`Collective` on ``{rank: piece}``; returns the new pieces."""
-    src, dst, mesh = c.src, c.dst, c.src.mesh
-    src_partial = dict(src.partial)
-    reduce_op = c.reduce_op if c.kind.communicates else None
-    out = {}
-    for r in mesh.ranks():
-        group = group_of(mesh, r, c.axes)
-        dtype = np.result_type(pieces[r].dtype, np.float64)
-        have = np.zeros(src.shape, dtype=bool)
-        if reduce_op:
-            stacked = []
-            for q in group:
-                buf = np.zeros(src.shape, dtype=dtype)
-                buf[np.ix_(*src.indices(q))] = pieces[q]
-                stacked.append(buf)
-                have[np.ix_(*src.indices(q))] = True
-            full = _REDUCE[reduce_op](np.stack(stacked), axis=0)
-        else:
-            full = np.zeros(src.shape, dtype=dtype)
-            for q in group:
-                full[np.ix_(*src.indices(q))] = pieces[q]
-                have[np.ix_(*src.indices(q))] = True
-        idx = np.ix_(*dst.indices(r))
-        if not have[idx].all():
-            raise ShardMismatch(
-                f"{c.kind.value} over {c.axes_text() or 'no axes'}: rank {r} needs elements its group "
-                f"{group} does not hold ({src} -> {dst}); the plan is invalid"
-            )
-        piece = full[idx]
-        for a, op in dst.partial:
-            if a not in src_partial and op == "sum":
-                piece = piece / mesh.axis_size(a)  # DTensor's Partial._partition_value
-        out[r] = piece
-    return out
+    return {r: collective_piece(c, r, pieces) for r in c.src.mesh.ranks()}
 
 
 def run_moves(moves, pieces: dict) -> dict:
@@ -121,4 +126,4 @@ class NumpySimulator:
         return value
 
 
-__all__ = ["NumpySimulator", "group_of", "run_collective", "run_moves"]
+__all__ = ["NumpySimulator", "collective_piece", "group_of", "run_collective", "run_moves"]

@@ -12,10 +12,10 @@ layouts are immutable, so a repeated call is a dictionary look-up.
 
 from __future__ import annotations
 
-from ..caches import memo, register_clearer
+from ..caches import memo
 from ..errors import LayoutError
 from .core import Layout, _fmt, _new, as_layout, make_layout
-from .inttuple import leaves, product
+from .inttuple import _flatten_into, leaves, product
 
 __all__ = [
     "coalesce",
@@ -36,7 +36,6 @@ __all__ = [
 ]
 
 _CACHE = 1 << 16
-_COALESCED: dict = {}
 
 # How the hot paths stay cheap on a first call: the memos are keyed by the plain (shape, stride)
 # tuples of the operands, hashed in C (no ``Layout.__hash__`` call); the computations run on flat
@@ -46,6 +45,19 @@ _COALESCED: dict = {}
 def _txt(shape, stride) -> str:
     """The text form of ``shape:stride`` (``str`` of the Layout), for error messages."""
     return f"{_fmt(shape)}:{_fmt(stride)}"
+
+
+def _flat2(shape: tuple, stride: tuple):
+    """The leaves of a tuple ``shape`` and its ``stride``: the tuples themselves when flat,
+    else two new lists. ``_flat2((2, (3, 4)), (1, (2, 6))) -> ([2, 3, 4], [1, 2, 6])``"""
+    for x in shape:
+        if type(x) is tuple:
+            fs: list = []
+            fd: list = []
+            _flatten_into(shape, fs)
+            _flatten_into(stride, fd)
+            return fs, fd
+    return shape, stride
 
 
 def _tiler(t, where: str):
@@ -94,21 +106,23 @@ def _by_mode(where: str, A: Layout, tiler: tuple, f, keep_rest: bool) -> Layout:
 
 def _coalesce_lists(fs, fd):
     """Coalesced flat modes as two lists (``[1], [0]`` when everything is size 1)."""
+    pairs = zip(fs, fd)
+    for cs, cd in pairs:  # noqa: B007 - the first mode of size other than 1 starts the merge
+        if cs != 1:
+            break
+    else:
+        return [1], [0]
     shapes: list = []
     strides: list = []
-    cs = cd = 0  # the mode being merged (cs == 0: none yet)
-    for s, d in zip(fs, fd):
+    for s, d in pairs:
         if s != 1:
-            if cs and cs * cd == d:
+            if cs * cd == d:
                 cs *= s
             else:
-                if cs:
-                    shapes.append(cs)
-                    strides.append(cd)
+                shapes.append(cs)
+                strides.append(cd)
                 cs = s
                 cd = d
-    if not cs:
-        return [1], [0]
     shapes.append(cs)
     strides.append(cd)
     return shapes, strides
@@ -125,13 +139,10 @@ def coalesce(layout, profile=None) -> Layout:
     ``coalesce(Layout((2, (1, 6)), (1, (6, 2)))) -> 12:1``
     """
     if profile is None and type(layout) is Layout:
-        key = (layout.shape, layout.stride)  # hashed in C: no Layout.__hash__ call
-        hit = _COALESCED.get(key)
-        if hit is None:
-            if len(_COALESCED) >= _CACHE:
-                _COALESCED.clear()
-            hit = _COALESCED[key] = _coalesce_whole(layout)
-        return hit
+        shape = layout.shape
+        if type(shape) is int:  # a single mode: nothing to merge, no memo probe
+            return layout if shape != 1 else _new(1, 0)
+        return _coalesce_of(shape, layout.stride)
     if type(layout) is not Layout:
         layout = _layout(layout, "coalesce")
     return _coalesce(layout, _tiler(profile, "coalesce"))
@@ -144,17 +155,47 @@ def _coalesce(L: Layout, profile) -> Layout:
     return coalesce(L)
 
 
-def _coalesce_whole(L: Layout) -> Layout:
-    """Coalesce a whole layout; an already coalesced flat layout is returned as is (shared)."""
-    shape = L.shape
-    if type(shape) is int:
-        return L if shape != 1 else _new(1, 0)
-    fs = leaves(shape)
-    shapes, strides = _coalesce_lists(fs, L.stride if fs is shape else leaves(L.stride))
-    n = len(shapes)
-    if n > 1:
-        return L if fs is shape and n == len(shape) else _new(tuple(shapes), tuple(strides))
-    return _new(shapes[0], strides[0])
+@memo(_CACHE)
+def _coalesce_of(shape: tuple, stride: tuple) -> Layout:
+    """Coalesce a layout given as plain int-tuples: :func:`_coalesce_lists` fused with the
+    flattening and the packing, without its lists when one mode is left (the hot path)."""
+    for x in shape:
+        if type(x) is tuple:
+            fs: list = []
+            fd: list = []
+            _flatten_into(shape, fs)
+            _flatten_into(stride, fd)
+            break
+    else:
+        fs = shape  # flat: no copies
+        fd = stride
+    pairs = zip(fs, fd)
+    for cs, cd in pairs:  # noqa: B007 - the first mode of size other than 1 starts the merge
+        if cs != 1:
+            break
+    else:
+        return _new(1, 0)
+    shapes = strides = None  # the finished modes, once there are any
+    for s, d in pairs:
+        if s != 1:
+            if cs * cd == d:
+                cs *= s
+                continue
+            if shapes is None:
+                shapes = [cs]
+                strides = [cd]
+            else:
+                shapes.append(cs)
+                strides.append(cd)
+            cs = s
+            cd = d
+    if shapes is None:
+        return _new(cs, cd)
+    shapes.append(cs)
+    strides.append(cd)
+    if fs is shape and len(shapes) == len(shape):
+        return _new(shape, stride)  # already coalesced: share the tuples
+    return _new(tuple(shapes), tuple(strides))
 
 
 def filter(layout, profile=None) -> Layout:  # noqa: A001 - CuTe's name
@@ -182,11 +223,10 @@ def _unit_tail_extends_differently(fs, fd) -> bool:
     if fs[-1] != 1:
         return False
     d = fd[-1]
-    prev = [(s, x) for s, x in zip(fs[:-1], fd[:-1]) if s != 1]
-    if not prev:
-        return d != 0
-    s, x = prev[-1]
-    return s * x != d
+    for i in range(len(fs) - 2, -1, -1):  # the last mode before it of size other than 1
+        if fs[i] != 1:
+            return fs[i] * fd[i] != d
+    return d != 0
 
 
 def _leaves_domain(bshape, bstride, size: int) -> bool:
@@ -288,6 +328,8 @@ def _scale(stride, k: int):
 
 def _compose(ashape, astride, bshape, bstride) -> tuple:
     """``A o B`` on plain int-tuples: the result's ``(shape, stride)``, or a LayoutError."""
+    if bstride == 0 and type(bshape) is int:
+        return bshape, 0  # a constant B reads A(0) == 0 (and stays inside A's domain)
     fs = leaves(ashape)
     fd = astride if fs is ashape else leaves(astride)
     if fs[-1] == 1 and _unit_tail_extends_differently(fs, fd):
@@ -386,9 +428,11 @@ def _complement(shape, stride, cotarget) -> Layout:
 
 def _complement_modes(shape, stride, cotarget) -> tuple:
     """The complement of ``shape:stride`` on plain int-tuples: its ``(shape, stride)``, coalesced."""
-    fs = leaves(shape)
-    fd = stride if fs is shape else leaves(stride)
-    modes = [(d, s) for s, d in zip(fs, fd) if s != 1 and d != 0]
+    if type(shape) is int:
+        modes = [(stride, shape)] if shape != 1 and stride != 0 else []
+    else:
+        fs, fd = _flat2(shape, stride)
+        modes = [(d, s) for s, d in zip(fs, fd) if s != 1 and d != 0]
     explicit = cotarget is not None
     if not explicit:
         cotarget = 1
@@ -402,6 +446,9 @@ def _complement_modes(shape, stride, cotarget) -> tuple:
             f"complement({_txt(shape, stride)}, {cotarget}): stride {modes[0][0]} is negative; "
             "the complement is defined for layouts with non-negative strides"
         )
+    # The gaps (d // cur):cur between the sorted modes, then the tail up to the cotarget. Each
+    # gap ends below the next one's stride (cur < s*d), so no two of them merge: coalescing
+    # them only drops the gaps of size 1.
     rs: list = []
     rd: list = []
     cur = 1
@@ -413,18 +460,24 @@ def _complement_modes(shape, stride, cotarget) -> tuple:
                 f"mode {s}:{d} overlaps the offsets below {cur} reached by the smaller-stride "
                 "modes); the complement of a non-injective layout is undefined"
             )
-        if divisible and d % cur:
-            divisible = False
-        rs.append(d // cur)
-        rd.append(cur)
+        if d != cur:
+            q, r = divmod(d, cur)
+            if r:
+                divisible = False
+            if q != 1:
+                rs.append(q)
+                rd.append(cur)
         cur = s * d
-    rs.append(-(-cotarget // cur))
-    rd.append(cur)
-    rs, rd = _coalesce_lists(rs, rd)
+    q = -(-cotarget // cur)
+    if q != 1:
+        rs.append(q)
+        rd.append(cur)
     if len(rs) == 1:
         rs, rd = rs[0], rd[0]
-    else:
+    elif rs:
         rs, rd = tuple(rs), tuple(rd)
+    else:
+        rs, rd = 1, 0
     if not divisible:
         _check_loose_complement(
             _new(shape, stride), _new(rs, rd), cotarget if explicit else 1,
@@ -597,7 +650,7 @@ def _divide(ashape, astride, bshape, bstride) -> Layout:
 
 def _hier_unzip(splitter, A: Layout, b, where: str) -> Layout:
     if b is None:
-        return make_layout(Layout._make(1, 0), A)
+        return make_layout(_new(1, 0), A)
     if type(b) is tuple:
         if len(b) > A.rank:
             raise LayoutError(
@@ -660,11 +713,12 @@ def _logical_product(A: Layout, b) -> Layout:
         return A
     if type(b) is tuple:
         return _by_mode("logical_product", A, b, _logical_product, True)
-    B = Layout._make(b, 1) if type(b) is int else b
+    B = _new(b, 1) if type(b) is int else b
+
     def where():
         return f"logical_product({A}, {B})"
 
-    comp = _relabel(where, _complement, A, A.size() * B.cosize())
+    comp = _relabel(where, _complement, A.shape, A.stride, A.size() * B.cosize())
     return make_layout(A, _relabel(where, _composition, comp, B))
 
 
@@ -695,7 +749,7 @@ def _pad(L: Layout, R: int) -> Layout:
     while len(shapes) < R:
         shapes.append(1)
         strides.append(0)
-    return Layout._make(tuple(shapes), tuple(strides))
+    return _new(tuple(shapes), tuple(strides))
 
 
 def _zip_product(a, b, where: str, blocked: bool) -> Layout:
@@ -732,10 +786,12 @@ def raked_product(a, b) -> Layout:
 def clear_caches() -> None:
     """Forget every memoised result of the layout algebra (for benchmarks of first calls).
     ``clear_caches()``; :func:`shardlayout.caches.clear_caches` clears every memo of the package."""
-    _COALESCED.clear()
-    for f in (_coalesce, _coalesce_whole, _filter, _composition, _complement, _right_inverse, _left_inverse,
-              _logical_divide, _zipped_divide, _logical_product, _zipped_product):
+    for f in _MEMOS:
         f.cache_clear()
 
 
-register_clearer("shardlayout.layout.algebra._COALESCED", _COALESCED.clear, _COALESCED.__len__)
+_MEMOS = (
+    _coalesce, _coalesce_of, _filter, _composition_by_mode, _composition_of, _complement, _right_inverse,
+    _left_inverse, _logical_divide_by_mode, _divide, _zipped_divide, _logical_product,
+    _zipped_product,
+)

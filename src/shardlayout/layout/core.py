@@ -26,9 +26,7 @@ def _norm(x, what: str, positive: bool, where: str):
     """Turn lists into tuples and numpy ints into ints; refuse anything else. A tuple that is
     already well formed is returned as is (the common case, checked without rebuilding it)."""
     if type(x) is int:
-        if positive and x <= 0:
-            _int_leaf(x, what, positive, where)
-        return x
+        return x if x > 0 or not positive else _int_leaf(x, what, positive, where)
     if type(x) is tuple:
         for y in x:
             if type(y) is not int or (positive and y <= 0):
@@ -99,9 +97,6 @@ class Layout(_Slots):
         _set_stride(self, stride)
         _set_hash(self, None)
         _set_flat(self, None)
-
-    # construction without validation (internal, hot path); kept as a method for old callers
-    _make = staticmethod(_new)
 
     # -- immutability: only this module writes the slots (``_Slots``, ``_set_*``) ----------
     def __setattr__(self, name, value):
@@ -234,13 +229,18 @@ class Layout(_Slots):
     @staticmethod
     def parse(text: str) -> "Layout":
         """Read the text form. ``Layout.parse("(4,2):(1,4)") -> Layout((4, 2), (1, 4))``."""
-        if not isinstance(text, str) or text.count(":") != 1:
+        if not isinstance(text, str) or text.count(":") != 1 or not text.isascii():
             raise LayoutError(
                 f"Layout.parse: {text!r} is not 'shape:stride', e.g. '(4,2):(1,4)' or '8:1'"
             )
         left, right = text.split(":")
-        shape = _parse_inttuple(left, text)
-        stride = _parse_inttuple(right, text)
+        try:
+            shape = _parse_inttuple(left, text)
+            stride = _parse_inttuple(right, text)
+        except (RecursionError, ValueError) as e:  # nested too deep, an int of thousands of digits
+            if isinstance(e, LayoutError):
+                raise
+            raise LayoutError(f"Layout.parse: {text[:40]!r}... is nested too deeply or has too long an int") from None
         return Layout(shape, stride)
 
 

@@ -41,16 +41,7 @@ def leaves(t: IntTuple):
     else:
         return t
     out: list = []
-    ap = out.append
-    for x in t:  # two levels inline, deeper ones by recursion: fewer calls on common depths
-        if type(x) is tuple:
-            for y in x:
-                if type(y) is tuple:
-                    _flatten_into(y, out)
-                else:
-                    ap(y)
-        else:
-            ap(x)
+    _flatten_into(t, out)
     return out
 
 
@@ -113,12 +104,14 @@ def unflatten(flat, profile: IntTuple) -> IntTuple:
 
 def prefix_product(t: IntTuple, init: int = 1) -> IntTuple:
     """Exclusive prefix product, congruent to ``t``. ``prefix_product((2, (3, 4))) -> (1, (2, 6))``."""
-    flat = flatten(t)
+    flat = leaves(t)
     out = []
     p = init
     for x in flat:
         out.append(p)
         p *= x
+    if flat is t:
+        return tuple(out)
     return unflatten(out, t)
 
 

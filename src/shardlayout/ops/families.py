@@ -18,10 +18,23 @@ from dataclasses import replace
 import numpy as np
 
 from ..errors import OpError
-from ..sharding import Sharding
+from ..sharding import Factor, Sharding
+from ..sharding.core import ChunkProgram, _product
+from ..sharding.cost import DEFAULT_COST_MODEL
 from .registry import register_op
 from .result import Propagation
-from .strategy import FactorMap, factor_map_result, factor_rule, input_moves
+from .strategy import (
+    Candidate,
+    FactorMap,
+    _tie_key,
+    candidates,
+    factor_map_result,
+    factor_rule,
+    fmt_option,
+    infer_out_shape,
+    input_moves,
+    price,
+)
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
@@ -65,6 +78,11 @@ def pointwise_map(name: str, inputs: list, params=None) -> FactorMap:
 
 
 _LINEARITY: dict = {}
+
+
+def pointwise_ops() -> frozenset:
+    """Names of every op declared with ``pointwise`` (``"add" in pointwise_ops() -> True``)."""
+    return frozenset(_LINEARITY)
 
 
 def _check_pointwise(name, inputs, params):
@@ -207,32 +225,184 @@ register_op("matmul", "a, b", factor_rule(_matmul_map), lambda a, b: np.matmul(a
             check=lambda n, i, p: _check_ranks(n, i, p, (range(1, 9), range(1, 9))))
 
 
-def _linear_map(name, inputs, params) -> FactorMap:
-    """``linear(x, w, b=None)``: ``...k, nk (, n) -> ...n``. With a bias, a partial product plus
-    a replicated bias would add the bias n times: k stays whole."""
-    x, bias = inputs[0], inputs[2] if len(inputs) > 2 else None
+def bias_once(name: str, inputs, fm: FactorMap, bias: int, out_shapes=None, cost_model=None,
+              tensor_dtype="float32", out_pins=()):
+    """The strategy search of ``fm`` for an op that adds a bias (input ``bias``) to a
+    multilinear product (``addmm``, ``linear``, ``convolution``). A partial(sum) product plus a
+    replicated bias would add the bias once per rank; instead, wherever the product comes out
+    partial(sum), the bias is made partial(sum) on the same axes — kept on one rank of each group,
+    zero on the others (a free local step) — so the sum over the group is exact and the
+    contraction may be sharded: a row-parallel Linear with a bias costs no more than one
+    without. (Under partial(avg) the replicated bias is already exact; a partial max/min is
+    refused.)
+
+    ``bias_once("addmm", [c, a, b], FactorMap(("n", "mk", "kn"), "mn", linear="multi"), 0)``
+    """
+    ins = [s if isinstance(s, Sharding) else None for s in inputs]
+    if out_shapes is None:
+        out_shapes = [infer_out_shape(fm, ins)]
+    cm = cost_model or DEFAULT_COST_MODEL
+    pins = tuple(out_pins or ()) + (None,) * (len(out_shapes) - len(out_pins or ()))
+    pins = tuple(p if p is not None and p.shape == shp else None for p, shp in zip(pins, out_shapes))
+    best, priced = None, []
+    for choices, targets, outputs in candidates(fm, ins, list(out_shapes), pins):
+        targets = _bias_target(targets, outputs[0], bias)
+        if targets is None:
+            continue
+        seconds = price(ins, targets, outputs, pins, cm, tensor_dtype)
+        cand = Candidate(choices, targets, outputs, seconds, tuple(ins), pins, tensor_dtype, cm)
+        priced.append(cand)
+        key = (seconds,) + _tie_key(choices, ins, targets, outputs, pins)
+        if best is None or key < best[0]:
+            best = (key, cand)
+    c = best[1]
+    return Propagation(name, tuple(inputs), tuple(t if t is not None else s for s, t in zip(inputs, c.input_targets)),
+                       c.outputs, c.collectives, tuple(f"{a}: {fmt_option(o)}" for a, o in c.choices),
+                       tuple(priced), cm)
+
+
+def _bias_target(targets: tuple, out: Sharding, bias: int):
+    """``targets`` with the bias partial(sum) wherever ``out`` is (None: a max/min partial)."""
+    b = targets[bias]
+    if b is None or not out.partial:
+        return targets
+    if any(op not in ("sum", "avg") for _, op in out.partial):
+        return None
+    have = dict(b.partial)
+    want = [(a, op) for a, op in out.partial if op == "sum" and a not in have]
+    if not want:
+        return targets
+    order = {n: i for i, n in enumerate(b.mesh.names)}
+    partial = tuple(sorted(list(b.partial) + want, key=lambda p: order[p[0]]))
+    return targets[:bias] + (Sharding._trusted(b.mesh, b.shape, b.dims, partial),) + targets[bias + 1:]
+
+
+def _linear_rule(name, inputs, cost_model=None, tensor_dtype="float32", out_pins=(), **_):
+    """``linear(x, w, b=None)``: ``...k, nk (, n) -> ...n``; k contracts (partial), the bias
+    is added once (``bias_once``)."""
+    x = inputs[0]
     lead = LETTERS[: x.ndim - 1]
-    ins = (lead + "k", "nk") + (("n",) if len(inputs) > 2 else ())
-    return FactorMap(ins, lead + "n", linear="multi" if bias is None else None,
-                     whole=frozenset("k" if bias is not None else ""))
+    has_bias = len(inputs) > 2 and isinstance(inputs[2], Sharding)
+    ins = (lead + "k", "nk") + (("n",) if has_bias else ())
+    fm = FactorMap(ins, lead + "n", linear="multi")
+    args = (cost_model, tensor_dtype, out_pins)
+    if not has_bias:
+        return factor_map_result(name, tuple(inputs[:2]), fm, None, *args)
+    return bias_once(name, inputs, fm, 2, None, *args)
 
 
-register_op("linear", "x, w, bias?", factor_rule(_linear_map),
+register_op("linear", "x, w, bias?", _linear_rule,
             lambda x, w, b=None: x @ w.T + (0 if b is None else b),
             check=lambda n, i, p: _check_ranks(n, i, p, (range(1, 9), 2, 1)))
 
 
-def _addmm_map(name, inputs, params) -> FactorMap:
-    """``addmm(bias, a, b)``: ``bias + a @ b``; bias + partial(a @ b) would add the bias once
-    per rank, so the contraction stays whole."""
+def _addmm_rule(name, inputs, cost_model=None, tensor_dtype="float32", out_pins=(), **_):
+    """``addmm(bias, a, b)``: ``bias + a @ b``, ``mk,kn->mn`` with the bias (``n`` or ``mn``,
+    broadcast) added once: a row-parallel product stays partial and the bias joins it on one
+    rank (``bias_once``)."""
     bias = inputs[0]
-    return FactorMap(("mn"[2 - bias.ndim:], "mk", "kn"), "mn", linear=None, whole=frozenset("k"),
-                     broadcast=frozenset("mn"))
+    fm = FactorMap(("mn"[2 - bias.ndim:], "mk", "kn"), "mn", linear="multi", broadcast=frozenset("mn"))
+    return bias_once(name, inputs, fm, 0, None, cost_model, tensor_dtype, out_pins)
 
 
 register_op("addmm", "bias, a, b ; beta: scalar = 1, alpha: scalar = 1, out_dtype: dtype? = None",
-            factor_rule(_addmm_map), lambda c, a, b, beta=1, alpha=1, **_: beta * c + alpha * (a @ b),
+            _addmm_rule, lambda c, a, b, beta=1, alpha=1, **_: beta * c + alpha * (a @ b),
             check=lambda n, i, p: _check_ranks(n, i, p, ((1, 2), 2, 2)))
+
+# ------------------------------------------------------------------------------------------
+# convolution: batch and output channels shard, input channels contract (partial), space whole
+# ------------------------------------------------------------------------------------------
+
+
+def conv_params(nsp: int, stride=1, padding=0, dilation=1, **_) -> tuple:
+    """``(stride, padding, dilation)`` as tuples of ``nsp`` ints (an int applies to every
+    spatial dim). ``conv_params(2, 1, (1, 0)) -> ((1, 1), (1, 0), (1, 1))``"""
+    def one(v, what):
+        vals = (v,) * nsp if isinstance(v, int) and not isinstance(v, bool) else tuple(v)
+        if len(vals) == 1 and nsp > 1:
+            vals = vals * nsp
+        if len(vals) != nsp or any(not isinstance(x, int) or isinstance(x, bool) for x in vals):
+            raise OpError(f"convolution: {what} {v!r} must be an int or {nsp} ints (one per spatial dim)")
+        return vals
+
+    if isinstance(padding, str):
+        raise OpError(f"convolution: padding={padding!r} (a string) is not supported; give the padding in ints")
+    return one(stride, "stride"), one(padding, "padding"), one(dilation, "dilation")
+
+
+def conv_out_shape(x: tuple, w: tuple, stride, padding, dilation) -> tuple:
+    """The output shape ``(N, O, *space)`` of a convolution. ``conv_out_shape((2, 3, 8), (4, 3, 3), (1,), (0,), (1,))
+    -> (2, 4, 6)``"""
+    space = tuple((n + 2 * p - d * (k - 1) - 1) // s + 1
+                  for n, k, s, p, d in zip(x[2:], w[2:], stride, padding, dilation))
+    return (x[0], w[0]) + space
+
+
+def _conv_rule(name, inputs, cost_model=None, tensor_dtype="float32", out_pins=(), groups=1, **params):
+    """``x [n, c, *space], w [o, c/groups, *kernel] (, bias [o]) -> [n, o, *space']``: n and o
+    shard freely, c contracts (sharded c gives a partial(sum) output; the bias is added once,
+    ``bias_once``), space and kernel stay whole (no halo exchange). With groups > 1 the channels
+    stay whole."""
+    x, w = inputs[0], inputs[1]
+    nsp = x.ndim - 2
+    stride, padding, dilation = conv_params(nsp, **params)
+    out = conv_out_shape(x.shape, w.shape, stride, padding, dilation)
+    sp, ker, osp = "".join("STUVW"[:nsp]), "".join("KLMNP"[:nsp]), "".join("EFGHJ"[:nsp])
+    whole = set(sp + ker + osp) | ({"c", "o"} if groups != 1 else set())
+    has_bias = len(inputs) > 2 and isinstance(inputs[2], Sharding)
+    ins = ("nc" + sp, "oc" + ker) + (("o",) if has_bias else ())
+    fm = FactorMap(ins, "no" + osp, linear="multi", whole=frozenset(whole))
+    args = ([out], cost_model, tensor_dtype, out_pins)
+    if not has_bias:
+        return factor_map_result(name, tuple(inputs), fm, *args)
+    return bias_once(name, inputs, fm, 2, *args)
+
+
+def _np_conv(x, w, b=None, stride=1, padding=0, dilation=1, transposed=False, output_padding=0, groups=1):
+    """An N-d convolution (cross-correlation, as torch) in numpy: one einsum per kernel offset."""
+    x, w = np.asarray(x, dtype=float), np.asarray(w, dtype=float)
+    nsp = x.ndim - 2
+    st, pd, dl = conv_params(nsp, stride, padding, dilation)
+    x = np.pad(x, [(0, 0), (0, 0)] + [(p, p) for p in pd])
+    n, c, o = x.shape[0], x.shape[1], w.shape[0]
+    cg, og = c // groups, o // groups
+    space = [(x.shape[2 + i] - dl[i] * (w.shape[2 + i] - 1) - 1) // st[i] + 1 for i in range(nsp)]
+    out = np.zeros((n, o, *space))
+    for k in np.ndindex(*w.shape[2:]):
+        cut = tuple(slice(k[i] * dl[i], k[i] * dl[i] + st[i] * (space[i] - 1) + 1, st[i]) for i in range(nsp))
+        patch = x[(slice(None), slice(None)) + cut]
+        for g in range(groups):
+            wk = w[(slice(g * og, (g + 1) * og), slice(None)) + k]
+            out[:, g * og:(g + 1) * og] += np.einsum("nc...,oc->no...", patch[:, g * cg:(g + 1) * cg], wk)
+    if b is not None:
+        out = out + np.asarray(b).reshape((1, o) + (1,) * nsp)
+    return out
+
+
+def _check_conv(name, inputs, params):
+    x, w = inputs[0], inputs[1]
+    if x.ndim < 3 or w.ndim != x.ndim:
+        raise OpError(f"op {name}: input {x.shape} and weight {w.shape} must both be [n, c, *space] / "
+                      f"[o, c/groups, *kernel] with 1 to 3 spatial dims")
+    if params.get("transposed"):
+        raise OpError(f"op {name}: transposed convolution is not supported yet; use a regular convolution")
+    g = params.get("groups", 1)
+    if x.shape[1] != w.shape[1] * g or w.shape[0] % g:
+        raise OpError(f"op {name}: input channels {x.shape[1]} != weight's {w.shape[1]} x groups {g}")
+    if len(inputs) > 2 and isinstance(inputs[2], Sharding) and inputs[2].shape != (w.shape[0],):
+        raise OpError(f"op {name}: bias of shape {inputs[2].shape}; expects ({w.shape[0]},)")
+    stride, padding, dilation = conv_params(x.ndim - 2, **{k: params[k] for k in ("stride", "padding", "dilation")
+                                                           if k in params})
+    if any(n < 1 for n in conv_out_shape(x.shape, w.shape, stride, padding, dilation)):
+        raise OpError(f"op {name}: the kernel {w.shape[2:]} does not fit the input {x.shape[2:]} (padding {padding})")
+
+
+register_op("convolution", "x, weight, bias? ; stride: any = 1, padding: any = 0, dilation: any = 1, "
+            "transposed: bool = False, output_padding: any = 0, groups: int[1..] = 1",
+            _conv_rule, _np_conv, check=_check_conv)
+for _n in ("conv1d", "conv2d", "conv3d"):
+    register_op(_n, "x, weight, bias? ; stride: any = 1, padding: any = 0, dilation: any = 1, groups: int[1..] = 1",
+                _conv_rule, _np_conv, check=_check_conv)
 
 # ------------------------------------------------------------------------------------------
 # reductions and softmax
@@ -476,10 +646,35 @@ def split_sizes_of(name: str, n: int, params: dict) -> list:
     return sizes
 
 
+def carve(fs, n: int, sizes) -> list | None:
+    """The factor lists of the pieces of a dim of ``n`` with factors ``fs`` cut into ``sizes``,
+    when the cuts only divide the dim's outermost *local* factor — a fused weight's features
+    ``[3*tp*8]`` cut in three give ``[tp*8]`` each: every rank keeps its slice of every piece,
+    no data moves; None otherwise.
+
+    ``carve((Factor(3), Factor(2, "tp"), Factor(8)), 48, [16, 16, 16])`` -> three ``(tp*2, 8)``
+    """
+    if type(fs) is ChunkProgram or not fs or fs[0].axis is not None or _product(f.size for f in fs) != n:
+        return None
+    inner = n // fs[0].size
+    if any(k % inner or k == 0 for k in sizes):
+        return None
+    return [((Factor(k // inner),) if k // inner > 1 else ()) + tuple(fs[1:]) for k in sizes]
+
+
 def _split_rule(name, inputs, dim=0, cost_model=None, tensor_dtype="float32", out_pins=(), **params):
-    """The split dim is whole; one output per piece, other dims as the input."""
+    """The split dim is whole — unless the cuts fall on its outermost local factor (``carve``):
+    then every piece keeps its shards, nothing moves. One output per piece, other dims as the input."""
     s = inputs[0]
     sizes = split_sizes_of(name, s.shape[dim], {**params, "dim": dim})
+    fs = s.dims[dim]
+    pieces = None if name == "unbind" else carve(fs, s.shape[dim], sizes)
+    if pieces is not None and any(f.axis is not None for f in fs):
+        outs = tuple(Sharding._trusted(s.mesh, s.shape[:dim] + (k,) + s.shape[dim + 1:],
+                                       list(s.dims[:dim]) + [p] + list(s.dims[dim + 1:]), s.partial)
+                     for k, p in zip(sizes, pieces))
+        return Propagation(name, (s,), (s,), outs, (), (f"dim {dim}: cut between shards, no data moves",), (),
+                           cost_model or DEFAULT_COST_MODEL)
     lx = LETTERS[: s.ndim]
     base = _whole(name, [s], [lx], lx, {lx[dim]}, None, cost_model, tensor_dtype)
     o = base.outputs[0]
@@ -494,15 +689,15 @@ def _split_rule(name, inputs, dim=0, cost_model=None, tensor_dtype="float32", ou
     return replace(base, outputs=tuple(outs))
 
 
-def _np_split(a, dim=0, **params):
-    name = "chunk" if params.get("chunks") else "split"
-    sizes = split_sizes_of(name, a.shape[dim], {**params, "dim": dim})
+def _np_split(a, dim=0, out_shapes=None, **params):
+    """Split at the sizes of the (local) output shapes: a carved split cuts local pieces."""
+    sizes = [shp[dim] for shp in out_shapes]
     return tuple(np.split(a, np.cumsum(sizes)[:-1], axis=dim))
 
 
-register_op("split_with_sizes", "x ; split_sizes: ints, dim: dim = 0", _split_rule, _np_split)
-register_op("split", "x ; split_size: int[1..], dim: dim = 0", _split_rule, _np_split)
-register_op("chunk", "x ; chunks: int[1..], dim: dim = 0", _split_rule, _np_split)
+register_op("split_with_sizes", "x ; split_sizes: ints, dim: dim = 0", _split_rule, _np_split, shape_driven=True)
+register_op("split", "x ; split_size: int[1..], dim: dim = 0", _split_rule, _np_split, shape_driven=True)
+register_op("chunk", "x ; chunks: int[1..], dim: dim = 0", _split_rule, _np_split, shape_driven=True)
 register_op("unbind", "x ; dim: dim = 0", _split_rule, lambda a, dim=0: tuple(np.moveaxis(a, dim, 0)))
 
 
@@ -986,5 +1181,5 @@ register_op("_index_put_impl", "x, index, values ; accumulate: bool = False, uns
             _advanced_index_rule, _np_index_put, check=_check_index_put)
 
 
-__all__ = ["LETTERS", "REDUCE_OP", "parse_einsum", "pointwise", "pointwise_map", "reduction_map", "slice_bounds",
-           "split_sizes_of"]
+__all__ = ["LETTERS", "REDUCE_OP", "bias_once", "carve", "conv_out_shape", "conv_params", "parse_einsum", "pointwise",
+           "pointwise_map", "pointwise_ops", "reduction_map", "slice_bounds", "split_sizes_of"]

@@ -31,7 +31,7 @@ from __future__ import annotations
 import ast
 import numbers
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from ..caches import memo, register_clearer
@@ -82,6 +82,13 @@ class Signature:
     tensors: tuple
     params: tuple
     text: str = ""
+    # facts bind reads on every call, computed once
+    names: frozenset = field(init=False, repr=False, compare=False)
+    plain: bool = field(init=False, repr=False, compare=False)  # every tensor required, a Sharding
+
+    def __post_init__(self):
+        object.__setattr__(self, "names", frozenset(p.name for p in self.params))
+        object.__setattr__(self, "plain", all(not (t.optional or t.variadic or t.scalar) for t in self.tensors))
 
     def param(self, name: str) -> Param | None:
         """The param called ``name``, or None."""
@@ -134,11 +141,13 @@ def parse_signature(text: str) -> Signature:
 
 
 def _is_int(v) -> bool:
-    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+    t = type(v)
+    return t is int or (t is not bool and isinstance(v, numbers.Integral))
 
 
 def _is_number(v) -> bool:
-    return isinstance(v, numbers.Real) and not isinstance(v, bool)
+    t = type(v)
+    return t is int or t is float or (t is not bool and isinstance(v, numbers.Real))
 
 
 def _check_tensors(op: str, sig: Signature, inputs: tuple) -> None:
@@ -242,8 +251,38 @@ def _check_dim(where: str, v, ndim: int | None, extra: int) -> int:
 def bind(op: str, sig: Signature, inputs: tuple, params: dict) -> dict:
     """Validated params with defaults filled in and dims normalised; raises ``OpError``.
 
+    The common call (Shardings on one mesh for every tensor, known params) in one pass with
+    exact type tests first; anything else, and every error, through ``_bind_checked``.
     ``bind("sum", parse_signature("x ; dim: dims? = None"), (s,), {"dim": -1})``
     """
+    if not sig.plain or len(inputs) != len(sig.tensors) or not sig.names.issuperset(params):
+        return _bind_checked(op, sig, inputs, params)
+    mesh = None
+    for x in inputs:
+        if type(x) is not Sharding or (mesh is not None and x.mesh != mesh):
+            return _bind_checked(op, sig, inputs, params)
+        mesh = x.mesh
+    ndim = len(inputs[0].shape) if inputs else None
+    out = {}
+    for p in sig.params:
+        name = p.name
+        if name in params:
+            v = params[name]
+        else:
+            v = p.default
+            if v is REQUIRED:
+                return _bind_checked(op, sig, inputs, params)
+        if v is None and p.nullable:
+            out[name] = None
+        elif p.type == "shape" and type(v) is tuple and all(type(x) is int and x >= 1 for x in v):
+            out[name] = v
+        else:
+            out[name] = _check_value(op, p, v, ndim)
+    return out
+
+
+def _bind_checked(op: str, sig: Signature, inputs: tuple, params: dict) -> dict:
+    """``bind`` on any call, every check spelled out (each error names the op, the argument, the fix)."""
     _check_tensors(op, sig, inputs)
     known = {p.name for p in sig.params}
     unknown = sorted(set(params) - known)
@@ -271,7 +310,7 @@ def bind(op: str, sig: Signature, inputs: tuple, params: dict) -> dict:
 # ------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # one object per registered name: compared and hashed by identity
 class OpDef:
     """One op, declared once: ``name``, ``signature``, ``rule`` (``rule(name, inputs, **params,
     cost_model=, tensor_dtype=, out_pins=) -> Propagation``), ``numpy`` (``numpy(*arrays, **params)``
@@ -320,24 +359,19 @@ class OpDef:
         if hit is not None:
             return hit[0], dict(hit[1])
         bound = self.bind(inputs, params)
-        try:
-            key = (self, inputs, _freeze(bound), pins, cm, tensor_dtype, settings.subaxes)
-            hash(key)
-        except TypeError:
-            return self._run(inputs, bound, pins, cm, tensor_dtype), bound
-        p = _memo(key)
+        p = self._run(inputs, bound, pins, cm, tensor_dtype)
         if seen is not None:
             if len(_SEEN) >= _SEEN_MAX:
                 _SEEN.clear()
-            _SEEN[seen] = (p, dict(bound))
+            _SEEN[seen] = (p, bound.copy())
         return p, bound
 
     def _run(self, inputs, bound, pins, cm, tensor_dtype):
-        p = self.rule(self.name, tuple(inputs), cost_model=cm, tensor_dtype=tensor_dtype, out_pins=pins or (),
-                      **bound)
+        p = self.rule(self.name, inputs if type(inputs) is tuple else tuple(inputs), cost_model=cm,
+                      tensor_dtype=tensor_dtype, out_pins=pins or (), **bound)
         if len(p.input_targets) < len(inputs):  # inputs a rule leaves alone are not moved
             p = replace(p, input_targets=tuple(p.input_targets) + tuple(inputs[len(p.input_targets):]))
-        return p if p.cost_model == cm else replace(p, cost_model=cm)
+        return p if p.cost_model is cm or p.cost_model == cm else replace(p, cost_model=cm)
 
     def run_numpy(self, args: list, params: dict, out_shapes: list) -> list:
         """Run the numpy implementation; always returns a list of arrays."""
@@ -358,14 +392,6 @@ class OpDef:
         return [np.asarray(o) for o in out] if isinstance(out, (tuple, list)) else [np.asarray(out)]
 
 
-def _freeze(v):
-    if isinstance(v, dict):
-        return tuple(sorted((k, _freeze(x)) for k, x in v.items()))
-    if isinstance(v, (list, tuple)):
-        return tuple(_freeze(x) for x in v)
-    return v
-
-
 def _typed(v):
     """A memo key of a call's arguments that tells ``1``, ``1.0`` and ``True`` apart (equal and
     equally hashed in Python, but not the same input to validate)."""
@@ -375,22 +401,26 @@ def _typed(v):
     if t is tuple or t is list:
         for x in v:
             if type(x) is not int:
-                return (t, *(_typed(x) for x in v))
-        return v if t is tuple else (list, *v)  # a shape: ints only
+                break
+        else:
+            return v if t is tuple else (list, *v)  # a shape: ints only
+        if t is tuple:
+            for x in v:
+                if type(x) is not Sharding:
+                    return (t, *(_typed(x) for x in v))
+            return v  # the inputs: Shardings only
+        return (t, *(_typed(x) for x in v))
     if t is dict:
-        return (dict, *sorted((k, _typed(x)) for k, x in v.items()))
+        if len(v) == 1:
+            for k, x in v.items():
+                return (dict, (k, _typed(x)))
+        return (dict, *sorted([(k, _typed(x)) for k, x in v.items()]))
     return (t, v)
 
 
 _SEEN: dict = {}  # raw call -> (Propagation, bound params); the fast path of OpDef.resolve
 _SEEN_MAX = 1 << 15
 register_clearer("shardlayout.ops.registry._SEEN", _SEEN.clear, _SEEN.__len__)
-
-
-@memo(1 << 14)
-def _memo(key):
-    opdef, inputs, frozen, pins, cm, dtype, _ = key
-    return opdef._run(inputs, dict(frozen), pins, cm, dtype)
 
 
 _REGISTRY: dict = {}
@@ -418,7 +448,6 @@ def register_op(name: str, signature: str, rule: Callable, numpy: Callable | Non
             raise OpError(f"register_op: op {n!r} is already registered; pass replace_existing=True to replace it")
     for n in (name, *aliases):
         _REGISTRY[n] = opdef if n == name else replace(opdef, name=n)
-    _memo.cache_clear()
     _SEEN.clear()
     return opdef
 

@@ -42,6 +42,12 @@ may stay as an outer sub-axis). ``regroup`` gathers the obstacle (``gather``) an
 again, so only the piece in the way moves. With sub-axes off, an output that DTensor
 placements cannot say is one more obstacle (``dtensor_obstacle``).
 
+``regroup`` first tries ``regroup_even``: the same walk in one pass over plain factors, for an
+even input with nothing in the way (most views). It builds the output's canonical dims as it
+goes and returns None on anything else (an uneven dim, a chunk program, a boundary that fits
+no factor, a cut axis with sub-axes off), which the walk then handles
+(``tests/ops/test_regroup_even.py`` checks the two agree).
+
 Worked examples: ``tests/ops/test_regroup.py`` has one per step (``test_place_even_design_example``
 and ``test_regroup_design_example`` are the picture above; ``test_place_tail_*`` and
 ``test_place_program_*`` the uneven ones); ``tests/ops/test_view.py``: ``test_design_example_needs_sub_axes``,
@@ -560,18 +566,24 @@ def regroup(s: Sharding, out_shape, subaxes: bool | None = None) -> tuple:
 
     ``input_target == s`` when the view needs no communication (then it *is* ``s``);
     otherwise it is ``s`` with only the pieces in the way gathered. ``subaxes`` defaults to
-    ``settings.subaxes``. Even inputs that regroup without an obstacle take ``regroup_even``
-    (the same answer, found in one pass); everything else the walk below.
+    ``settings.subaxes``. An even input that regroups with nothing in the way takes
+    ``regroup_even`` (the same answer in one pass); everything else the walk below.
 
     ``regroup(Sharding.parse("[dp*4, tp*3]", m), (96,))[1] -> [dp*4*tp*3]``
     """
+    if subaxes is None:
+        subaxes = settings.subaxes
+    out = regroup_even(s, out_shape, subaxes)
+    if out is not None:
+        return s, out
+    return regroup_walk(s, out_shape, subaxes)
+
+
+def regroup_walk(s: Sharding, out_shape, subaxes: bool) -> tuple:
+    """``regroup`` by the walk alone: ``fit``, gather the obstacle, fit again; with sub-axes
+    off, an output DTensor placements cannot say is one more obstacle.
+    ``regroup_walk(s, (16, 6), True) == regroup(s, (16, 6), True)``"""
     out_shape = infer_view_shape(s.shape, out_shape)
-    subaxes = settings.subaxes if subaxes is None else subaxes
-    dims = regroup_even(s, out_shape, subaxes)
-    if dims is not None:
-        out = _canonical_sharding(s.mesh, out_shape, dims, s.partial)
-        if subaxes or dims_whole_axes(dims, s.mesh) or has_placements(out):
-            return s, out
     target = s
     while True:
         pieces, floating = flat_pieces(target)
@@ -590,32 +602,57 @@ def regroup(s: Sharding, out_shape, subaxes: bool | None = None) -> tuple:
 # the fast path: an even input that regroups with nothing in the way
 # ------------------------------------------------------------------------------------------
 
+_new = tuple.__new__  # Factor(...) without the Python-level NamedTuple __new__: the hot path
+_set = object.__setattr__
 
-def regroup_even(s: Sharding, out_shape: tuple, subaxes: bool):
-    """The output dims (canonical: each dim's factors as ``Sharding`` keeps them) of viewing
-    ``s`` as ``out_shape`` when every dim of ``s`` is even and no piece is in the way, else
-    None (the walk then finds the obstacle). One pass of ``fit`` over the factors: the flat
-    list with adjacent local factors merged, each factor cut at every boundary it straddles
-    (an axis factor into sub-axes), each placed factor merged with the one before it in its
-    dim where the canonical form merges them (``sharding.factors._merge_even``).
 
-    ``[dp*4, tp*3] -> (16, 6)``: ``((dp, 4, tp:(1)2), (tp:(2)2, 3))``
+def regroup_even(s: Sharding, out_shape, subaxes: bool):
+    """The output of viewing ``s`` as ``out_shape`` (a tuple of positive ints) when every dim
+    of ``s`` is even and no piece is in the way, else None (``regroup`` then walks, and raises
+    on a bad shape). One pass of ``fit`` over the factors: the flat list with adjacent local
+    factors merged, each factor cut at every boundary it straddles (an axis factor into
+    sub-axes), each placed factor merged with the one before it in its dim where the
+    canonical form merges them (``sharding.factors._merge_even``), so the output's dims are
+    canonical as they are built (``Sharding._trusted`` would give an equal Sharding).
+
+    With sub-axes off it also needs every axis factor of ``s`` to be a whole mesh axis: no
+    boundary may cut one, so the output's are whole too, on even dims, and DTensor placements
+    say such a sharding (``to_placements`` reads each split factor off the factors in front;
+    ``tests/ops/test_regroup.py`` checks it), so ``dtensor_obstacle`` has nothing to find.
+
+    ``[dp*4, tp*3] -> (16, 6)``: ``[dp*4*tp:(1)2, tp:(2)2*3]``
     """
-    new = tuple.__new__  # Factor(...) without the Python-level NamedTuple __new__: the hot path
+    if type(out_shape) is not tuple:
+        return None
+    new = _new
+    total = 1
+    for x in out_shape:
+        if type(x) is not int or x < 1:
+            return None
+        total *= x
     flat: list = []  # the factors, adjacent local ones merged
-    shape = s.shape
-    for d, fs in enumerate(s.dims):
+    mesh = s.mesh
+    total_in = 1
+    whole = None if subaxes else mesh  # with sub-axes off: the mesh to check axis factors against
+    for n, fs in zip(s.shape, s.dims):
         if type(fs) is ChunkProgram:
             return None
         p = 1
         for f in fs:
-            p *= f[0]
-            if f[1] is None and flat and flat[-1][1] is None:
-                flat[-1] = new(Factor, (flat[-1][0] * f[0], None, 1))
-            else:
-                flat.append(f)
-        if p != shape[d]:
+            size, axis, pre = f
+            p *= size
+            if axis is None:
+                if flat and flat[-1][1] is None:
+                    flat[-1] = new(Factor, (flat[-1][0] * size, None, 1))
+                    continue
+            elif whole is not None and (pre != 1 or size != whole.shape[whole.names.index(axis)]):
+                return None  # a sub-axis with sub-axes off: the walk decides
+            flat.append(f)
+        if p != n:
             return None  # an uneven dim: a tail for the walk
+        total_in *= p
+    if total_in != total:
+        return None  # not the same number of elements (or a -1 to infer): infer_view_shape
     n = len(out_shape)
     out = [[] for _ in range(n)]
     k = 0
@@ -640,14 +677,12 @@ def regroup_even(s: Sharding, out_shape: tuple, subaxes: bool):
                 f = new(Factor, (size, axis, pre))
                 room = 1
             dk = out[k]
-            if dk:  # merged with the factor before it, as the canonical form merges
+            # merged with the factor before it where the canonical form merges: two pieces of one
+            # axis, in order (two local factors never meet: the flat list merged them, and a cut
+            # one's inner rest starts a dim)
+            if axis is not None and dk and dk[-1][1] == axis and dk[-1][2] * dk[-1][0] == g[2]:
                 h = dk[-1]
-                if h[1] is None and g[1] is None:
-                    dk[-1] = new(Factor, (h[0] * g[0], None, 1))
-                elif h[1] is not None and h[1] == g[1] and h[2] * h[0] == g[2]:
-                    dk[-1] = new(Factor, (h[0] * g[0], h[1], h[2]))
-                else:
-                    dk.append(g)
+                dk[-1] = new(Factor, (h[0] * g[0], axis, h[2]))
             else:
                 dk.append(g)
             if room == 1:
@@ -657,36 +692,11 @@ def regroup_even(s: Sharding, out_shape: tuple, subaxes: bool):
                 room = out_shape[k] if k < n else 1
             if size == 1:
                 break
-    return tuple(map(tuple, out))
-
-
-def dims_whole_axes(dims: tuple, mesh) -> bool:
-    """Is every axis factor of these even ``dims`` a whole mesh axis? Then DTensor placements
-    say them (an even dim is cut by binding digits: ``S``/``SS`` with the split factor read
-    off the factors in front, see ``to_placements``), with no round trip to find out.
-
-    ``dims_whole_axes(((Factor(2, "a"), Factor(3)),), Mesh.parse("a=2")) -> True``
-    """
-    sizes = dict(zip(mesh.names, mesh.shape))
-    for fs in dims:
-        for f in fs:
-            if f.axis is not None and (f.pre != 1 or f.size != sizes[f.axis]):
-                return False
-    return True
-
-
-_new = object.__new__
-_set = object.__setattr__
-
-
-def _canonical_sharding(mesh, shape: tuple, dims: tuple, partial: tuple) -> Sharding:
-    """A Sharding of dims already in canonical form (``regroup_even``'s): no checks, no
-    re-canonicalising. ``Sharding._trusted`` gives an equal one (``tests/ops/test_regroup.py``)."""
-    obj = _new(Sharding)
+    obj = object.__new__(Sharding)  # dims canonical as built: no checks, no re-canonicalising
     _set(obj, "mesh", mesh)
-    _set(obj, "shape", shape)
-    _set(obj, "dims", dims)
-    _set(obj, "partial", partial)
+    _set(obj, "shape", out_shape)
+    _set(obj, "dims", tuple(map(tuple, out)))
+    _set(obj, "partial", s.partial)
     _set(obj, "_hash", None)
     return obj
 

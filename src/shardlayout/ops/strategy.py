@@ -429,7 +429,7 @@ def _per_axis_candidates(fm, inputs, out_shapes, out_pins, mesh, seen):
 
 def input_moves(src: Sharding, dst: Sharding, tensor_dtype="float32", cost_model=None) -> tuple:
     """The communicating collectives moving input 0 from ``src`` to ``dst`` (``plan_move``)."""
-    return tuple(c.attributed("input 0") for c in plan_move(src, dst, tensor_dtype, cost_model)
+    return tuple(c.attributed("input 0") for c in plan_move(src, dst, dtype_of(tensor_dtype, 0), cost_model)
                  if c.kind.communicates)
 
 

@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import numpy as _np
 
+from ..config import settings
 from ..errors import OpError
 from ..sharding import Sharding
 from ..sharding.core import _product
 from ..sharding.cost import DEFAULT_COST_MODEL
 from .registry import register_op
-from .regroup import infer_view_shape, regroup
+from .regroup import infer_view_shape, regroup, regroup_even
 from .result import Propagation
 from .strategy import input_moves
 
@@ -55,6 +56,10 @@ def view_rule(name, inputs, shape=None, size=None, subaxes=None, tensor_dtype="f
     s = inputs[0]
     if shape is None:
         shape = size if size is not None else s.shape
+    # regroup and _view_result inlined: the hot path of propagate("view")
+    out = regroup_even(s, shape, settings.subaxes if subaxes is None else subaxes)
+    if out is not None:  # nothing in the way: nothing moves
+        return Propagation(name, (s,), (s,), (out,), (), (), (), cost_model or DEFAULT_COST_MODEL)
     return _view_result(name, s, shape, subaxes, tensor_dtype, cost_model)
 
 

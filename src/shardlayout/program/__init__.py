@@ -15,6 +15,7 @@ import json
 from dataclasses import dataclass, field
 
 from ..errors import ShardingError
+from ..sharding.cost import ITEMSIZE
 
 
 class ProgramError(ShardingError):
@@ -95,33 +96,87 @@ class Program:
     def from_json(text: str) -> "Program":
         """Read JSON (no code is evaluated); checks every name and shape."""
         try:
-            data = json.loads(text)
+            data = json.loads(text, parse_constant=_no_constant)
         except json.JSONDecodeError as e:
             raise ProgramError(f"program JSON is malformed: {e.msg} at line {e.lineno}") from None
+        except RecursionError:
+            raise ProgramError("program JSON is nested too deeply (a program is a few levels deep)") from None
+        except (ValueError, TypeError) as e:  # an int of thousands of digits, bytes that are not UTF-8, not text
+            if isinstance(e, ShardingError):
+                raise
+            raise ProgramError(f"program JSON cannot be read: {str(e).split(';')[0]}") from None
         if not isinstance(data, dict) or not {"tensors", "ops", "outputs"} <= set(data):
             raise ProgramError("program JSON needs the keys 'tensors', 'ops' and 'outputs'")
+        for key in ("tensors", "ops", "outputs"):
+            if not isinstance(data[key], list):
+                raise ProgramError(f"program JSON: {key!r} must be a list, got {type(data[key]).__name__}")
         b = ProgramBuilder()
         try:
             for t in data["tensors"]:
                 b._add(_tensor_entry(t))
             for op in data["ops"]:
-                params = tuple(sorted((str(k), _freeze(v)) for k, v in dict(op.get("params", {})).items()))
-                b._add_op(Op(str(op["target"]), tuple(op["inputs"]), params, tuple(op["outputs"]),
-                             str(op.get("name", ""))))
+                b._add_op(_op_entry(op))
             for o in data["outputs"]:
+                if not isinstance(o, str):
+                    raise ProgramError(f"program JSON: output {o!r} is not a tensor name")
                 b.output(o)
         except (KeyError, TypeError, ValueError) as e:
             if isinstance(e, ShardingError):
                 raise
             raise ProgramError(f"program JSON: bad entry ({type(e).__name__}: {e})") from None
+        if not data["outputs"]:
+            raise ProgramError("program JSON: 'outputs' is empty; name the tensors the program computes")
         prog = b.build()
+        _check_kinds(prog, {t["name"]: t["kind"] for t in data["tensors"] if "kind" in t})
         _check_dataflow(prog)
         return prog
 
 
-DTYPES = ("float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool",
-          "complex64", "complex128")
+DTYPES = tuple(ITEMSIZE)  # every element type the cost model knows the size of
 KINDS = ("input", "param", "buffer", "value")
+MAX_DIM = (1 << 63) - 1  # torch's int64 sizes
+
+
+def _no_constant(name: str):
+    raise ProgramError(f"program JSON: {name} is not a number JSON allows (nor a size or a parameter)")
+
+
+def _op_entry(op) -> "Op":
+    """One op of program JSON, checked: a target, lists of inputs and outputs, a params object."""
+    if not isinstance(op, dict):
+        raise ProgramError(f"program JSON: op entry {op!r} is not an object with 'target', 'inputs', 'outputs'")
+    where = f"op {op.get('name') or op.get('target')!r}"
+    if not isinstance(op.get("target"), str) or not op["target"]:
+        raise ProgramError(f"program JSON: {where} needs a string 'target' (an aten op name, e.g. 'mm')")
+    for key in ("inputs", "outputs"):
+        if not isinstance(op.get(key), list):
+            raise ProgramError(f"program JSON: {where}: {key!r} must be a list, got {op.get(key)!r}")
+    if not all(isinstance(o, str) for o in op["outputs"]):
+        raise ProgramError(f"program JSON: {where}: outputs {op['outputs']!r} must be tensor names")
+    unknown = set(op) - {"target", "inputs", "outputs", "params", "name"}
+    if unknown:
+        raise ProgramError(f"program JSON: {where}: unknown key(s) {', '.join(sorted(map(str, unknown)))}; an op "
+                           "has target, inputs, outputs, params and name")
+    params = op.get("params", {})
+    if not isinstance(params, dict):
+        raise ProgramError(f"program JSON: {where}: 'params' must be an object, got {params!r}")
+    if not isinstance(op.get("name", ""), str):
+        raise ProgramError(f"program JSON: {where}: 'name' must be a string")
+    frozen = tuple(sorted((str(k), _freeze(v)) for k, v in params.items()))
+    return Op(op["target"], tuple(_freeze(i) for i in op["inputs"]), frozen, tuple(op["outputs"]), op.get("name", ""))
+
+
+def _check_kinds(prog: "Program", declared: dict) -> None:
+    """A tensor an op produces is a 'value'; one declared 'value' is produced by an op."""
+    produced = {o: op for op in prog.ops for o in op.outputs}
+    for name, kind in declared.items():
+        if kind != "value" and name in produced:
+            op = produced[name]
+            raise ProgramError(f"program JSON: op {op.name or op.target} ({op.target}) produces {name!r}, declared "
+                               f"kind {kind!r}; an op's output has kind 'value'")
+        if kind == "value" and name not in produced:
+            raise ProgramError(f"program JSON: tensor {name!r} has kind 'value' but no op produces it; give it kind "
+                               "'input' or 'param', or add the op that computes it")
 
 
 def _tensor_entry(t) -> "TensorSpec":
@@ -129,8 +184,14 @@ def _tensor_entry(t) -> "TensorSpec":
     if not isinstance(t, dict) or not isinstance(t.get("name"), str) or not t["name"]:
         raise ProgramError(f"program JSON: tensor entry {t!r} needs a non-empty string 'name'")
     name, shape = t["name"], t.get("shape")
-    if not isinstance(shape, list) or any(isinstance(x, bool) or not isinstance(x, int) or x < 1 for x in shape):
-        raise ProgramError(f"program JSON: tensor {name!r}: shape {shape!r} must be a list of ints >= 1")
+    if not isinstance(shape, list) or any(isinstance(x, bool) or not isinstance(x, int) or not 1 <= x <= MAX_DIM
+                                          for x in shape):
+        raise ProgramError(f"program JSON: tensor {name!r}: shape {shape!r} must be a list of ints >= 1 "
+                           "(at most 2**63-1)")
+    unknown = set(t) - {"name", "shape", "dtype", "kind"}
+    if unknown:
+        raise ProgramError(f"program JSON: tensor {name!r}: unknown key(s) {', '.join(sorted(unknown))}; "
+                           "a tensor has name, shape, dtype and kind")
     dtype, kind = t.get("dtype", "float32"), t.get("kind", "value")
     if dtype not in DTYPES:
         raise ProgramError(f"program JSON: tensor {name!r}: dtype {dtype!r} is not one of {', '.join(DTYPES)}")
@@ -182,10 +243,14 @@ class ProgramBuilder:
         self._count = 0
 
     def _add(self, spec: TensorSpec) -> str:
+        if not isinstance(spec.name, str) or not spec.name:
+            raise ProgramError(f"tensor name {spec.name!r} must be a non-empty string")
         if spec.name in self._tensors:
             raise ProgramError(f"tensor {spec.name!r} is defined twice")
-        if any((not isinstance(n, int)) or n < 0 for n in spec.shape):
+        if any(isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_DIM for n in spec.shape):
             raise ProgramError(f"tensor {spec.name!r}: shape {spec.shape} must be non-negative ints")
+        if spec.dtype not in DTYPES:
+            raise ProgramError(f"tensor {spec.name!r}: dtype {spec.dtype!r} is not one of {', '.join(DTYPES)}")
         self._tensors[spec.name] = spec
         return spec.name
 

@@ -1,4 +1,5 @@
-"""Built-in models written with the builder (no torch needed), and sharding styles (pin presets).
+"""Built-in models written with the builder (no torch needed). Styles (``style_pins``) are in
+``program.styles`` and re-exported here.
 
     >>> prog = llama(layers=1)
     >>> len(prog.ops) > 30, prog.tensors["x"].shape
@@ -8,11 +9,8 @@
 from __future__ import annotations
 
 from ..errors import ShardingError
-from ..mesh import Mesh
-from ..sharding import Factor, Sharding
 from . import Program, ProgramBuilder
-
-STYLES = ("dp", "megatron", "megatron-sp", "fsdp", "ep")
+from .styles import STYLES, apply_style, style_pins  # noqa: F401 - styles live in program.styles
 
 
 def _rms_norm(b: ProgramBuilder, x: str, w: str, prefix: str) -> str:
@@ -100,102 +98,6 @@ def moe(tokens: int = 16, dim: int = 16, experts: int = 4, ffn: int = 32, top_k:
     y = b.op("einsum", [gate, o], name="combine", equation="te,etd->td")
     b.output(y)
     return b.build()
-
-
-def _sharded(mesh: Mesh, shape: tuple, placement: dict) -> Sharding:
-    """A Sharding with ``placement = {dim: [axes, outer first]}`` (axes missing from the mesh dropped)."""
-    dims = []
-    for d in range(len(shape)):
-        axes = [a for a in placement.get(d, []) if a in mesh.names and mesh.axis_size(a) > 1]
-        dims.append([Factor(mesh.axis_size(a), a) for a in axes])
-    return Sharding(mesh, shape, dims)
-
-
-COLUMN = ("wq", "wk", "wv", "w_gate", "w_up")
-ROW = ("wo", "w_down")
-
-
-def _consumers(program: Program) -> dict:
-    out: dict = {}
-    for op in program.ops:
-        for i in op.inputs:
-            if isinstance(i, str):
-                out.setdefault(i, []).append(op)
-    return out
-
-
-def _residuals(program: Program, row_mm_outputs: set) -> list:
-    """The adds that close a residual branch: add(x, view(mm(.., row-parallel weight)))."""
-    cons = _consumers(program)
-    found = []
-    for t in sorted(row_mm_outputs):
-        frontier = [t]
-        for _ in range(3):  # through views / reshapes to the add
-            nxt = []
-            for name in frontier:
-                for op in cons.get(name, []):
-                    base = op.target.split(".")[-2] if op.target.startswith("aten.") else op.target
-                    if base in ("add",):
-                        found.append(op.outputs[0])
-                    elif base in ("view", "_unsafe_view", "reshape"):
-                        nxt.extend(op.outputs)
-            frontier = nxt
-    return found
-
-
-def style_pins(program: Program, mesh: Mesh, style: str) -> dict:
-    """Pins of a style for a Llama-style program (built-in or from ``torch.export``) on ``mesh``
-    (axes ``dp`` and/or ``tp``; others replicate). Weights are found by their names
-    (``...wq``, ``...w_down``), the activations they produce by following the ops."""
-    if style not in STYLES:
-        raise ShardingError(f"unknown style {style!r}; choose one of {', '.join(STYLES)}")
-    t = program.tensors
-    pins: dict = {}
-    batch_dp = {0: ["dp"]}
-    act3 = {0: ["dp"]} if style != "megatron-sp" else {0: ["dp"], 1: ["tp"]}
-    user = program.inputs("input")
-    x = user[0]
-    if style == "ep":
-        axis = "ep" if "ep" in mesh.names else "dp"
-        for n, spec in t.items():
-            if spec.kind == "param" and n.startswith("experts."):
-                pins[n] = _sharded(mesh, spec.shape, {0: [axis]})
-        pins[x] = _sharded(mesh, t[x].shape, {0: [axis]})
-        for o in program.outputs:
-            pins[o] = _sharded(mesh, t[o].shape, {0: [axis]})
-        return pins
-    pins[x] = _sharded(mesh, t[x].shape, act3 if style != "dp" else batch_dp)
-    mm_out: dict = {}
-    for op in program.ops:
-        base = op.target.split(".")[-2] if op.target.startswith("aten.") else op.target
-        if base == "mm" and len(op.inputs) == 2 and isinstance(op.inputs[1], str):
-            mm_out[op.outputs[0]] = op.inputs[1].rsplit(".", 1)[-1]
-    row_outputs = {o for o, w in mm_out.items() if w in ROW}
-    residuals = _residuals(program, row_outputs)
-    if style in ("megatron", "megatron-sp"):
-        for n, spec in t.items():
-            leaf = n.rsplit(".", 1)[-1]
-            if spec.kind == "param" and leaf in COLUMN:
-                pins[n] = _sharded(mesh, spec.shape, {1: ["tp"]})
-            elif spec.kind == "param" and leaf in ROW:
-                pins[n] = _sharded(mesh, spec.shape, {0: ["tp"]})
-        for o, w in mm_out.items():
-            if w in COLUMN:
-                pins[o] = _sharded(mesh, t[o].shape, {0: ["dp"], 1: ["tp"]})
-        for r in residuals:
-            pins[r] = _sharded(mesh, t[r].shape, act3)
-    elif style == "fsdp":
-        for n, spec in t.items():
-            if spec.kind == "param" and spec.shape and "dp" in mesh.names and spec.shape[0] % mesh.axis_size("dp") == 0:
-                pins[n] = _sharded(mesh, spec.shape, {0: ["dp"]})
-        for o in mm_out:
-            pins[o] = _sharded(mesh, t[o].shape, batch_dp)
-        for r in residuals:
-            pins[r] = _sharded(mesh, t[r].shape, batch_dp)
-    else:  # dp
-        for r in residuals:
-            pins[r] = _sharded(mesh, t[r].shape, batch_dp)
-    return pins
 
 
 MODELS = {"llama": llama, "moe": lambda layers=1: moe()}

@@ -1,7 +1,8 @@
 """``from_torch(module, example_args)``: a Program from ``torch.export`` in core ATen (torch extra).
 
-Parameters and buffers become named inputs with their fully-qualified names; user inputs keep
-their argument names. Every op must have a sharding rule: otherwise ``UnsupportedOp`` names the
+Parameters, buffers and lifted tensor constants become named inputs with their fully-qualified
+module names (``layers.0.self_attn.q_proj.weight``, never export's placeholder names); user inputs
+keep their argument names. Every op must have a sharding rule: otherwise ``UnsupportedOp`` names the
 op, its node and the source line.
 """
 
@@ -52,7 +53,7 @@ def from_exported(ep, decompose: bool = True) -> Program:
         ep = ep.run_decompositions()
     sig = ep.graph_signature
     params = dict(sig.inputs_to_parameters)
-    buffers = dict(sig.inputs_to_buffers)
+    buffers = {**dict(getattr(sig, "inputs_to_lifted_tensor_constants", {}) or {}), **dict(sig.inputs_to_buffers)}
     b = ProgramBuilder()
     names: dict = {}
     for node in ep.graph.nodes:

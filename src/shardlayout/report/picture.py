@@ -1,7 +1,7 @@
 """Terminal pictures of who holds what: any tensor rank, any mesh, strided and sub-axis shards.
 
-Runs of consecutive indices held by the same ranks are merged, so a strided shard shows as
-alternating blocks and a large even one stays small.
+Runs of consecutive indices held by the same ranks are merged (``cells.py`` finds them from the
+factors, per block), so a strided shard shows as alternating blocks and a large even one stays small.
 
     >>> from shardlayout import Mesh, Sharding
     >>> print(picture(Sharding.parse("[x*2]", Mesh.parse("x=2"))))
@@ -11,13 +11,18 @@ alternating blocks and a large even one stays small.
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from ..sharding import Sharding
+from ..sharding.shards import _dim_digits, dim_ranges
+from .cells import CellTable, cell_table
 
 
 def holders(s: Sharding) -> np.ndarray:
-    """For every element, the set of ranks holding it, as a bitmask (object ints)."""
+    """For every element, the set of ranks holding it, as a bitmask (object ints). Builds the
+    whole tensor: for small ones (tests); pictures use ``cells.cell_table``."""
     h = np.zeros(s.shape, dtype=object)
     for r in s.mesh.ranks():
         idx = np.ix_(*s.indices(r))
@@ -38,63 +43,74 @@ def ranks_text(mask: int) -> str:
     return ",".join(parts)
 
 
-def _runs(keys: list) -> list:
-    out = []
-    for i, k in enumerate(keys):
-        if out and out[-1][2] == k:
-            out[-1][1] = i + 1
-        else:
-            out.append([i, i + 1, k])
-    return out
+def _range(b) -> str:
+    return f"{b.lo}:{b.hi}"
 
 
-def _grid(h2: np.ndarray, max_rows: int = 32) -> list:
-    rows = _runs([tuple(r) for r in h2])
-    hidden = max(0, len(rows) - max_rows)
-    rows = rows[:max_rows]
-    cols = _runs([tuple(c) for c in h2.T])
-    lines = []
-    col_heads = [f"{a}:{b}" for a, b, _ in cols]
-    cells = [[ranks_text(h2[a, c0]) for c0, _, _ in cols] for a, _, _ in rows]
+def _grid(t: CellTable, lead: tuple, max_rows: int = 32, max_cols: int = 24) -> list:
+    """Rows: the blocks of the next-to-last dim; columns: those of the last dim."""
+    rdim, cdim = t.dims[-2], t.dims[-1]
+    rows, cols = rdim.blocks[:max_rows], cdim.blocks[:max_cols]
+    col_heads = [_range(b) for b in cols]
+    labels = t.labels(lead + (i, j) for i in range(len(rows)) for j in range(len(cols)))
+    cells = [[labels[lead + (i, j)] for j in range(len(cols))] for i in range(len(rows))]
+    more_cols = len(cdim.blocks) > max_cols or not cdim.complete
+    if more_cols:
+        col_heads.append("...")
+        for row in cells:
+            row.append("")
     width = max([len(x) for x in col_heads] + [len(c) for row in cells for c in row] + [1])
-    row_heads = [f"{a}:{b}" for a, b, _ in rows]
-    rw = max(len(x) for x in row_heads)
-    lines.append(" " * (rw + 3) + " ".join(x.center(width) for x in col_heads))
+    row_heads = [_range(b) for b in rows]
+    rw = max(len(x) for x in row_heads + ["..."])
+    lines = [" " * (rw + 3) + " ".join(x.center(width) for x in col_heads)]
     for head, row in zip(row_heads, cells):
         lines.append(f"{head.rjust(rw)} | " + " ".join(c.center(width) for c in row))
-    if hidden:
-        lines.append(f"{'...'.rjust(rw)}   ({hidden} more row blocks)")
+    if len(rdim.blocks) > max_rows and rdim.complete:
+        lines.append(f"{'...'.rjust(rw)}   ({len(rdim.blocks) - max_rows} more row blocks)")
+    elif len(rdim.blocks) > max_rows or not rdim.complete:
+        lines.append(f"{'...'.rjust(rw)}   (rows {rows[-1].hi}:{rdim.size} elided)")
+    if more_cols:
+        lines.append(f"{'...'.rjust(rw)}   (columns {cols[-1].hi}:{cdim.size} elided)")
     return lines
 
 
 def picture(s: Sharding, max_slices: int = 8) -> str:
-    """Text picture of the ranks holding each block of ``s`` (2-D slices of the last two dims)."""
-    h = holders(s)
+    """Text picture of the ranks holding each block of ``s`` (2-D slices of the last two dims),
+    computed per block from the factors (``cells.py``): its cost does not grow with the tensor
+    or the mesh. Holders are listed as ranks, or as mesh coordinates past 4096 of them."""
+    t = cell_table(s)
     if s.ndim == 0:
-        return ranks_text(h.item())
+        return t.label(())
     if s.ndim == 1:
-        runs = _runs(list(h))
-        heads = [f"{a}:{b}" for a, b, _ in runs]
-        cells = [ranks_text(k) for _, _, k in runs]
+        d = t.dims[0]
+        heads = [_range(b) for b in d.blocks]
+        labels = t.labels((i,) for i in range(len(d.blocks)))
+        cells = [labels[(i,)] for i in range(len(d.blocks))]
+        if not d.complete:
+            heads.append(f"{d.shown}:{d.size} elided")
+            cells.append("")
         w = max(len(x) for x in heads + cells)
         return (
             "dim 0 -> " + " ".join(x.center(w) for x in heads).rstrip() + "\n"
             + (" " * 9 + " ".join(c.center(w) for c in cells)).rstrip()
         )
-    lead = s.shape[:-2]
-    h3 = h.reshape((-1,) + s.shape[-2:])
     lines = [f"rows: dim {s.ndim - 2}, columns: dim {s.ndim - 1}; cells: ranks holding the block"]
-    slices = _runs([tuple(map(tuple, h3[i])) for i in range(h3.shape[0])])
-    for n, (a, b, _) in enumerate(slices):
+    leads = list(itertools.islice(itertools.product(*(range(len(d.blocks)) for d in t.dims[:-2])), max_slices + 1))
+    for n, lead in enumerate(leads):
         if n == max_slices:
-            lines.append(f"... {len(slices) - max_slices} more slices")
+            total = 1
+            for d in t.dims[:-2]:
+                total *= len(d.blocks)
+            lines.append(f"... {total - max_slices}{'' if t.complete else '+'} more slices")
             break
         if lead:
-            lo = np.unravel_index(a, lead)
-            hi = np.unravel_index(b - 1, lead)
-            where = ", ".join(f"{x}" if x == y else f"{x}..{y}" for x, y in zip(lo, hi))
+            where = ", ".join(f"{b.lo}" if b.hi == b.lo + 1 else f"{b.lo}..{b.hi - 1}"
+                              for b in (t.dims[d].blocks[i] for d, i in enumerate(lead)))
             lines.append(f"[{where}, :, :]")
-        lines.extend(_grid(h3[a]))
+        lines.extend(_grid(t, lead))
+    elided = [f"dim {d} past {x.shown}" for d, x in enumerate(t.dims[:-2]) if not x.complete]
+    if elided:
+        lines.append(f"... ({', '.join(elided)} elided)")
     return "\n".join(line.rstrip() for line in lines)
 
 
@@ -104,15 +120,15 @@ def rank_table(s: Sharding, limit: int | None = None) -> list:
     out = []
     ranks = s.mesh.ranks() if limit is None else range(min(limit, s.mesh.size))
     for r in ranks:
-        idx = s.indices(r)
-        ranges = []
-        for ix in idx:
+        coord = s.mesh.coord(r)
+        ranges = []  # from the chunk tree (dim_ranges), never an array of the held indices
+        for d in range(s.ndim):
             rs = []
-            for v in ix.tolist():
-                if rs and rs[-1][1] == v:
-                    rs[-1][1] = v + 1
+            for lo, hi in dim_ranges(s.shape[d], s.dims[d], _dim_digits(s, d, coord)):
+                if rs and rs[-1][1] == lo:
+                    rs[-1][1] = hi
                 else:
-                    rs.append([v, v + 1])
+                    rs.append([lo, hi])
             ranges.append(rs)
         out.append({
             "rank": r,

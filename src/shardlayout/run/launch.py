@@ -45,8 +45,22 @@ def _global_inputs(plan, seed: int, dtype: str = "float32") -> dict:
     out = {}
     for name in plan.program.inputs():
         t = plan.program.tensors[name]
-        out[name] = torch.from_numpy(rng.standard_normal(t.shape).astype(dtype))
+        if t.dtype.startswith(("int", "uint")):  # token ids: valid rows of every table they index
+            out[name] = torch.from_numpy(rng.integers(0, _index_bound(plan.program, name), t.shape))
+        elif t.dtype == "bool":  # masks
+            out[name] = torch.from_numpy(rng.integers(0, 2, t.shape).astype(bool))
+        else:
+            out[name] = torch.from_numpy(rng.standard_normal(t.shape).astype(dtype))
     return out
+
+
+def _index_bound(prog, name: str) -> int:
+    """The rows of the smallest embedding table ``name`` indexes (2 when it indexes none)."""
+    from ..ops.result import canonical_op_name
+
+    rows = [prog.tensors[op.inputs[0]].shape[0] for op in prog.ops
+            if canonical_op_name(op.target) == "embedding" and len(op.inputs) > 1 and op.inputs[1] == name]
+    return min(rows, default=2)
 
 
 class _Compare:

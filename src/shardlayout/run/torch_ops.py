@@ -132,6 +132,8 @@ def torch_op(opdef, args: list, params: dict, out_shapes: list) -> list:
             kw[k] = _torch_dtype(torch, kw[k])
     if opdef.not_simulated:
         raise SimulationUnsupported(f"op {opdef.name} cannot run here: {opdef.not_simulated}")
+    if opdef.name in ("split", "split_with_sizes", "chunk"):  # at the local pieces' sizes (a carved split)
+        return list(args[0].split([s[kw.get("dim", 0)] for s in out_shapes], dim=kw.get("dim", 0)))
     if opdef.shape_driven:
         x = args[0]
         if opdef.name == "expand":
@@ -139,7 +141,9 @@ def torch_op(opdef, args: list, params: dict, out_shapes: list) -> list:
         return [x.reshape(*out_shapes[0])]
     if opdef.name in ("_assert_tensor_metadata", "_assert_async", "_assert_scalar", "sym_constrain_range_for_size"):
         return []
-    if opdef.name in ("arange", "full", "zeros", "ones", "scalar_tensor") and kw.get("dtype") is None:
+    integral = opdef.name == "arange" and all(isinstance(kw.get(k, 0), int) for k in ("start", "end", "step"))
+    if opdef.name in ("arange", "full", "zeros", "ones", "scalar_tensor") and kw.get("dtype") is None \
+            and not integral:  # an arange of ints is int64 (positions indexing a table), as in torch
         kw["dtype"] = torch.get_default_dtype()  # the run's element type
     kinds = tuple("T" if isinstance(a, torch.Tensor) else "N" for a in args)
     ov, as_tensors, pos, kwo = _resolve(opdef.name, kinds, tuple(sorted(kw)))

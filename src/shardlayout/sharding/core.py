@@ -255,6 +255,9 @@ class Sharding:
 # ------------------------------------------------------------------------------------------
 
 
+MAX_DIM = (1 << 63) - 1  # torch's int64 sizes: beyond it a shape is absurd
+
+
 def _check_shape(shape) -> tuple:
     if isinstance(shape, int):
         shape = (shape,)
@@ -263,9 +266,9 @@ def _check_shape(shape) -> tuple:
     except TypeError:
         raise ShardingSpecError(f"Sharding: shape {shape!r} is not a sequence of ints") from None
     for s in shape:
-        if isinstance(s, bool) or not isinstance(s, int) or s < 1:
+        if isinstance(s, bool) or not isinstance(s, int) or s < 1 or s > MAX_DIM:
             raise ShardingSpecError(
-                f"Sharding: shape {shape} has size {s!r}; every dim must be a positive int"
+                f"Sharding: shape {shape} has size {s!r}; every dim must be a positive int (at most 2**63-1)"
             )
     return tuple(int(s) for s in shape)
 
@@ -398,6 +401,8 @@ def parse_sharding(text: str, mesh: Mesh) -> Sharding:
     """Read ``[dp*4, tp*3] +sum(x)``; uneven dims carry their size: ``[dp*tp*3 of 9]``."""
     src = text
     text = text.strip()
+    if not text.isascii():  # Python's int() would read '٨' or '８' as 8
+        raise ShardingSpecError(f"Sharding.parse: {src!r} has a non-ASCII character; write sizes with 0-9")
     if not text.startswith("[") or "]" not in text:
         raise ShardingSpecError(
             f"Sharding.parse: {src!r} is not '[dim, dim, ...]', e.g. '[dp*4, tp*3]' or '[8, 12] +sum(tp)'"

@@ -36,26 +36,43 @@ GiB = 2**30
 ITEMSIZE = {
     "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4,
     "int16": 2, "int8": 1, "uint8": 1, "bool": 1, "complex64": 8, "complex128": 16,
+    # the rest of torch's element types
+    "uint16": 2, "uint32": 4, "uint64": 8, "complex32": 4, "float8_e4m3fn": 1, "float8_e5m2": 1,
+    "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1, "float8_e8m0fnu": 1, "float4_e2m1fn_x2": 1,
 }
 
 
 def itemsize(dtype) -> int:
-    """Bytes per element of a dtype name (``torch.`` prefix allowed); 4 when unknown.
+    """Bytes per element of a dtype name (``torch.`` prefix allowed); an unknown one is refused.
 
     ``itemsize("torch.bfloat16") -> 2``
     """
-    return ITEMSIZE.get(str(dtype).replace("torch.", ""), 4)
+    size = ITEMSIZE.get(str(dtype).replace("torch.", ""))
+    if size is None:
+        raise ShardingSpecError(f"dtype {dtype!r} is not one of {', '.join(ITEMSIZE)}")
+    return size
 
 
-def _check_positive(what: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise ShardingSpecError(f"CostModel: {what} = {value!r} must be a finite number >= 0")
+def _check_positive(what: str, value, zero: bool = False) -> float:
+    """A finite number > 0 (>= 0 with ``zero``): a latency or bandwidth of 0 or below is no machine."""
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+            or value < 0 or (value == 0 and not zero)):
+        raise ShardingSpecError(f"CostModel: {what} = {value!r} must be a finite number {'>=' if zero else '>'} 0")
     return float(value)
 
 
 def _frozen_map(what: str, m) -> tuple:
-    items = sorted(dict(m or {}).items())
-    return tuple((str(k), _check_positive(f"{what}[{k!r}]", v)) for k, v in items)
+    if not isinstance(m, (dict, tuple, list, type(None))):
+        raise ShardingSpecError(f"CostModel: {what} = {m!r} must map mesh axis names to numbers, e.g. {{'dp': 25e9}}")
+    try:
+        items = sorted(dict(m or {}).items())
+    except (TypeError, ValueError):
+        raise ShardingSpecError(f"CostModel: {what} = {m!r} must map mesh axis names to numbers, "
+                                "e.g. {'dp': 25e9}") from None
+    for k, _ in items:
+        if not isinstance(k, str):
+            raise ShardingSpecError(f"CostModel: {what} key {k!r} is not a mesh axis name")
+    return tuple((k, _check_positive(f"{what}[{k!r}]", v)) for k, v in items)
 
 
 @dataclass(frozen=True)
@@ -75,9 +92,7 @@ class CostModel:
         sa(self, "hop_latency", _frozen_map("hop_latency", self.hop_latency))
         sa(self, "bandwidth", _frozen_map("bandwidth", self.bandwidth))
         for name in ("latency", "default_hop_latency", "default_bandwidth", "all_to_all_penalty"):
-            sa(self, name, _check_positive(name, getattr(self, name)))
-        if self.default_bandwidth == 0 or any(v == 0 for _, v in self.bandwidth):
-            raise ShardingSpecError("CostModel: a bandwidth of 0 would make every collective infinite; give > 0")
+            sa(self, name, _check_positive(name, getattr(self, name), zero=name == "all_to_all_penalty"))
         sa(self, "_hash", hash((self.latency, self.hop_latency, self.bandwidth, self.default_hop_latency,
                                 self.default_bandwidth, self.all_to_all_penalty)))
 

@@ -97,6 +97,119 @@ def chain_extent(n: int, sizes) -> int:
     return n
 
 
+def chunk_length(n: int, k: int, i: int) -> int:
+    """Length of piece ``i`` when ``torch.chunk`` cuts ``n`` elements into ``k`` (0 past the end).
+
+    ``chunk_length(10, 4, 3) -> 1``
+    """
+    if n <= 0:
+        return 0
+    c = ceil_div(n, k)
+    return max(0, min(c, n - i * c))
+
+
+def chunk_counts(n: int, k: int) -> tuple:
+    """``(c, q, r)``: ``torch.chunk`` cuts ``n`` into ``q`` chunks of ``c``, then one of ``r``
+    (``0 <= r < c``), then empty ones. ``chunk_counts(10, 4) -> (3, 3, 1)``
+    """
+    if n <= 0:
+        return (0, 0, 0)
+    c = ceil_div(n, k)
+    q = n // c
+    return (c, q, n - q * c)
+
+
+def _is_leaf(factors, j: int) -> bool:
+    """True when level ``j`` cuts nothing: past the end, or the innermost local factor."""
+    return j >= len(factors) or (j == len(factors) - 1 and factors[j].axis is None)
+
+
+def _cut_lengths(lengths, k: int) -> frozenset:
+    """The non-empty chunk lengths of cutting each of ``lengths`` into ``k``: two per length."""
+    return frozenset(x for L in lengths for x in chunk_counts(L, k)[::2] if x)
+
+
+def level_lengths(n: int, factors) -> list:
+    """Per level of the chunk tree, the set of chunk lengths some device meets there (every
+    digit of every axis factor; the empty chunk left out).
+    ``level_lengths(10, [Factor(4), Factor(3)])[1] -> frozenset({1, 3})``
+
+    Few, whatever ``n``: a cut turns each length into at most two.
+    """
+    out = [frozenset({n})]
+    for j, f in enumerate(factors):
+        if _is_leaf(factors, j):
+            break
+        out.append(_cut_lengths(out[-1], f.size))
+    return out
+
+
+def digit_classes(n: int, factors):
+    """Representative digits of the axis factors of a dim of size ``n``: yields lists
+    ``digits`` (None at local factors) such that every device meets, level by level, the
+    same chunk lengths as one of them (so holds as many elements, cut the same way).
+
+    A digit g of a factor cutting chunks of lengths L matters only through which chunk of
+    each L it keeps: a full one (g < q), the short last one (g == q) or none (g > q); so
+    the digits 0, q, q + 1 of each L stand for all of them, whatever the axis size.
+    ``list(digit_classes(10, (Factor(4, "x"),))) -> [[0], [3]]`` (x=0..2 hold 3, x=3 holds 1)
+    """
+    factors = tuple(factors)
+
+    def go(j: int, lengths: frozenset, digits: list):
+        if _is_leaf(factors, j) or not lengths:  # nothing left to tell devices apart
+            yield digits + [None if f.axis is None else 0 for f in factors[len(digits) :]]
+            return
+        f = factors[j]
+        if f.axis is None:
+            yield from go(j + 1, _cut_lengths(lengths, f.size), digits + [None])
+            return
+        reps = {0}
+        for L in lengths:
+            q = chunk_counts(L, f.size)[1]
+            reps.update(g for g in (q, q + 1) if g < f.size)
+        for g in sorted(reps):
+            kept = frozenset(x for x in (chunk_length(L, f.size, g) for L in lengths) if x)
+            yield from go(j + 1, kept, digits + [g])
+
+    yield from go(0, frozenset({n}), [])
+
+
+def held_length(n: int, factors, digits) -> int:
+    """How many of a dim's ``n`` elements a device with these ``digits`` holds (``digits[j]``
+    for axis factor ``j``), counted per chunk length, never per element or per chunk.
+
+    ``held_length(9, (Factor(2, "x"), Factor(5)), [1, None]) -> 4``
+    """
+    counts = {n: 1} if n else {}
+    for j, f in enumerate(factors):
+        if _is_leaf(factors, j):
+            break
+        nxt: dict = {}
+        for L, m in counts.items():
+            if f.axis is None:
+                c, q, r = chunk_counts(L, f.size)
+                parts = ((c, q), (r, 1))
+            else:
+                parts = ((chunk_length(L, f.size, digits[j]), 1),)
+            for x, k in parts:
+                if x and k:
+                    nxt[x] = nxt.get(x, 0) + m * k
+        counts = nxt
+    return sum(L * m for L, m in counts.items())
+
+
+def program_length(n: int, steps, digits) -> int:
+    """``held_length`` for a ``ChunkProgram``: DTensor's cuts on the held list, by lengths.
+
+    ``program_length(10, [Step(3, "x", 1, 2)], [2]) -> 2``
+    """
+    for st, g in zip(steps, digits):
+        c, q, r = chunk_counts(n, st.sf)
+        n = q * chunk_length(c, st.size, g) + chunk_length(r, st.size, g)
+    return n
+
+
 def _product(xs) -> int:
     p = 1
     for x in xs:
@@ -168,13 +281,17 @@ def _fmt_factor(f: Factor, mesh: Mesh) -> str:
     return f"{f.axis}:({f.pre}){f.size}"
 
 
-_SUBAXIS = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*):\((\d+)\)(\d+)$")
+_SUBAXIS = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*):\((\d{1,18})\)(\d{1,18})$", re.ASCII)
 
 
 def parse_factor(text: str, mesh: Mesh) -> Factor:
     """``"4"`` local, ``"dp"`` an axis, ``"tp:(2)2"`` a sub-axis. ``parse_factor("dp", mesh)``."""
+    if not isinstance(text, str):
+        raise ShardingSpecError(f"factor {text!r} is not text: write a size, an axis name or 'axis:(m)k'")
     t = text.strip().replace(" ", "")
-    if t.isdigit():
+    if t.isascii() and t.isdigit():
+        if len(t) > 18:
+            raise ShardingSpecError(f"factor {t[:24]}...: a size of {len(t)} digits is absurd (int64 holds 18)")
         return Factor(int(t))
     if t in mesh.names:
         return Factor(mesh.axis_size(t), t)

@@ -4,8 +4,10 @@ DTensor applies placements left to right over the mesh dims: ``Shard(d)`` cuts t
 current local piece of dim d into ``n`` chunks (torch.chunk) and keeps the device's;
 ``_StridedShard(d, sf)`` first cuts it into ``sf`` chunks, cuts each into ``n`` and keeps
 the device's chunk of each, in order. On even dims both only bind digits of the local
-index to the mesh axis; we do exactly that, and check uneven cases against the
-definition itself. A conversion that would lose information raises ``NotRepresentable``.
+index to the mesh axis; we do exactly that, and decide uneven cases from the chunk
+lengths of the definition (``_cut_matches``: never per element, so a dim of 2**40
+elements costs what a dim of 8 does). A conversion that would lose information raises
+``NotRepresentable``.
 
 Reading placements or a spec gives the parts of a Sharding (``ShardingParts``), which
 ``Sharding.from_placements`` / ``from_partition_spec`` check and build; writing them
@@ -23,9 +25,9 @@ never ``core.py``, which is built on it.
 from __future__ import annotations
 
 import re
-from itertools import product
 from typing import NamedTuple
 
+from ..caches import memo
 from ..errors import NotRepresentable, ShardingSpecError
 from ..layout.inttuple import ceil_div
 from ..mesh import Mesh
@@ -37,9 +39,14 @@ from .factors import (
     Step,
     _canonical_dim,
     _fmt_factor,
+    _is_leaf,
     _product,
     chain_extent,
-    factor_digit,
+    chunk_counts,
+    chunk_length,
+    digit_classes,
+    held_length,
+    level_lengths,
     parse_factor,
 )
 
@@ -47,8 +54,8 @@ from .factors import (
 # placement values
 # ------------------------------------------------------------------------------------------
 
-_RE_S = re.compile(r"^S\(\s*(-?\d+)\s*\)$")
-_RE_SS = re.compile(r"^SS\(\s*(-?\d+)\s*,\s*(\d+)\s*\)$")
+_RE_S = re.compile(r"^S\(\s*(-?\d{1,4000})\s*\)$", re.ASCII)  # ASCII digits, not thousands: '٠' is no dim
+_RE_SS = re.compile(r"^SS\(\s*(-?\d{1,4000})\s*,\s*(\d{1,4000})\s*\)$", re.ASCII)
 _RE_P = re.compile(r"^P(?:\(\s*([a-z]+)\s*\))?$")
 
 
@@ -97,7 +104,9 @@ def parse_placement(p, ndim: int, where: str = "placement") -> tuple:
     raise ShardingSpecError(f"{where}: {p!r} is not a placement")
 
 
-MAX_SPLIT_FACTOR = 1 << 20
+# Beyond any tensor dim (torch's int64 sizes): refused at once as absurd. Nothing enumerates
+# split factors (cuts are decided from chunk lengths), so any real one is cheap, however large.
+MAX_SPLIT_FACTOR = (1 << 63) - 1
 
 
 def _split_factor(sf: int, p, where: str) -> int:
@@ -164,7 +173,15 @@ def parts_from_placements(mesh: Mesh, shape, placements) -> ShardingParts:
             f"from_placements: {len(placements)} placements for mesh {mesh} with {mesh.ndim} dims; "
             "give one placement per mesh dim"
         )
-    progs = [parse_placement(p, len(shape), f"placement {i} ({p!r})") for i, p in enumerate(placements)]
+    progs = tuple(parse_placement(p, len(shape), f"placement {i} ({p!r})") for i, p in enumerate(placements))
+    if all(type(n) is int for n in shape):
+        return _parts(mesh, shape, progs)
+    return _parts.__wrapped__(mesh, shape, progs)  # let Sharding name the bad size, uncached
+
+
+@memo(1 << 14)
+def _parts(mesh: Mesh, shape: tuple, progs: tuple) -> ShardingParts:
+    """``parts_from_placements`` on parsed placements: each cut, dim by dim, from lengths."""
     levels = [[Factor(n)] for n in shape]
     programs: dict = {}  # dim -> DTensor steps, for dims no factor layout reproduces
     partial = []
@@ -182,7 +199,7 @@ def parts_from_placements(mesh: Mesh, shape, placements) -> ShardingParts:
             continue
         lv, levels[d] = levels[d], None  # None: no factor layout, the dim becomes a ChunkProgram
         for cand, exact in _cut_candidates(shape[d], lv, sf, n, name):
-            if exact or _matches_dtensor(mesh, shape, progs[: i + 1], cand, d):
+            if exact or _cut_matches(mesh, shape[d], lv, sf, name, cand):
                 levels[d] = cand
                 break
     dims = tuple(
@@ -198,7 +215,7 @@ def _cut_candidates(N: int, lv: list, sf: int, n: int, axis: str) -> list:
 
     One local range is cut exactly, even or not. Several local pieces: bind the right digits
     (exact on even dims), else cut innermost; uneven candidates must be checked against
-    DTensor's own definition (``_matches_dtensor``).
+    DTensor's own definition (``_cut_matches``).
     ``_cut_candidates(8, [Factor(8)], 1, 2, "x") -> [([Factor(2, 'x'), Factor(4)], True)]``
     """
     body = lv[:-1] if lv and lv[-1].local else lv
@@ -250,72 +267,317 @@ def _absorb(levels: list, sf: int, n: int, axis: str):
     return out
 
 
-def _dtensor_dim_indices(N: int, progs, mesh: Mesh, d: int, coord) -> list:
-    """DTensor's own definition, on index lists: the elements of dim d held at ``coord``."""
-    cur = list(range(N))
-    for i, p in enumerate(progs):
-        if p[0] not in ("S", "SS") or p[1] != d:
-            continue
-        n, c = mesh.shape[i], coord[i]
-        if p[0] == "S":
-            cur = _torch_chunk(cur, n, c)
+# ------------------------------------------------------------------------------------------
+# does a factor list say what DTensor's cut does? (decided from lengths, never per element)
+# ------------------------------------------------------------------------------------------
+#
+# A DTensor cut S / SS(d, sf) on an axis of size n acts on the *list* a device holds of dim d
+# (length T): it cuts the list into sf groups (torch.chunk), each group into n chunks, and
+# keeps chunk c of every group. Read as the axis's coordinate c of each held element, in
+# list order, that is the label string
+#
+#     D = U(cs)^q U(r)        cs = ceil(T / sf), q = T // cs, r = T - q*cs
+#
+# where U(m) = 0^b 1^b ... (one group: labels 0, 1, ... in runs of b = ceil(m / n), the last
+# run short). A factor list holds the same elements on every device iff it holds, per
+# device of the earlier axes, the same list (``_same_held``) and labels it D. Its label
+# string is read off its chunk tree, whose nodes of equal length and level are equal: so
+# it is a string of runs with powers (``q`` equal chunks), and comparing it with D needs
+# only, for each piece, the phases at which it can sit in U(m)^inf (``_Target``).
+
+
+class _Target:
+    """The periodic label string ``U(m)^inf`` of one DTensor group of ``m`` elements cut ``n``
+    ways; a summary of a string is ``(length, phases)``: the phases (positions mod m, as
+    sorted inclusive intervals) at which it equals ``U(m)^inf``. ``_Target(4, 2).run(1, 2)
+    -> (2, ((2, 2),))``"""
+
+    __slots__ = ("m", "run_len", "labels", "ident")
+
+    def __init__(self, m: int, n: int):
+        self.m = m
+        self.run_len = ceil_div(m, n)
+        self.labels = ceil_div(m, self.run_len)
+        self.ident = (0, ((0, m - 1),))
+
+    def run(self, label: int, length: int) -> tuple:
+        """``label`` repeated ``length`` times. With ``m == 1`` every label is 0, forever."""
+        if length == 0:
+            return self.ident
+        if self.m == 1:
+            return (length, ((0, 0),) if label == 0 else ())
+        if label >= self.labels:
+            return (length, ())
+        lo = label * self.run_len
+        hi = min(lo + self.run_len, self.m)
+        return (length, ((lo, hi - length),) if length <= hi - lo else ())
+
+    def stair(self, label: int, w: int, h: int, k: int) -> tuple:
+        """``k`` runs of ``h``, labelled ``label``, ``label + w``, ...: each run between two
+        others must be a whole run of the target, so such a string sits at one phase at most."""
+        if k <= 2 or h == 0:
+            out = self.ident
+            for i in range(k):
+                out = self.concat(out, self.run(label + i * w, h))
+            return out
+        last = label + (k - 1) * w
+        if w != 1 or h != self.run_len or last >= self.labels:
+            return (k * h, ())  # labels step by 1 in the target, its inner runs are run_len long
+        mid = (h * (k - 2), (((label + 1) * h, (label + 1) * h),))
+        return self.concat(self.concat(self.run(label, h), mid), self.run(last, h))
+
+    def concat(self, x: tuple, y: tuple) -> tuple:
+        """The summary of one string followed by another."""
+        if not x[1] or not y[1]:
+            return (x[0] + y[0], ())
+        return (x[0] + y[0], _intersect(x[1], _shift(y[1], -x[0] % self.m, self.m)))
+
+    def power(self, x: tuple, k: int) -> tuple:
+        """The summary of ``k`` copies of one string (by squaring: log k concatenations)."""
+        total = x[0] * k
+        out, base = self.ident, x
+        while k:
+            if k & 1:
+                out = self.concat(out, base)
+            k >>= 1
+            if k:
+                base = self.concat(base, base)
+            if not out[1] or not base[1]:  # a piece of the power sits nowhere: nor does it
+                return (total, ())
+        return out
+
+
+def _shift(spans: tuple, d: int, m: int) -> list:
+    out = []
+    for lo, hi in spans:
+        lo, hi = lo + d, hi + d
+        if hi < m:
+            out.append((lo, hi))
+        elif lo >= m:
+            out.append((lo - m, hi - m))
         else:
-            cur = [x for part in _torch_chunks(cur, p[2]) for x in _torch_chunk(part, n, c)]
-    return cur
+            out += [(lo, m - 1), (0, hi - m)]
+    return sorted(out)
 
 
-def _torch_chunk(xs: list, k: int, i: int) -> list:
-    """``torch.chunk(xs, k)[i]`` (ceil-sized chunks; trailing ones short or empty)."""
-    c = ceil_div(len(xs), k) if xs else 0
-    return xs[i * c : (i + 1) * c]
+def _intersect(a, b) -> tuple:
+    out, i, j = [], 0, 0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if lo <= hi:
+            out.append((lo, hi))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return tuple(out)
 
 
-def _torch_chunks(xs: list, k: int) -> list:
-    """The non-empty chunks of ``torch.chunk(xs, k)``, in order (at most ``len(xs)``)."""
-    c = ceil_div(len(xs), k) if xs else 0
-    return [xs[a : a + c] for a in range(0, len(xs), c)] if c else []
+class _Labels:
+    """The label string of ``factors`` for one device of the earlier axes: its held elements
+    in order, each labelled with its coordinate on ``axis`` (read from the pieces of
+    ``axis`` among the factors), summarised against a ``_Target``. Nodes of the chunk tree
+    are ``(level, length, label so far)``; equal nodes are summarised once."""
+
+    def __init__(self, n_elems: int, factors: tuple, mesh: Mesh, axis: str, digits: dict):
+        self.n_elems = n_elems
+        self.fs = factors
+        self.n = mesh.axis_size(axis)
+        self.axis = axis
+        self.digits = digits  # (axis, pre) -> digit, for the pieces of the earlier axes
+        # plain[j]: no piece of ``axis`` at level j or below (every node there is one run)
+        self.plain = [not any(f.axis == axis for f in factors[j:]) for j in range(len(factors) + 1)]
+        self._held: dict = {}
+
+    def held(self, j: int, L: int) -> int:
+        """Elements the node holds (all labels)."""
+        key = (j, L)
+        h = self._held.get(key)
+        if h is None:
+            if L == 0 or _is_leaf(self.fs, j):
+                h = L
+            else:
+                f = self.fs[j]
+                if f.axis is None or f.axis == self.axis:
+                    c, q, r = chunk_counts(L, f.size)
+                    h = q * self.held(j + 1, c) + self.held(j + 1, r)
+                else:
+                    h = self.held(j + 1, chunk_length(L, f.size, self.digits[(f.axis, f.pre)]))
+            self._held[key] = h
+        return h
+
+    def summary(self, t: _Target, lo: int, hi: int) -> tuple:
+        """Summary of positions ``[lo, hi)`` of the whole dim's label string."""
+        return self._node(t, {}, 0, self.n_elems, 0, lo, hi)
+
+    def _node(self, t: _Target, memo: dict, j: int, L: int, label: int, lo: int, hi: int) -> tuple:
+        h = self.held(j, L)
+        lo, hi = max(lo, 0), min(hi, h)
+        if lo >= hi:
+            return t.ident
+        whole = lo == 0 and hi == h
+        key = (j, L, label)
+        if whole and key in memo:
+            return memo[key]
+        if _is_leaf(self.fs, j):
+            out = t.run(label, hi - lo)
+        else:
+            f = self.fs[j]
+            if f.axis is not None and f.axis != self.axis:
+                g = self.digits[(f.axis, f.pre)]
+                out = self._node(t, memo, j + 1, chunk_length(L, f.size, g), label, lo, hi)
+            else:
+                out = self._children(t, memo, j, L, label, lo, hi)
+        if whole:
+            memo[key] = out
+        return out
+
+    def _children(self, t: _Target, memo: dict, j: int, L: int, label: int, lo: int, hi: int) -> tuple:
+        f = self.fs[j]
+        c, q, r = chunk_counts(L, f.size)
+        hc, hr = self.held(j + 1, c), self.held(j + 1, r)
+        if f.axis is None:  # q equal children, then the short one: a power
+            out = t.ident
+            if hc:
+                a, b = min(lo, q * hc), min(hi, q * hc)
+                i0, i1 = -(-a // hc), b // hc  # whole children i0 .. i1-1
+                if i0 > i1:  # [a, b) inside one child
+                    out = self._node(t, memo, j + 1, c, label, a - (i1 * hc), b - (i1 * hc))
+                else:
+                    head = self._node(t, memo, j + 1, c, label, a - (i0 - 1) * hc, hc) if a < i0 * hc else t.ident
+                    mid = t.power(self._node(t, memo, j + 1, c, label, 0, hc), i1 - i0)
+                    tail = self._node(t, memo, j + 1, c, label, 0, b - i1 * hc)
+                    out = t.concat(t.concat(head, mid), tail)
+            if hr and hi > q * hc:
+                out = t.concat(out, self._node(t, memo, j + 1, r, label, lo - q * hc, hi - q * hc))
+            return out
+        # a piece of the labelled axis: child i adds i * w to the label
+        w = self.n // (f.pre * f.size)
+        if self.plain[j + 1]:  # no piece below: child i is one run, the children a staircase
+            return self._staircase(t, label, w, hc, q, hr, lo, hi)
+        out = t.ident
+        b = min(hi, q * hc)
+        for i in range(lo // hc, (b - 1) // hc + 1) if hc and lo < b else ():
+            out = t.concat(out, self._node(t, memo, j + 1, c, label + i * w, lo - i * hc, hi - i * hc))
+            if not out[1]:
+                return out
+        if hr and hi > q * hc:
+            out = t.concat(out, self._node(t, memo, j + 1, r, label + q * w, lo - q * hc, hi - q * hc))
+        return out
+
+    def _staircase(self, t: _Target, label: int, w: int, hc: int, q: int, hr: int, lo: int, hi: int) -> tuple:
+        """Positions ``[lo, hi)`` of ``q`` runs of ``hc`` labelled ``label + i*w``, then one of
+        ``hr`` labelled ``label + q*w``: O(1), whatever ``q``."""
+        out = t.ident
+        b = min(hi, q * hc)
+        if hc and lo < b:
+            i0, i1 = lo // hc, (b - 1) // hc
+            if i0 == i1:
+                out = t.run(label + i0 * w, b - lo)
+            else:
+                out = t.run(label + i0 * w, (i0 + 1) * hc - lo)
+                out = t.concat(out, t.stair(label + (i0 + 1) * w, w, hc, i1 - i0 - 1))
+                out = t.concat(out, t.run(label + i1 * w, b - i1 * hc))
+        if hr and hi > q * hc:
+            out = t.concat(out, t.run(label + q * w, min(hi, q * hc + hr) - max(lo, q * hc)))
+        return out
 
 
-def _matches_dtensor(mesh, shape, progs, factors, d: int) -> bool:
-    """True when ``factors`` give every device the elements of dim d that DTensor's
-    placements ``progs`` give it, in the same order. Only the mesh axes cutting dim d
-    matter, so only their coordinates are enumerated."""
-    axes = {i for i, p in enumerate(progs) if p[0] in ("S", "SS") and p[1] == d}
-    axes |= {mesh.axis_index(f.axis) for f in factors if f.axis is not None}
-    axes = sorted(axes)
-    coord = [0] * mesh.ndim
-    for vals in product(*(range(mesh.shape[i]) for i in axes)):
-        for i, v in zip(axes, vals):
-            coord[i] = v
-        c = tuple(coord)
-        want = _dtensor_dim_indices(shape[d], progs, mesh, d, c)
-        digits = [None if f.axis is None else factor_digit(mesh, f, c) for f in factors]
-        got = [x for lo, hi in _held_ranges(shape[d], factors, digits) for x in range(lo, hi)]
-        if want != got:
+def _cut_matches(mesh: Mesh, N: int, lv, sf: int, axis: str, cand) -> bool:
+    """Does ``cand`` hold, on every device, what DTensor's cut ``S``/``SS(d, sf)`` on ``axis``
+    leaves of a dim of size ``N`` whose pieces (DTensor's earlier cuts exactly) are ``lv``?
+
+    Decided per class of devices of the earlier axes (``digit_classes``: a few per axis,
+    whatever the axis size) from chunk lengths: the cost grows with the number of factors
+    and, for pieces of ``axis`` spread over the dim, with the size of ``axis``; never with N.
+    ``_cut_matches(Mesh.parse("x=2,y=2"), 10, [Factor(2), Factor(2, "x"), Factor(3)], 1, "y",
+    [Factor(2, "y"), Factor(2, "x"), Factor(3)]) -> True``
+    """
+    lv, cand = tuple(lv), tuple(cand)
+    if not _same_held(N, lv, cand, axis):
+        return False
+    n = mesh.axis_size(axis)
+    for digits in digit_classes(N, lv):
+        T = held_length(N, lv, digits)
+        by_piece = {(f.axis, f.pre): g for f, g in zip(lv, digits) if f.axis is not None}
+        labels = _Labels(N, cand, mesh, axis, by_piece)
+        if labels.held(0, N) != T:  # equal after _same_held: a cheap guard
             return False
+        if T == 0:
+            continue
+        cs = ceil_div(T, sf)
+        q, r = T // cs, T % cs
+        if cs == 1:  # every group one element: every label 0
+            if not labels.summary(_Target(1, n), 0, T)[1]:
+                return False
+            continue
+        body = labels.summary(_Target(cs, n), 0, q * cs)[1]
+        if not body or body[0][0] != 0:
+            return False
+        if r:
+            tail = labels.summary(_Target(r, n), q * cs, T)[1]
+            if not tail or tail[0][0] != 0:
+                return False
     return True
 
 
-def _held_ranges(N: int, factors, digits) -> list:
-    """``shards.dim_ranges`` for a check: the same chunk tree, but empty chunks are dropped
-    as they appear, so a large split factor on a short dim stays cheap (a candidate such
-    as ``SS(0,405)`` on 24 elements would otherwise enumerate every empty chunk).
-    ``_held_ranges(9, [Factor(2, "x"), Factor(5)], [1, None]) -> [(5, 9)]``"""
-    ranges = [(0, N)]
-    last = len(factors) - 1
-    for j, f in enumerate(factors):
-        if f.axis is None and j == last:
-            break
-        out = []
-        for lo, hi in ranges:
-            c = ceil_div(hi - lo, f.size)
-            for k in range(f.size) if f.axis is None else (digits[j],):
-                a = lo + k * c
-                if a >= hi:
-                    break
-                out.append((a, min(a + c, hi)))
-        ranges = out
-    return ranges
+def _same_held(N: int, lv: tuple, cand: tuple, axis: str) -> bool:
+    """Do ``cand`` and ``lv`` hold the same elements on every device of the axes of ``lv``
+    (the pieces of the new ``axis`` read as local)? For the candidates of ``_cut_candidates``:
+    ``lv``'s leaves cut further (the innermost cut) hold the same; binding digits cuts each
+    local factor of ``lv`` into a run of factors of the same product, which holds the same
+    where that run cuts every chunk it meets as the factor does (``_chunk_rle``), or where
+    no axis of ``lv`` cuts below it. A run cutting some chunk otherwise, above an axis of
+    ``lv``, moves that axis's pieces and never says DTensor's cut: found so by the
+    element-wise definition on every small case (``tests/sharding/test_symbolic.py``, and
+    exhaustively on 2-D and 3-D meshes of sizes 2-4, dims up to 30, split factors up to 8).
+    ``_same_held(8, (Factor(8),), (Factor(2, "x"), Factor(4)), "x") -> True``
+    """
+    body = lv[:-1] if lv and lv[-1].axis is None else lv
+    if cand[: len(body)] == body and all(f.axis in (None, axis) for f in cand[len(body) :]):
+        return True
+    lengths = level_lengths(N, lv)
+    last_axis = max((i for i, f in enumerate(lv) if f.axis is not None), default=-1)
+    j = 0
+    for i, f in enumerate(lv):
+        if f.axis is not None:
+            if j >= len(cand) or cand[j] != f:
+                return False
+            j += 1
+            continue
+        run, p = [], 1
+        while p < f.size and j < len(cand) and cand[j].axis in (None, axis):
+            run.append(cand[j].size)
+            p *= cand[j].size
+            j += 1
+        if p != f.size:
+            return False
+        if len(run) > 1 and i < last_axis and i < len(lengths):
+            if any(_chunk_rle(L, (f.size,)) != _chunk_rle(L, run) for L in lengths[i]):
+                return False
+    return j == len(cand)
+
+
+def _chunk_rle(L: int, sizes, cap: int = 4):
+    """The lengths of the non-empty chunks after cutting ``L`` by each size in turn, run-length
+    encoded (``((length, count), ...)``), or None past ``cap`` runs.
+    ``_chunk_rle(10, (2, 2)) -> ((3, 1), (2, 1), (3, 1), (2, 1))``"""
+    seq = [(L, 1)]
+    for k in sizes:
+        out: list = []
+        for x, m in seq:
+            c, q, r = chunk_counts(x, k)
+            one = [(y, t) for y, t in ((c, q), (r, 1)) if y and t]
+            reps = one * m if len(one) > 1 else [(one[0][0], one[0][1] * m)] if one else []
+            for y, t in reps:
+                if out and out[-1][0] == y:
+                    out[-1] = (y, out[-1][1] + t)
+                else:
+                    out.append((y, t))
+                if len(out) > cap:
+                    return None
+        seq = out
+    return tuple(seq)
 
 
 # ------------------------------------------------------------------------------------------
@@ -333,7 +595,26 @@ def to_placements(s: ShardingLike) -> tuple:
     front of each axis's major piece: exact on even dims), and that list is checked; an
     uneven dim where the reading fails (a cut made innermost, behind local chunks of an
     earlier cut) searches the split factors its factors allow (``_search_dim``).
+
+    Decided from the factors and their chunk lengths, never per element (``_cut_matches``),
+    and memoised per sharding.
     """
+    found = _placements_or_reason(s)
+    if isinstance(found, str):
+        raise NotRepresentable(found)
+    return found
+
+
+@memo(1 << 14)
+def _placements_or_reason(s: ShardingLike):
+    """``to_placements``' answer as a value: the placements, or the reason there are none."""
+    try:
+        return _find_placements(s)
+    except NotRepresentable as e:
+        return str(e)
+
+
+def _find_placements(s: ShardingLike) -> tuple:
     mesh = s.mesh
     partial = dict(s.partial)
     out = []
@@ -459,11 +740,10 @@ def _search_dim(s: ShardingLike, d: int, axes: list):
 
     Depth first over each axis's ``_split_factors``, the first answer in that order. Later
     cuts keep the frame of the axes already placed (``_frame``), so a cut whose frame is
-    not that of ``s`` is dropped before any element-wise check."""
+    not that of ``s`` is dropped before it is checked (``_cut_matches``)."""
     mesh, shape, target = s.mesh, s.shape, s.dims[d]
     cands = [_split_factors(mesh, target, i, name) for i, name in axes]
     wants = [_frame(target, {name for _, name in axes[: t + 1]}) for t in range(len(axes))]
-    progs = [("R",)] * mesh.ndim
     everything = {name for _, name in axes}
 
     def go(t: int, lv: list):
@@ -471,19 +751,17 @@ def _search_dim(s: ShardingLike, d: int, axes: list):
             return [] if _canonical_dim(mesh, shape, d, lv) == target else None
         i, name = axes[t]
         for sf in cands[t]:
-            progs[i] = ("S", d) if sf == 1 else ("SS", d, sf)
             options = _cut_candidates(shape[d], lv, sf, mesh.shape[i], name)
             fits = [_frame(c, everything) == wants[t] for c, _ in options]
             for k, (cand, exact) in enumerate(options):
                 if not any(fits[k:]):
                     break
-                if exact or _matches_dtensor(mesh, shape, progs[: i + 1], cand, d):
+                if exact or _cut_matches(mesh, shape[d], lv, sf, name, cand):
                     # from_placements takes this candidate: follow it only if it fits
                     rest = go(t + 1, cand) if fits[k] else None
                     if rest is not None:
                         return [sf] + rest
                     break
-        progs[i] = ("R",)
         return None
 
     return go(0, [Factor(shape[d])])

@@ -19,7 +19,7 @@ from ..caches import memo
 from ..errors import ShardingSpecError, ShardMismatch
 from ..layout import Layout
 from ..layout.inttuple import ceil_div
-from .factors import ChunkProgram, ShardingLike, factor_digit
+from .factors import ChunkProgram, ShardingLike, factor_digit, held_length, program_length
 
 
 def _chunk(lo: int, hi: int, k: int, i: int) -> tuple:
@@ -44,10 +44,12 @@ def dim_ranges(n: int, factors: tuple, digits) -> list:
         if f.axis is None:
             if j == last:
                 break
-            ranges = [_chunk(lo, hi, f.size, i) for lo, hi in ranges for i in range(f.size)]
+            # the non-empty chunks only: a large local factor on a short range stays cheap
+            ranges = [(a, min(a + c, hi)) for lo, hi in ranges if hi > lo
+                      for c in (ceil_div(hi - lo, f.size),) for a in range(lo, hi, c)]
         else:
             g = digits[j]
-            ranges = [_chunk(lo, hi, f.size, g) for lo, hi in ranges]
+            ranges = [_chunk(lo, hi, f.size, g) for lo, hi in ranges if hi > lo]
     return [r for r in ranges if r[1] > r[0]]
 
 
@@ -55,25 +57,44 @@ def _program_ranges(n: int, prog: ChunkProgram, digits) -> list:
     """DTensor's cuts, step by step, on the list of held ranges (concatenated)."""
     ranges = [(0, n)]
     for st, g in zip(prog, digits):
-        groups = _cut_ranges(ranges, st.sf)
-        ranges = [r for grp in groups for r in _cut_ranges(grp, st.size)[g]]
+        ranges = [r for grp in _cut_ranges(ranges, st.sf) for r in _piece(grp, st.size, g)]
     return [r for r in ranges if r[1] > r[0]]
 
 
 def _cut_ranges(ranges: list, k: int) -> list:
-    """torch.chunk of the concatenation of ``ranges`` into k parts, each a list of ranges."""
+    """The non-empty parts of torch.chunk of the concatenation of ``ranges`` into k parts, each
+    a list of ranges (at most as many parts as elements, however large k is)."""
     total = sum(hi - lo for lo, hi in ranges)
-    c = ceil_div(total, k) if total else 0
-    parts = [[] for _ in range(k)]
-    pos = 0
+    if not total:
+        return []
+    c = ceil_div(total, k)
+    parts, cur, filled = [], [], 0
     for lo, hi in ranges:
         while lo < hi:
-            i = pos // c
-            take = min(hi - lo, (i + 1) * c - pos)
-            parts[i].append((lo, lo + take))
+            take = min(hi - lo, c - filled)
+            cur.append((lo, lo + take))
             lo += take
-            pos += take
+            filled += take
+            if filled == c:
+                parts.append(cur)
+                cur, filled = [], 0
+    if cur:
+        parts.append(cur)
     return parts
+
+
+def _piece(ranges: list, k: int, i: int) -> list:
+    """Part ``i`` of torch.chunk of the concatenation of ``ranges`` into k parts."""
+    total = sum(hi - lo for lo, hi in ranges)
+    c = ceil_div(total, k) if total else 0
+    start, end = i * c, min((i + 1) * c, total)
+    out, pos = [], 0
+    for lo, hi in ranges:
+        a, b = max(lo, lo + start - pos), min(hi, lo + end - pos)
+        if a < b:
+            out.append((a, b))
+        pos += hi - lo
+    return out
 
 
 def _dim_digits(s: ShardingLike, d: int, coord: tuple) -> list:
@@ -95,17 +116,25 @@ def local_indices(s: ShardingLike, rank: int) -> tuple:
 
 @memo(1 << 16)
 def local_shape(s: ShardingLike, rank: int) -> tuple:
-    """Shape of the piece ``rank`` holds (uneven shards: torch.chunk sizes, possibly 0)."""
+    """Shape of the piece ``rank`` holds (uneven shards: torch.chunk sizes, possibly 0), from
+    chunk lengths alone. ``local_shape(Sharding.parse("[x*3 of 5]", m), 1) -> (2,)``"""
     return _local_shape(s, rank)
 
 
 def _local_shape(s: ShardingLike, rank: int) -> tuple:
     coord = s.mesh.coord(rank)
-    shape = []
-    for d in range(s.ndim):
-        rs = dim_ranges(s.shape[d], s.dims[d], _dim_digits(s, d, coord))
-        shape.append(sum(hi - lo for lo, hi in rs))
-    return tuple(shape)
+    return tuple(dim_length(s.shape[d], s.dims[d], _dim_digits(s, d, coord)) for d in range(s.ndim))
+
+
+def dim_length(n: int, factors, digits) -> int:
+    """How many elements a device holds along one dim: ``dim_ranges``' total, from chunk lengths
+    alone (its cost does not grow with ``n`` or with the number of held ranges).
+
+    ``dim_length(9, (Factor(2, "x"), Factor(5)), [1, None]) -> 4``
+    """
+    if isinstance(factors, ChunkProgram):
+        return program_length(n, factors, digits)
+    return held_length(n, factors, digits)
 
 
 def _partial_divisor(s: ShardingLike) -> int:

@@ -1,0 +1,109 @@
+"""Verifying a 32-layer Llama plan (megatron-sp) on 8, 128, 512 and 8192 ranks: the scalable
+verification (index-level proof for every rank + numeric runs per rank class) against the full
+per-rank simulation where that is feasible.
+
+Method (printed in the header too):
+
+* Every measurement is a fresh Python process: imports, ``llama(layers=32)``, ``style_pins`` and
+  ``plan`` first (the plan time is ``Plan.plan_seconds``), then the timed call. Per mesh the
+  processes alternate classes, full, classes, full ... ``ROUNDS`` times; medians with p25–p75.
+* **classes**: ``Plan.verify()`` (``mode="classes"``). **full**: ``Plan.verify(mode="full")``, every
+  rank simulated in numpy (run only where one call stays under ``FULL_LIMIT`` seconds; issue 19
+  measured it at 12.5 s for 2 layers on 128 ranks and 81 s on 512).
+* Memory: the process's peak RSS (``ru_maxrss``: Python, numpy and the plan included) after the
+  timed call, and the peak of what the verification itself allocates (``tracemalloc``, a second,
+  untimed classes call in the same process); the full simulation's peak RSS is in the notes.
+
+Run: ``python benchmarks/bench_verify.py [ROUNDS]`` (writes ``benchmarks/results/verify.md``).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from report import emit, spread  # noqa: E402
+
+LAYERS = 32
+STYLE = "megatron-sp"
+MESHES = (("dp=2,tp=4", 8), ("dp=8,tp=16", 128), ("dp=16,tp=32", 512), ("dp=256,tp=32", 8192))
+FULL_UP_TO = 128  # ranks; beyond, one full simulation takes minutes
+FULL_LIMIT = 300.0  # seconds a full-simulation process may take
+ROUNDS = 3
+
+CHILD = """
+import json, resource, sys, time, tracemalloc
+from shardlayout import Mesh
+from shardlayout.plan import plan
+from shardlayout.program.models import llama, style_pins
+mesh = Mesh.parse(sys.argv[1])
+prog = llama(layers=int(sys.argv[2]))
+p = plan(prog, mesh, style_pins(prog, mesh, sys.argv[3]))
+t0 = time.perf_counter()
+v = p.verify(mode=sys.argv[4])
+t1 = time.perf_counter()
+rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+traced = None
+if sys.argv[4] == "classes":  # tracemalloc slows Python code several times: not for the full simulation
+    tracemalloc.start()
+    p.verify(mode=sys.argv[4])
+    traced = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+print(json.dumps({"plan": p.plan_seconds, "verify": t1 - t0, "rss": rss, "traced": traced, "ok": v.ok,
+                  "proven": v.proven, "classes": v.classes, "simulated": v.simulated, "ops": v.ops,
+                  "collectives": v.collectives, "checked": v.checked}))
+"""
+
+
+def run(mesh: str, mode: str, timeout: float | None = None):
+    try:
+        out = subprocess.run([sys.executable, "-c", CHILD, mesh, str(LAYERS), STYLE, mode], capture_output=True,
+                             text=True, check=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main(rounds: int = ROUNDS) -> None:
+    rows, full_rss = [], []
+    for mesh, ranks in MESHES:
+        fast, full = [], []
+        for _ in range(rounds):
+            fast.append(run(mesh, "classes"))
+            if ranks <= FULL_UP_TO:
+                got = run(mesh, "full", FULL_LIMIT)
+                if got is not None:
+                    full.append(got)
+        assert all(r["ok"] and r["proven"] for r in fast) and all(r["ok"] for r in full)
+        mib = 1 / 2 ** 20
+        plan_s = [r["plan"] for r in fast]
+        ver_s = [r["verify"] for r in fast]
+        full_cell = spread([r["verify"] for r in full]) if full else (
+            f"> {FULL_LIMIT:.0f}" if ranks <= FULL_UP_TO else "not run")
+        if full:
+            full_rss.append(f"{ranks} ranks {max(r['rss'] for r in full) / 2 ** 20:.0f} MiB")
+        last = fast[-1]
+        rows.append([ranks, mesh, spread(plan_s), spread(ver_s),
+                     f"{statistics.median(v / p for v, p in zip(ver_s, plan_s)):.2f}",
+                     f"{max(r['rss'] for r in fast) * mib:.0f}", f"{max(r['traced'] for r in fast) * mib:.1f}",
+                     f"{last['ops']} / {last['collectives']}", last["classes"], last["simulated"], full_cell])
+    header = ["ranks", "mesh", "plan s", "verify s (classes)", "verify / plan", "peak RSS MiB",
+              "verify alloc MiB", "distinct ops / collectives", "rank classes", "local runs", "full simulation s"]
+    method = (f"Verify the plan of a {LAYERS}-layer Llama ({STYLE}); each cell a fresh process (imports, build and "
+              f"plan untimed), medians (p25–p75) of {rounds} rounds, classes and full alternating. `classes`: "
+              "Plan.verify() — the index-level proof for every rank plus numeric runs of two representatives per "
+              "rank class; `full`: Plan.verify(mode='full') — every rank simulated in numpy, where feasible. "
+              "Peak RSS: the whole process after the timed call; verify alloc: tracemalloc peak of one verify.")
+    notes = ("Every classes run is `ok` and `proven` (every op and collective passed the index-level proof for every "
+             "rank). The work follows the distinct ops and collectives and their rank classes (uneven shards on "
+             "dp=256,tp=32 make more classes), not the 32 layers nor the number of ranks. Full simulation peak RSS: "
+             + (", ".join(full_rss) or "-") + ".")
+    emit("verify", method, header, rows, notes)
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else ROUNDS)

@@ -1,0 +1,710 @@
+"""The blocks of a model, found by the structure of its graph — never by weight names.
+
+What a style shards is named by what the ops do, so a Hugging Face Llama (``self_attn.q_proj``),
+a torchtitan one (``attention.wq``), GPT-2 (``attn.c_attn``, Conv1D weights) and the builder
+models all read the same:
+
+- **Linear**: a 2-D parameter reaching ``mm`` / ``addmm`` / ``bmm`` / ``matmul`` / ``linear`` as
+  the right operand through views (torch.export gives ``permute + mm``, ``permute + expand +
+  bmm`` or ``permute + addmm`` with a bias; Conv1D weights ``(in, out)`` need no permute). Which
+  weight dim is contracted (``in_dim``) and which makes the output features (``out_dim``) is
+  read off the views. A Linear whose features are split (``split``, ``chunk``, ``unbind``) into
+  equal parts before use is *fused* (``parts``: q|k|v is 3, gate|up is 2).
+- **attention**: an attention core — ``scaled_dot_product_attention``, or ``softmax(Q K^T) V``
+  written out (a batched matmul of two activations feeding a softmax through pointwise ops and
+  views, whose result is the left operand of a second one) — with the Linears whose outputs
+  reach its q, k, v only through pointwise ops and views (``first``) and the Linears that
+  consume its result the same way (``last``).
+- **mlp**: Linears (an up projection, and a gate multiplied after an activation) whose outputs
+  reach another Linear (the down projection) only through pointwise ops and views.
+  "Only" is checked both ways: every tensor derived from a ``first`` Linear is consumed by
+  pointwise ops, views or the block itself (so a residual stream feeding a norm never counts).
+- **embedding** (``embedding`` of a parameter), **norm** (a norm op, or a 1-D parameter scaling
+  an activation's last dim), **head** (a Linear outside the blocks whose output is a program
+  output), **experts** (a parameter of rank >= 3 feeding a batched matmul: dim 0 is the expert).
+
+    >>> from shardlayout.program.models import llama
+    >>> [b.describe() for b in find_blocks(llama(layers=1)).blocks]  # doctest: +NORMALIZE_WHITESPACE
+    ['norm layers.0: attn_norm', 'attention layers.0: wq, wk, wv -> wo', 'norm layers.0: mlp_norm',
+     'mlp layers.0: w_gate, w_up -> w_down']
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..ops.result import canonical_op_name
+from . import Program
+
+VIEWS = frozenset({"view", "_unsafe_view", "view_copy", "reshape", "_reshape_alias", "alias", "clone", "contiguous",
+                   "flatten", "unflatten", "squeeze", "unsqueeze", "permute", "transpose", "t", "movedim", "expand",
+                   "_to_copy", "detach", "lift_fresh_copy"})
+"""Ops that move no value (a cast keeps the value for this purpose)."""
+PLAIN_VIEWS = frozenset({"view", "_unsafe_view", "view_copy", "reshape", "_reshape_alias", "alias", "clone",
+                         "contiguous", "expand", "_to_copy", "detach"})
+"""Views that keep the dim order (the block input of a projection is found through these)."""
+PIECES = frozenset({"split", "split_with_sizes", "chunk", "unbind", "slice", "narrow", "select", "cat", "stack"})
+SPLITS = frozenset({"split", "split_with_sizes", "chunk", "unbind"})
+MATMULS = frozenset({"mm", "addmm", "bmm", "matmul", "linear"})
+SOFTMAX = frozenset({"_softmax", "softmax"})
+NORMS = frozenset({"native_layer_norm", "layer_norm", "rms_norm", "_fused_rms_norm", "group_norm", "native_group_norm",
+                   "batch_norm", "_native_batch_norm_legit_no_training"})
+BATCHED = frozenset({"bmm", "einsum", "_grouped_mm", "matmul"})
+KINDS = ("attention", "mlp", "embedding", "norm", "head", "experts")
+
+
+def _pointwise() -> frozenset:
+    from ..ops.families import pointwise_ops
+
+    return pointwise_ops()
+
+
+def short(op) -> str:
+    """The short aten name of an op. ``short(Op("aten.mm.default", ...)) -> "mm"``."""
+    return canonical_op_name(op.target)
+
+
+@dataclass(frozen=True)
+class Linear:
+    """A parameter used as a Linear's weight: ``weight`` (its name), ``bias`` (or None),
+    ``op`` (index of the matmul op), ``output`` (the matmul's output), ``activation`` (the
+    operand it multiplies), ``in_dim`` / ``out_dim`` (the weight dims contracted and producing
+    the output features), ``parts`` (equal pieces its features are split into: 1 unless fused)."""
+
+    weight: str
+    bias: str | None
+    op: int
+    output: str
+    activation: str
+    in_dim: int
+    out_dim: int
+    parts: int = 1
+
+
+@dataclass(frozen=True)
+class Block:
+    """A block a style shards: ``kind`` (one of KINDS), ``name`` (the module path its parameters
+    share), ``first`` / ``last`` (Linears: column- then row-parallel under Megatron), ``inputs``
+    (the activations its first Linears read, before their views), ``output`` (the residual add
+    that closes it, or its last tensor), ``params`` (the parameters of a non-Linear block)."""
+
+    kind: str
+    name: str
+    first: tuple = ()
+    last: tuple = ()
+    inputs: tuple = ()
+    output: str | None = None
+    params: tuple = ()
+
+    def tensors(self) -> tuple:
+        """Every parameter of the block, in order. ``Block("norm", "n", params=("n.w",)).tensors() -> ('n.w',)``"""
+        out = [n for lin in self.first + self.last for n in (lin.weight, lin.bias) if n] + list(self.params)
+        return tuple(dict.fromkeys(out))
+
+    def describe(self) -> str:
+        """One line: ``"attention layers.0: q.weight, k.weight -> o.weight"``."""
+        rel = lambda n: n[len(self.name) + 1:] if self.name and n.startswith(self.name + ".") else n  # noqa: E731
+        if self.first or self.last:
+            fused = lambda lin: f" ({lin.parts} fused)" if lin.parts > 1 else ""  # noqa: E731
+            body = ", ".join(rel(lin.weight) + fused(lin) for lin in self.first)
+            body += " -> " + ", ".join(rel(lin.weight) for lin in self.last) if self.last else ""
+        else:
+            body = ", ".join(rel(n) for n in self.params)
+        return f"{self.kind} {self.name or '(root)'}: {body}"
+
+    def to_json(self) -> dict:
+        """``{"block": name, "kind": kind, "tensors": [...]}``."""
+        return {"block": self.name, "kind": self.kind, "tensors": list(self.tensors())}
+
+
+@dataclass(frozen=True)
+class Structure:
+    """What ``find_blocks`` found: every Linear, and the blocks in program order."""
+
+    linears: tuple
+    blocks: tuple
+
+    def of_kind(self, *kinds) -> tuple:
+        """The blocks of these kinds. ``s.of_kind("attention", "mlp")``."""
+        return tuple(b for b in self.blocks if b.kind in kinds)
+
+    def summary(self) -> str:
+        """``"2 attention, 2 mlp, 1 embedding"`` (kinds found, in KINDS order), or ``"no blocks"``."""
+        counts = [(k, sum(b.kind == k for b in self.blocks)) for k in KINDS]
+        return ", ".join(f"{n} {k}" for k, n in counts if n) or "no blocks"
+
+
+# ------------------------------------------------------------------------------------------
+# the graph
+# ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Graph:
+    """Producers and consumers of a Program's tensors (op indices)."""
+
+    program: Program
+    producer: dict
+    consumers: dict
+
+    def op(self, i: int):
+        return self.program.ops[i]
+
+    def made_by(self, t: str):
+        """The op producing ``t`` (None for inputs, params, buffers)."""
+        i = self.producer.get(t)
+        return None if i is None else self.program.ops[i]
+
+    def users(self, t: str) -> list:
+        return self.consumers.get(t, [])
+
+
+def graph(program: Program) -> Graph:
+    """The producer/consumer maps of ``program`` (computed once per Program)."""
+    g = program.__dict__.get("_graph")
+    if g is None:
+        producer, consumers = {}, {}
+        for i, op in enumerate(program.ops):
+            for t in op.outputs:
+                producer[t] = i
+            for t in op.inputs:
+                if isinstance(t, str):
+                    lst = consumers.setdefault(t, [])
+                    if i not in lst:
+                        lst.append(i)
+        g = Graph(program, producer, consumers)
+        object.__setattr__(program, "_graph", g)
+    return g
+
+
+def passthrough(op) -> bool:
+    """Does ``op`` only move or combine values element by element (views, pieces, pointwise)?"""
+    name = short(op)
+    return name in VIEWS or name in PIECES or name in _pointwise()
+
+
+# ------------------------------------------------------------------------------------------
+# Linears: a weight through its views to a matmul
+# ------------------------------------------------------------------------------------------
+
+
+def _norm_dim(d: int, n: int) -> int:
+    return d + n if d < 0 else d
+
+
+def _same_nonunit(a: tuple, b: tuple, dims: tuple):
+    """Dims of a view from shape ``a`` to ``b`` when both have the same non-1 sizes in order."""
+    na = [(i, n) for i, n in enumerate(a) if n != 1]
+    nb = [(j, n) for j, n in enumerate(b) if n != 1]
+    if [n for _, n in na] != [n for _, n in nb]:
+        return None
+    out = [None] * len(b)
+    for (i, _), (j, _) in zip(na, nb):
+        out[j] = dims[i]
+    return tuple(out)
+
+
+def track_dims(op, dims: tuple, in_shape: tuple, out_shape: tuple):
+    """Where the dims of a view's input land in its output: ``dims`` names each input dim (an
+    int or None), the result names each output dim; None when the view merges or splits a named
+    dim. ``track_dims(Op("permute", ("w",), (("dims", (1, 0)),), ("p",)), (0, 1), (4, 8), (8, 4)) -> (1, 0)``"""
+    name, kw, n = short(op), op.kwargs(), len(in_shape)
+    if name == "permute":
+        return tuple(dims[_norm_dim(p, n)] for p in kw["dims"])
+    if name == "t":
+        return tuple(reversed(dims))
+    if name == "transpose":
+        d0, d1 = _norm_dim(kw["dim0"], n), _norm_dim(kw["dim1"], n)
+        out = list(dims)
+        out[d0], out[d1] = out[d1], out[d0]
+        return tuple(out)
+    if name == "expand":
+        lead = len(out_shape) - n
+        return (None,) * lead + tuple(d if a == b else None for d, a, b in zip(dims, in_shape, out_shape[lead:]))
+    if in_shape == out_shape:
+        return dims
+    return _same_nonunit(in_shape, out_shape, dims)
+
+
+def _weight_uses(g: Graph, param: str):
+    """``(op index, operand position, dims)`` of each matmul ``param`` reaches through views."""
+    t = g.program.tensors
+    stack = [(param, tuple(range(len(t[param].shape))))]
+    while stack:
+        name, dims = stack.pop()
+        for i in g.users(name):
+            op = g.op(i)
+            base = short(op)
+            if base in MATMULS:
+                for pos, x in enumerate(op.inputs):
+                    if x == name:
+                        yield i, pos, dims
+            elif base in VIEWS and op.inputs and op.inputs[0] == name and len(op.outputs) == 1:
+                nd = track_dims(op, dims, t[name].shape, t[op.outputs[0]].shape)
+                if nd is not None and any(d is not None for d in nd):
+                    stack.append((op.outputs[0], nd))
+
+
+def _as_linear(g: Graph, param: str, i: int, pos: int, dims: tuple):
+    """The Linear of ``param`` used as operand ``pos`` of matmul op ``i`` (None if not one)."""
+    op = g.op(i)
+    base = short(op)
+    wpos = {"mm": 1, "addmm": 2, "bmm": 1, "matmul": 1, "linear": 1}[base]
+    if pos != wpos:
+        return None
+    if base == "linear":
+        n_dim, k_dim = dims[-2], dims[-1]
+    else:
+        k_dim, n_dim = dims[-2], dims[-1]
+        if base == "bmm" and dims[0] is not None:
+            return None  # a batch of weights: experts, not a Linear
+    if k_dim is None or n_dim is None or k_dim == n_dim:
+        return None
+    act = op.inputs[1] if base == "addmm" else op.inputs[0]
+    bias = None
+    if base == "addmm" and _is_param(g, op.inputs[0]):
+        bias = op.inputs[0]
+    elif base == "linear" and len(op.inputs) > 2 and _is_param(g, op.inputs[2]):
+        bias = op.inputs[2]
+    out = op.outputs[0]
+    if bias is None:  # mm then add(bias)
+        users = g.users(out)
+        if len(users) == 1 and short(g.op(users[0])) == "add":
+            other = [x for x in g.op(users[0]).inputs if x != out]
+            if len(other) == 1 and _is_param(g, other[0]) and len(g.program.tensors[other[0]].shape) == 1:
+                bias, out = other[0], g.op(users[0]).outputs[0]
+    return Linear(param, bias, i, out, act, k_dim, n_dim, _fused_parts(g, out))
+
+
+def _is_param(g: Graph, t) -> bool:
+    return isinstance(t, str) and g.program.tensors[t].kind == "param"
+
+
+def _fused_parts(g: Graph, out: str) -> int:
+    """Equal pieces the features (last dim) of ``out`` are split into before use (1: none).
+    Followed through views while the features stay the outermost of a dim."""
+    tensors = g.program.tensors
+    name, dim = out, len(tensors[out].shape) - 1
+    for _ in range(8):
+        users = g.users(name)
+        shape = tensors[name].shape
+        if len(users) > 1:
+            return _selected_parts(g, users, dim, shape[dim])
+        if not users:
+            return 1
+        op = g.op(users[0])
+        base = short(op)
+        if base in SPLITS:
+            kw = op.kwargs()
+            if _norm_dim(kw.get("dim", 0), len(shape)) != dim:
+                return 1
+            sizes = [tensors[o].shape[dim] if base != "unbind" else 1 for o in op.outputs]
+            return len(sizes) if len(sizes) > 1 and len(set(sizes)) == 1 else 1
+        if base not in VIEWS or len(op.outputs) != 1:
+            return 1
+        new = track_dims(op, tuple(d if d == dim else None for d in range(len(shape))), shape,
+                         tensors[op.outputs[0]].shape)
+        if new is None or dim not in new:
+            new_dim = _outer_of(shape, dim, tensors[op.outputs[0]].shape) if base in PLAIN_VIEWS else None
+            if new_dim is None:
+                return 1
+            dim = new_dim
+        else:
+            dim = new.index(dim)
+        name = op.outputs[0]
+    return 1
+
+
+def _selected_parts(g: Graph, users: list, dim: int, n: int) -> int:
+    """The number of equal pieces when the users cut ``dim`` into them — ``select`` of every
+    index, or ``slice``s tiling it (``unbind`` and ``chunk`` as core ATen writes them) — else 1."""
+    cuts = set()
+    for i in users:
+        op = g.op(i)
+        kw, base = op.kwargs(), short(op)
+        nd = len(g.program.tensors[op.inputs[0]].shape)
+        if base not in ("select", "slice") or _norm_dim(kw.get("dim", 0), nd) != dim or kw.get("step", 1) != 1:
+            return 1
+        if base == "select":
+            k = kw.get("index", 0) % n
+            cuts.add((k, k + 1))
+        else:
+            lo, hi = kw.get("start") or 0, kw.get("end")
+            hi = n if hi is None or hi > n else hi
+            cuts.add((lo + n if lo < 0 else lo, hi + n if hi < 0 else hi))
+    edges = sorted(cuts)
+    sizes = {b - a for a, b in edges}
+    tiled = edges[0][0] == 0 and edges[-1][1] == n and all(a[1] == b[0] for a, b in zip(edges, edges[1:]))
+    return len(edges) if len(edges) > 1 and len(sizes) == 1 and tiled else 1
+
+
+def _outer_of(shape: tuple, dim: int, new: tuple):
+    """The dim of a reshape to ``new`` that begins dim ``dim`` of ``shape`` (dim split into
+    several), or None when the reshape merges it with others."""
+    inner = 1
+    for n in shape[dim + 1:]:
+        inner *= n
+    outer_edge = inner * shape[dim]
+    acc = 1
+    for j in range(len(new) - 1, -1, -1):
+        acc *= new[j]
+        if acc == outer_edge:
+            rest = 1
+            for n in new[j + 1:]:
+                rest *= n
+            return j if rest >= inner and rest % inner == 0 else None
+        if acc > outer_edge:
+            return None
+    return None
+
+
+def find_linears(program: Program) -> tuple:
+    """Every Linear of ``program``, in op order (a weight used twice gives two)."""
+    g = graph(program)
+    found = []
+    for name, spec in program.tensors.items():
+        if spec.kind != "param" or len(spec.shape) != 2:
+            continue
+        for i, pos, dims in _weight_uses(g, name):
+            lin = _as_linear(g, name, i, pos, dims)
+            if lin is not None:
+                found.append(lin)
+    return tuple(sorted(found, key=lambda lin: lin.op))
+
+
+# ------------------------------------------------------------------------------------------
+# regions: what reaches what through pointwise ops and views only
+# ------------------------------------------------------------------------------------------
+
+
+def _closed(g: Graph, start: str, sinks: frozenset) -> bool:
+    """Is every tensor derived from ``start`` through pointwise ops and views consumed only by
+    such ops or by the ``sinks`` (op indices)?"""
+    seen, stack = set(), [start]
+    while stack:
+        t = stack.pop()
+        if t in seen:
+            continue
+        seen.add(t)
+        for i in g.users(t):
+            if i in sinks:
+                continue
+            op = g.op(i)
+            if not passthrough(op):
+                return False
+            stack.extend(op.outputs)
+    return True
+
+
+def linears_behind(g: Graph, tensors, sinks: frozenset, by_output: dict) -> tuple:
+    """Linears whose outputs reach ``tensors`` through pointwise ops and views only, each
+    closed (``_closed``) towards ``sinks``."""
+    seen, stack, found = set(), list(tensors), []
+    while stack:
+        t = stack.pop()
+        if t in seen:
+            continue
+        seen.add(t)
+        if t in by_output:
+            found.append(by_output[t])
+            continue
+        op = g.made_by(t)
+        if op is None or not passthrough(op):
+            continue
+        stack.extend(x for x in op.inputs if isinstance(x, str))
+    found = sorted(set(found), key=lambda lin: lin.op)
+    return tuple(lin for lin in found if _closed(g, lin.output, sinks))
+
+
+def linears_ahead(g: Graph, start: str, by_activation: dict) -> tuple:
+    """Linears consuming ``start`` through pointwise ops and views only, when everything
+    derived from it on the way goes to them (else ``()``)."""
+    seen, stack, found = set(), [start], []
+    while stack:
+        t = stack.pop()
+        if t in seen:
+            continue
+        seen.add(t)
+        for i in g.users(t):
+            lin = by_activation.get((i, t))
+            if lin is not None:
+                found.append(lin)
+            elif passthrough(g.op(i)):
+                stack.extend(g.op(i).outputs)
+            else:
+                return ()
+    return tuple(sorted(set(found), key=lambda lin: lin.op))
+
+
+def _reach(g: Graph, start: str, forward: bool, want, limit: int = 64):
+    """The first op (breadth first, through pointwise ops and views) for which ``want(i, t)``
+    holds, with the tensor it was reached by; ``(None, None)`` when none."""
+    frontier, seen = [start], {start}
+    for _ in range(limit):
+        nxt = []
+        for t in frontier:
+            ops = g.users(t) if forward else [g.producer[t]] if t in g.producer else []
+            for i in ops:
+                if want(i, t):
+                    return i, t
+                op = g.op(i)
+                if passthrough(op):
+                    for x in (op.outputs if forward else [x for x in op.inputs if isinstance(x, str)]):
+                        if x not in seen:
+                            seen.add(x)
+                            nxt.append(x)
+        if not nxt:
+            return None, None
+        frontier = nxt
+    return None, None
+
+
+# ------------------------------------------------------------------------------------------
+# attention cores
+# ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Core:
+    """An attention core: its q, k, v operands, its result, and the ops it consists of at
+    its boundary (``sinks``: the SDPA op, or the two batched matmuls)."""
+
+    q: str
+    k: str
+    v: str
+    output: str
+    sinks: frozenset
+
+
+def attention_cores(g: Graph, linear_ops: frozenset) -> tuple:
+    """SDPA ops, and softmax(Q K^T) V written out, in program order."""
+    cores = []
+    for i, op in enumerate(g.program.ops):
+        base = short(op)
+        if "scaled_dot_product" in base and "backward" not in base and len(op.inputs) >= 3:
+            q, k, v = op.inputs[:3]
+            cores.append(Core(q, k, v, op.outputs[0], frozenset({i})))
+        elif base in SOFTMAX:
+            core = _written_out(g, i, linear_ops)
+            if core is not None:
+                cores.append(core)
+    return tuple(cores)
+
+
+def _written_out(g: Graph, s: int, linear_ops: frozenset):
+    """The core around softmax op ``s``: a batched matmul of two activations before it, and one
+    taking its result as the left operand after it."""
+    def is_mm(i, t):
+        return short(g.op(i)) in ("bmm", "matmul") and i not in linear_ops
+
+    softmax = g.op(s)
+    m1, _ = _reach(g, softmax.inputs[0], False, is_mm)
+    m2, via = _reach(g, softmax.outputs[0], True, lambda i, t: is_mm(i, t) and g.op(i).inputs[0] == t)
+    if m1 is None or m2 is None:
+        return None
+    a, b = g.op(m1).inputs[:2]
+    return Core(a, b, g.op(m2).inputs[1], g.op(m2).outputs[0], frozenset({m1, m2}))
+
+
+# ------------------------------------------------------------------------------------------
+# blocks
+# ------------------------------------------------------------------------------------------
+
+
+def block_inputs(g: Graph, linears) -> tuple:
+    """The activations the Linears read, followed back through order-keeping views: one tensor
+    when the projections share their input (a norm's output)."""
+    out = []
+    for lin in linears:
+        t = lin.activation
+        while True:
+            op = g.made_by(t)
+            if op is None or short(op) not in PLAIN_VIEWS or not op.inputs or not isinstance(op.inputs[0], str):
+                break
+            t = op.inputs[0]
+        out.append(t)
+    return tuple(dict.fromkeys(out))
+
+
+def block_output(g: Graph, lin: Linear) -> str:
+    """Where a block ends: the residual ``add`` its last Linear's output reaches through
+    order-keeping views, or the end of those views."""
+    t = lin.output
+    for _ in range(16):
+        users = g.users(t)
+        if len(users) != 1:
+            return t
+        op = g.op(users[0])
+        base = short(op)
+        if base in PLAIN_VIEWS and len(op.outputs) == 1:
+            t = op.outputs[0]
+        elif base == "add" and sum(isinstance(x, str) for x in op.inputs) == 2:
+            return op.outputs[0]
+        else:
+            return t
+    return t
+
+
+def module_of(names) -> str:
+    """The module path shared by parameter names. ``module_of(["a.b.q.weight", "a.b.o.weight"]) -> "a.b"``"""
+    parts = [n.split(".")[:-1] for n in names]
+    if not parts:
+        return ""
+    common = parts[0]
+    for p in parts[1:]:
+        k = 0
+        while k < min(len(common), len(p)) and common[k] == p[k]:
+            k += 1
+        common = common[:k]
+    return ".".join(common)
+
+
+def find_blocks(program: Program) -> Structure:
+    """Every block of ``program`` by structure (module docstring); memoised per Program.
+
+    ``find_blocks(llama(layers=2)).summary() -> "2 attention, 2 mlp, 4 norm"``
+    """
+    got = program.__dict__.get("_structure")
+    if got is None:
+        got = _find_blocks(program)
+        object.__setattr__(program, "_structure", got)
+    return got
+
+
+def _find_blocks(program: Program) -> Structure:
+    g = graph(program)
+    linears = find_linears(program)
+    by_output = {lin.output: lin for lin in linears}
+    by_activation = {(lin.op, lin.activation): lin for lin in linears}
+    linear_ops = frozenset(lin.op for lin in linears)
+    claimed: set = set()
+    blocks = []
+    for core in attention_cores(g, linear_ops):
+        first = linears_behind(g, (core.q, core.k, core.v), core.sinks, by_output)
+        last = linears_ahead(g, core.output, by_activation)
+        first = tuple(lin for lin in first if lin not in claimed)
+        last = tuple(lin for lin in last if lin not in claimed)
+        if first and last:
+            claimed.update(first + last)
+            blocks.append(_block("attention", g, first, last))
+    for down in linears:
+        if down in claimed:
+            continue
+        ups = linears_behind(g, (down.activation,), frozenset({down.op}), by_output)
+        ups = tuple(lin for lin in ups if lin not in claimed and lin != down)
+        if ups:
+            claimed.update(ups + (down,))
+            blocks.append(_block("mlp", g, ups, (down,)))
+    blocks.extend(_others(program, g, linears, claimed))
+    order = {id(b): _first_op(b, g) for b in blocks}
+    return Structure(linears, tuple(sorted(blocks, key=lambda b: (order[id(b)], KINDS.index(b.kind)))))
+
+
+def _first_op(b: Block, g: Graph) -> int:
+    ops = [lin.op for lin in b.first + b.last]
+    ops += [g.producer[b.output]] if b.output in g.producer else []
+    return min(ops) if ops else 0
+
+
+def _block(kind: str, g: Graph, first: tuple, last: tuple) -> Block:
+    name = module_of([lin.weight for lin in first + last])
+    return Block(kind, name, first, last, block_inputs(g, first), block_output(g, last[-1]))
+
+
+def _others(program: Program, g: Graph, linears: tuple, claimed: set) -> list:
+    """Embeddings, norms, heads and expert stacks."""
+    out = []
+    tensors = program.tensors
+    biases = {lin.bias for lin in linears if lin.bias}
+    outputs = set(program.outputs)
+    for op in program.ops:
+        base = short(op)
+        params = tuple(x for x in op.inputs if _is_param(g, x))
+        if base == "embedding" and params and op.inputs[0] == params[0]:
+            out.append(Block("embedding", module_of(params), inputs=(op.inputs[1],), output=op.outputs[0],
+                             params=params[:1]))
+        elif base in NORMS and params:
+            out.append(Block("norm", module_of(params), inputs=(op.inputs[0],), output=op.outputs[0], params=params))
+        elif base == "mul" and len(params) == 1 and len(tensors[params[0]].shape) == 1 and params[0] not in biases:
+            act = [x for x in op.inputs if isinstance(x, str) and x != params[0]]
+            if act and tensors[act[0]].shape and tensors[act[0]].shape[-1] == tensors[params[0]].shape[0]:
+                out.append(Block("norm", module_of(params), inputs=(act[0],), output=op.outputs[0], params=params))
+    seen_heads = set()
+    for lin in linears:
+        if lin in claimed or lin.weight in seen_heads:
+            continue
+        if _reaches_output(g, lin.output, outputs):
+            seen_heads.add(lin.weight)
+            out.append(Block("head", module_of([lin.weight]), first=(lin,), inputs=block_inputs(g, (lin,)),
+                             output=lin.output))
+    experts = [n for n, s in tensors.items() if s.kind == "param" and len(s.shape) >= 3 and _feeds_batched(g, n)]
+    if experts:
+        out.append(Block("experts", module_of(experts), params=tuple(experts)))
+    return out
+
+
+def _reaches_output(g: Graph, t: str, outputs: set) -> bool:
+    seen, stack = set(), [t]
+    while stack:
+        x = stack.pop()
+        if x in outputs:
+            return True
+        if x in seen:
+            continue
+        seen.add(x)
+        for i in g.users(x):
+            if passthrough(g.op(i)):
+                stack.extend(g.op(i).outputs)
+    return False
+
+
+def weight_consumers(program: Program) -> tuple:
+    """Indices of the ops that read a parameter, through views (the matmul of a Linear, a
+    convolution, an embedding lookup, a norm's scale), in program order."""
+    g = graph(program)
+    found: set = set()
+    for name, spec in program.tensors.items():
+        if spec.kind != "param":
+            continue
+        stack, seen = [name], set()
+        while stack:
+            t = stack.pop()
+            if t in seen:
+                continue
+            seen.add(t)
+            for i in g.users(t):
+                if short(g.op(i)) in VIEWS:
+                    stack.extend(g.op(i).outputs)
+                else:
+                    found.add(i)
+    return tuple(sorted(found))
+
+
+def derived(program: Program, names) -> frozenset:
+    """Every tensor computed from ``names`` (them included). ``derived(p, ["x"])``"""
+    out = set(names)
+    for op in program.ops:
+        if any(isinstance(i, str) and i in out for i in op.inputs):
+            out.update(op.outputs)
+    return frozenset(out)
+
+
+def _feeds_batched(g: Graph, param: str) -> bool:
+    """Does ``param`` reach a batched matmul (bmm, einsum, _grouped_mm) through views?"""
+    seen, stack = set(), [param]
+    while stack:
+        t = stack.pop()
+        if t in seen:
+            continue
+        seen.add(t)
+        for i in g.users(t):
+            base = short(g.op(i))
+            if base in BATCHED:
+                return True
+            if base in VIEWS:
+                stack.extend(g.op(i).outputs)
+    return False
+
+
+__all__ = ["Block", "Core", "Graph", "Linear", "Structure", "attention_cores", "find_blocks", "find_linears",
+           "derived", "graph", "module_of", "track_dims", "weight_consumers"]

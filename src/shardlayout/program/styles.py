@@ -1,0 +1,266 @@
+"""Sharding styles as pins on the blocks ``find_blocks`` finds by structure (never by names).
+
+On a mesh with axes ``dp`` and/or ``tp`` (others replicate; ``ep`` for experts):
+
+- ``megatron``: in each attention and MLP block the first Linears (q, k, v; up and gate) are
+  column-parallel (output features on tp; a fused q|k|v or gate|up weight strided, so each rank
+  holds its slice of every part), the last Linear (output / down projection) row-parallel (input
+  features on tp, its bias added once), and the block's output (its residual add) replicated on
+  tp: one all_reduce after each block. Embeddings and norms replicated (a lookup's or a patch
+  convolution's output replicated on tp); a head (a Linear whose output is a program output)
+  column-parallel on its vocabulary, its logits left sharded.
+- ``megatron-sp``: the same weights; the residual stream sequence-sharded (dim 1 of a
+  ``[batch, seq, ...]`` activation on tp, so norms run on sequence shards), the block's input
+  (the norm output its projections read) replicated on tp: one all_gather before and one
+  reduce_scatter after each block (free for the first block when the embedding's output is
+  replicated; one all_gather before a head).
+- ``dp``: user inputs batched on dp (dim 0; every input whose dim 0 is the first input's), and
+  program outputs likewise; every weight replicated: no collective in the forward pass.
+- ``fsdp``: ``dp`` plus every parameter sharded on dp along dim 0 (where it divides) and
+  gathered before use: the output of every op reading a parameter and a batched activation (a
+  Linear's matmul, a convolution, a lookup, a norm's scale) and every block output stays batched
+  on dp.
+- ``ep``: stacked expert weights (rank >= 3, feeding a batched matmul) sharded on ``ep`` (or
+  ``dp``) along the expert dim; tokens (inputs and outputs) on the same axis.
+
+    >>> from shardlayout.mesh import Mesh
+    >>> from shardlayout.program.models import llama
+    >>> s = apply_style(llama(layers=1), Mesh.parse("tp=2"), "megatron")
+    >>> str(s.pins["layers.0.wq"]), str(s.pins["layers.0.wo"]), [b.kind for b in s.matched]
+    ('[16, tp*8]', '[tp*8, 16]', ['norm', 'attention', 'norm', 'mlp'])
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from ..errors import ShardingError, UnmatchedStyle
+from ..mesh import Mesh
+from ..sharding import Factor, Sharding
+from . import Program
+from .blocks import Block, Linear, Structure, derived, find_blocks, short, weight_consumers
+
+STYLES = ("dp", "megatron", "megatron-sp", "fsdp", "ep")
+
+
+@dataclass(frozen=True)
+class StylePins:
+    """A style applied to a program: ``pins`` (tensor name -> Sharding) and the blocks it
+    ``matched`` (in program order)."""
+
+    pins: dict
+    matched: tuple
+
+    def matched_json(self) -> list:
+        """``[{"block": ..., "kind": ..., "tensors": [...]}, ...]``."""
+        return [b.to_json() for b in self.matched]
+
+
+def sharded(mesh: Mesh, shape: tuple, placement: dict) -> Sharding:
+    """A Sharding with ``placement = {dim: [axes, outer first]}``; axes missing from the mesh
+    (or of size 1) are dropped. ``sharded(Mesh.parse("tp=2"), (4, 8), {1: ["tp"]}) -> [4, tp*4]``"""
+    dims = []
+    for d in range(len(shape)):
+        axes = [a for a in placement.get(d, []) if a in mesh.names and mesh.axis_size(a) > 1]
+        dims.append([Factor(mesh.axis_size(a), a) for a in axes])
+    return Sharding(mesh, shape, dims)
+
+
+def strided(mesh: Mesh, shape: tuple, dim: int, axis: str, parts: int = 1) -> Sharding:
+    """``shape`` with ``dim`` sharded on ``axis``; with ``parts > 1`` (a fused weight) each of
+    the ``parts`` equal pieces of the dim is sharded on its own — ``[3*tp*8, 16]`` — so a split
+    into the parts leaves every rank its slice of each, without moving data.
+    ``str(strided(Mesh.parse("tp=2"), (48, 16), 0, "tp", 3)) -> '[3*tp*8, 16]'``"""
+    if axis not in mesh.names or mesh.axis_size(axis) == 1:
+        return Sharding(mesh, shape)
+    n, k = shape[dim], mesh.axis_size(axis)
+    if parts <= 1 or n % parts or (n // parts) % k:
+        return sharded(mesh, shape, {dim: [axis]})
+    fs = [Factor(parts), Factor(k, axis)] + ([Factor(n // parts // k)] if n // parts // k > 1 else [])
+    return Sharding(mesh, shape, [fs if d == dim else [] for d in range(len(shape))])
+
+
+def column(mesh: Mesh, program: Program, lin: Linear, axis: str = "tp") -> dict:
+    """Pins of a column-parallel Linear: output features (weight and bias) on ``axis``."""
+    t = program.tensors
+    pins = {lin.weight: strided(mesh, t[lin.weight].shape, lin.out_dim, axis, lin.parts)}
+    if lin.bias:
+        pins[lin.bias] = strided(mesh, t[lin.bias].shape, 0, axis, lin.parts)
+    return pins
+
+
+def row(mesh: Mesh, program: Program, lin: Linear, axis: str = "tp") -> dict:
+    """Pins of a row-parallel Linear: input features on ``axis``, the bias replicated."""
+    t = program.tensors
+    pins = {lin.weight: sharded(mesh, t[lin.weight].shape, {lin.in_dim: [axis]})}
+    if lin.bias:
+        pins[lin.bias] = Sharding(mesh, t[lin.bias].shape)
+    return pins
+
+
+def replicated(mesh: Mesh, program: Program, names) -> dict:
+    """Every tensor in ``names`` replicated."""
+    return {n: Sharding(mesh, program.tensors[n].shape) for n in names}
+
+
+def batched_inputs(program: Program) -> list:
+    """User inputs (and program outputs) whose dim 0 is the batch: the first user input's dim 0."""
+    user = [n for n in program.inputs("input") if program.tensors[n].shape]
+    if not user:
+        return []
+    b = program.tensors[user[0]].shape[0]
+    outs = [o for o in program.outputs if program.tensors[o].shape and program.tensors[o].shape[0] == b]
+    return list(dict.fromkeys([n for n in user if program.tensors[n].shape[0] == b] + outs))
+
+
+def _activation(mesh: Mesh, shape: tuple, sequence: bool) -> Sharding:
+    """The residual stream ``[batch, seq, ...]``: batch on dp; with ``sequence`` also the
+    sequence on tp."""
+    return sharded(mesh, shape, {0: ["dp"], 1: ["tp"]} if sequence else {0: ["dp"]})
+
+
+def _need_axis(mesh: Mesh, style: str, axis: str) -> None:
+    if axis not in mesh.names:
+        raise ShardingError(f"style {style} shards on mesh axis {axis!r}; the mesh {mesh} has "
+                            f"{', '.join(mesh.names)}: add {axis}=N to --mesh")
+
+
+def _unmatched(program: Program, style: str, looked_for: str, s: Structure) -> UnmatchedStyle:
+    ops = Counter(short(op) for op in program.ops)
+    top = ", ".join(f"{n} x{k}" for n, k in ops.most_common(8))
+    lins = ", ".join(lin.weight for lin in s.linears[:6]) + (" ..." if len(s.linears) > 6 else "")
+    return UnmatchedStyle(
+        f"style {style} found nothing to shard: it looks for {looked_for}; the model has {s.summary()}, "
+        f"{len(s.linears)} Linear(s){' (' + lins + ')' if lins else ''} and ops {top}. "
+        "Pass --allow-unmatched to plan it anyway, or pin tensors with --tp-plan / --pin")
+
+
+LOOKED_FOR = {
+    "megatron": "attention blocks (Linears feeding scaled_dot_product_attention or softmax(QK^T)V, then a Linear "
+                "consuming the result) and MLP blocks (an up [+ gate] Linear reaching a down Linear through "
+                "pointwise ops)",
+    "ep": "stacked expert weights (a parameter of rank >= 3 feeding bmm, einsum or _grouped_mm)",
+    "dp": "user inputs with a batch dim",
+    "fsdp": "parameters (sharded along dim 0 where it divides by the dp axis)",
+}
+LOOKED_FOR["megatron-sp"] = LOOKED_FOR["megatron"]
+
+
+def apply_style(program: Program, mesh: Mesh, style: str, allow_unmatched: bool = False) -> StylePins:
+    """The pins of ``style`` on ``program`` and the blocks it matched; ``UnmatchedStyle`` when it
+    matches nothing (unless ``allow_unmatched``). ``apply_style(llama(), Mesh.parse("tp=2"), "megatron")``"""
+    if style not in STYLES:
+        raise ShardingError(f"unknown style {style!r}; choose one of {', '.join(STYLES)}")
+    s = find_blocks(program)
+    got = _STYLES[style](program, mesh, s)
+    if not got.matched and not allow_unmatched:
+        raise _unmatched(program, style, LOOKED_FOR[style], s)
+    return got
+
+
+def style_pins(program: Program, mesh: Mesh, style: str) -> dict:
+    """The pins of ``style`` (``apply_style(...).pins``). ``style_pins(llama(), mesh, "megatron")``"""
+    return apply_style(program, mesh, style).pins
+
+
+def _megatron(program: Program, mesh: Mesh, s: Structure, sequence: bool) -> StylePins:
+    _need_axis(mesh, "megatron-sp" if sequence else "megatron", "tp")
+    t = program.tensors
+    pins: dict = {}
+    for n in batched_inputs(program):
+        if n in program.inputs("input"):
+            pins[n] = _activation(mesh, t[n].shape, sequence and len(t[n].shape) == 3)  # [batch, seq, features]
+    blocks = s.of_kind("attention", "mlp")
+    if not blocks:
+        return StylePins(pins, ())
+    for b in s.of_kind("embedding", "norm"):
+        pins.update(replicated(mesh, program, b.params))
+    for i in _lookups(program):  # embeddings and patch convolutions: replicated on tp, batched on dp
+        out = program.ops[i].outputs[0]
+        pins[out] = sharded(mesh, t[out].shape, {0: ["dp"]})
+    for b in blocks:
+        for lin in b.first:
+            pins.update(column(mesh, program, lin))
+        for lin in b.last:
+            pins.update(row(mesh, program, lin))
+        if sequence:
+            for x in b.inputs:
+                pins[x] = sharded(mesh, t[x].shape, {0: ["dp"]})
+        pins[b.output] = _activation(mesh, t[b.output].shape, sequence and len(t[b.output].shape) >= 3)
+    heads = [b for b in s.of_kind("head") if all(lin.weight not in pins for lin in b.first)]
+    for b in heads:
+        pins.update(column(mesh, program, b.first[0]))
+        if sequence:
+            for x in b.inputs:
+                pins[x] = sharded(mesh, t[x].shape, {0: ["dp"]})
+    matched = tuple(b for b in s.blocks if b.kind in ("attention", "mlp", "embedding", "norm") or b in heads)
+    return StylePins(pins, matched)
+
+
+def _lookups(program: Program) -> list:
+    """Ops outside the blocks that read a parameter and a batched input: embedding lookups and
+    (patch) convolutions, whose outputs start the residual stream."""
+    batch = derived(program, [n for n in batched_inputs(program) if n in program.inputs("input")])
+    return [i for i in weight_consumers(program) if short(program.ops[i]) in ("embedding", "convolution", "conv1d",
+                                                                              "conv2d", "conv3d")
+            and any(x in batch for x in program.ops[i].inputs) and program.ops[i].outputs]
+
+
+def _dp(program: Program, mesh: Mesh, s: Structure) -> StylePins:
+    _need_axis(mesh, "dp", "dp")
+    t = program.tensors
+    names = batched_inputs(program)
+    pins = {n: sharded(mesh, t[n].shape, {0: ["dp"]}) for n in names}
+    for b in s.of_kind("attention", "mlp"):
+        pins[b.output] = sharded(mesh, t[b.output].shape, {0: ["dp"]})
+    user = [n for n in names if n in program.inputs("input")]
+    return StylePins(pins, (Block("batch", "inputs", params=tuple(user)),) if user else ())
+
+
+def _fsdp(program: Program, mesh: Mesh, s: Structure) -> StylePins:
+    _need_axis(mesh, "fsdp", "dp")
+    t = program.tensors
+    pins = _dp(program, mesh, s).pins
+    k = mesh.axis_size("dp")
+    params = [n for n, spec in t.items() if spec.kind == "param" and n not in program.outputs]
+    for n in params:
+        if t[n].shape and t[n].shape[0] % k == 0:
+            pins[n] = sharded(mesh, t[n].shape, {0: ["dp"]})
+    batch = derived(program, [n for n in batched_inputs(program) if n in program.inputs("input")])
+    for i in weight_consumers(program):  # the compute stays data parallel: weights are gathered
+        out = program.ops[i].outputs
+        if out and t[out[0]].shape and out[0] not in pins and any(x in batch for x in program.ops[i].inputs):
+            pins[out[0]] = sharded(mesh, t[out[0]].shape, {0: ["dp"]})
+    matched = tuple(b for b in s.blocks if b.tensors())
+    others = tuple(n for n in params if not any(n in b.tensors() for b in matched))
+    if others:
+        matched += (Block("params", "", params=others),)
+    return StylePins(pins, matched)
+
+
+def _ep(program: Program, mesh: Mesh, s: Structure) -> StylePins:
+    axis = "ep" if "ep" in mesh.names else "dp"
+    if axis not in mesh.names:
+        raise ShardingError(f"style ep shards on mesh axis 'ep' (or 'dp'); the mesh {mesh} has "
+                            f"{', '.join(mesh.names)}: add ep=N to --mesh")
+    t = program.tensors
+    experts = s.of_kind("experts")
+    pins = {}
+    for b in experts:
+        for n in b.params:
+            pins[n] = sharded(mesh, t[n].shape, {0: [axis]})
+    for n in batched_inputs(program):
+        pins[n] = sharded(mesh, t[n].shape, {0: [axis]})
+    return StylePins(pins, experts)
+
+
+_STYLES = {
+    "megatron": lambda p, m, s: _megatron(p, m, s, False),
+    "megatron-sp": lambda p, m, s: _megatron(p, m, s, True),
+    "dp": _dp,
+    "fsdp": _fsdp,
+    "ep": _ep,
+}
+
+__all__ = ["STYLES", "StylePins", "apply_style", "column", "row", "sharded", "strided", "style_pins"]

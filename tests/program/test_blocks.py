@@ -1,0 +1,125 @@
+"""find_blocks: the blocks of five model families written in plain torch (tests/program/zoo.py),
+found by the structure of their exported graphs — whatever their weights are called."""
+
+from __future__ import annotations
+
+import pytest
+
+from shardlayout.program import Op
+from shardlayout.program.blocks import find_blocks, find_linears, module_of, track_dims
+from shardlayout.program.models import llama, moe
+
+torch = pytest.importorskip("torch")
+
+from .zoo import program  # noqa: E402
+
+
+def _blocks(name):
+    return [(b.kind, b.name) for b in find_blocks(program(name)).blocks]
+
+
+def _weights(block, which):
+    return [lin.weight.rsplit(".", 2)[-2] for lin in getattr(block, which)]
+
+
+EXPECTED = {  # family -> (attention/mlp blocks in order, their first and last Linears' module names)
+    "hf_llama": [("attention", "layers.0.self_attn", ["q_proj", "k_proj", "v_proj"], ["o_proj"]),
+                 ("mlp", "layers.0.mlp", ["gate_proj", "up_proj"], ["down_proj"]),
+                 ("attention", "layers.1.self_attn", ["q_proj", "k_proj", "v_proj"], ["o_proj"]),
+                 ("mlp", "layers.1.mlp", ["gate_proj", "up_proj"], ["down_proj"])],
+    "titan_llama": [("attention", "layers.0.attention", ["wq", "wk", "wv"], ["wo"]),
+                    ("mlp", "layers.0.feed_forward", ["w1", "w3"], ["w2"]),
+                    ("attention", "layers.1.attention", ["wq", "wk", "wv"], ["wo"]),
+                    ("mlp", "layers.1.feed_forward", ["w1", "w3"], ["w2"])],
+    "gpt2": [("attention", "h.0.attn", ["c_attn"], ["c_proj"]), ("mlp", "h.0.mlp", ["c_fc"], ["c_proj"]),
+             ("attention", "h.1.attn", ["c_attn"], ["c_proj"]), ("mlp", "h.1.mlp", ["c_fc"], ["c_proj"])],
+    "mlp_stack": [("mlp", "blocks.0", ["fc1"], ["fc2"]), ("mlp", "blocks.1", ["w12"], ["w3"])],
+    "vit": [("attention", "blocks.0.attn", ["qkv"], ["proj"]), ("mlp", "blocks.0.mlp", ["fc1"], ["fc2"]),
+            ("attention", "blocks.1.attn", ["qkv"], ["proj"]), ("mlp", "blocks.1.mlp", ["fc1"], ["fc2"])],
+    "convnet": [],
+}
+
+
+@pytest.mark.parametrize("family", sorted(EXPECTED))
+def test_attention_and_mlp_blocks_are_found_by_structure(family):
+    s = find_blocks(program(family))
+    got = [(b.kind, b.name, _weights(b, "first"), _weights(b, "last")) for b in s.of_kind("attention", "mlp")]
+    assert got == EXPECTED[family]
+
+
+@pytest.mark.parametrize("family,summary", [
+    ("hf_llama", "2 attention, 2 mlp, 1 embedding, 5 norm, 1 head"),
+    ("titan_llama", "2 attention, 2 mlp, 1 embedding, 5 norm, 1 head"),
+    ("gpt2", "2 attention, 2 mlp, 2 embedding, 5 norm, 1 head"),
+    ("mlp_stack", "2 mlp, 2 norm"),
+    ("vit", "2 attention, 2 mlp, 5 norm, 1 head"),
+    ("convnet", "1 head"),
+])
+def test_embeddings_norms_and_heads(family, summary):
+    assert find_blocks(program(family)).summary() == summary
+
+
+def test_heads_and_embeddings_name_their_modules():
+    s = find_blocks(program("hf_llama"))
+    assert [b.name for b in s.of_kind("embedding", "head")] == ["embed_tokens", "lm_head"]
+    assert [b.name for b in s.of_kind("norm")][-1] == "norm"
+    assert [b.name for b in find_blocks(program("gpt2")).of_kind("embedding")] == ["wte", "wpe"]
+
+
+def test_linear_forms_mm_bmm_addmm_and_conv1d_weights():
+    """torch.export gives permute+mm, permute+expand+bmm (a non-contiguous input), or
+    permute+addmm with a bias; GPT-2's Conv1D weights are (in, out) and need no permute."""
+    prog = program("hf_llama")
+    lins = {lin.weight: lin for lin in find_linears(prog)}
+    kinds = {n: prog.ops[lin.op].target.split(".")[1] for n, lin in lins.items()}
+    assert kinds["layers.0.self_attn.q_proj.weight"] == "mm"
+    assert kinds["layers.0.self_attn.o_proj.weight"] == "bmm"  # permute + expand + bmm
+    assert (lins["layers.0.self_attn.q_proj.weight"].in_dim, lins["layers.0.self_attn.q_proj.weight"].out_dim) == (1, 0)
+    gpt = {lin.weight: lin for lin in find_linears(program("gpt2"))}
+    c_attn = gpt["h.0.attn.c_attn.weight"]
+    assert (c_attn.in_dim, c_attn.out_dim, c_attn.bias, c_attn.parts) == (0, 1, "h.0.attn.c_attn.bias", 3)
+    stack = {lin.weight: lin for lin in find_linears(program("mlp_stack"))}
+    assert stack["blocks.0.fc1.weight"].bias == "blocks.0.fc1.bias"  # permute + addmm
+    assert stack["blocks.1.w12.weight"].parts == 2  # gate|up, chunked
+    vit = {lin.weight: lin for lin in find_linears(program("vit"))}
+    assert vit["blocks.0.attn.qkv.weight"].parts == 3  # reshape, permute, unbind (core ATen: slices)
+
+
+def test_block_inputs_and_outputs():
+    """A block's input is the tensor its projections share before their own views (the norm's
+    output); its output is the residual add that closes it."""
+    prog = program("hf_llama")
+    attn = find_blocks(prog).of_kind("attention")[0]
+    norm = find_blocks(prog).of_kind("norm")[0]
+    assert attn.inputs == (norm.output,)
+    close = next(op for op in prog.ops if attn.output in op.outputs)
+    assert close.target == "aten.add.Tensor"
+
+
+def test_builder_models():
+    s = find_blocks(llama(layers=2))
+    assert s.summary() == "2 attention, 2 mlp, 4 norm"
+    attn = s.of_kind("attention")[0]
+    assert [lin.weight for lin in attn.first] == ["layers.0.wq", "layers.0.wk", "layers.0.wv"]
+    assert attn.inputs == ("layers.0.attn_norm.out",) and attn.output == "layers.0.resid1"
+    assert find_blocks(moe()).of_kind("experts")[0].params == ("experts.w1", "experts.w2")
+
+
+def test_exported_moe_experts_are_found():
+    from shardlayout.program.torch_import import from_torch
+    from shardlayout.program.torch_models import MoETorch
+
+    s = find_blocks(from_torch(MoETorch(), (torch.randn(16, 16),)))
+    assert s.of_kind("experts")[0].params == ("experts.w1", "experts.w2")
+    assert not s.of_kind("attention", "mlp")  # the router's softmax is no attention: its matmul is a Linear
+
+
+def test_track_dims_and_module_of():
+    perm = Op("aten.permute.default", ("w",), (("dims", (1, 0)),), ("p",))
+    assert track_dims(perm, (0, 1), (4, 8), (8, 4)) == (1, 0)
+    expand = Op("aten.expand.default", ("p",), (("size", (2, 8, 4)),), ("e",))
+    assert track_dims(expand, (1, 0), (8, 4), (2, 8, 4)) == (None, 1, 0)
+    view = Op("aten.view.default", ("e",), (("size", (32, 2)),), ("v",))
+    assert track_dims(view, (None, 1, 0), (2, 8, 4), (32, 2)) is None  # merges named dims
+    assert module_of(["a.b.q.weight", "a.b.o.weight"]) == "a.b"
+    assert module_of(["lm_head.weight"]) == "lm_head"

@@ -1,0 +1,294 @@
+"""Styles and TP plans on five model families written in plain torch (tests/program/zoo.py): the
+expected collectives per layer, the expected weight shardings, verified by simulation; a model
+with none of the blocks is refused, naming what was looked for and what the model has."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from shardlayout import Mesh, ShardingError, UnmatchedStyle
+from shardlayout.cli import main
+from shardlayout.plan import plan
+from shardlayout.program.blocks import derived, find_blocks
+from shardlayout.program.styles import apply_style, style_pins
+from shardlayout.program.tp_plan import TpPlanError, apply_tp_plan, matches, modules
+
+torch = pytest.importorskip("torch")
+
+from .zoo import program  # noqa: E402
+
+MESH = Mesh.parse("dp=2,tp=2")
+L = 2  # layers of the layered families
+ZOO = str(Path(__file__).with_name("zoo.py"))
+
+
+def _plan(family, style, mesh=MESH):
+    prog = program(family)
+    p = plan(prog, mesh, style_pins(prog, mesh, style))
+    assert p.verify().ok, (family, style)
+    return p
+
+
+TP = ("tp",)
+DP = ("dp",)
+PER_LAYER = {  # (family, style): counts; 2 layers, each one attention and one MLP block
+    "megatron": {("all_reduce", TP): 2 * L},  # one after each block
+    # one all_gather before and one reduce_scatter after each block (the embedding's or the patch
+    # convolution's output is replicated, so the first block's gather is free; the head pays one)
+    "megatron-sp": {("all_gather", TP): 2 * L, ("reduce_scatter", TP): 2 * L},
+    "dp": {},
+}
+
+
+@pytest.mark.parametrize("family", ["hf_llama", "titan_llama", "gpt2", "vit"])
+@pytest.mark.parametrize("style", sorted(PER_LAYER))
+def test_collectives_per_layer(family, style):
+    assert _plan(family, style).counts() == PER_LAYER[style]
+
+
+@pytest.mark.parametrize("style,counts", [
+    ("megatron", {("all_reduce", TP): 2}),
+    ("megatron-sp", {("all_gather", TP): 2, ("reduce_scatter", TP): 2}),  # float input: seq-sharded from the start
+    ("dp", {}),
+])
+def test_mlp_only_stack(style, counts):
+    assert _plan("mlp_stack", style).counts() == counts
+
+
+@pytest.mark.parametrize("family", ["hf_llama", "gpt2", "mlp_stack", "convnet"])
+def test_fsdp_gathers_each_parameter_once(family):
+    """Every parameter (all divide by dp=2) is sharded on dp and moved once before its use (an
+    all_gather, or an all_to_all when the weight is expanded over the batch: each rank then gets
+    the whole weight for its own batch rows); no activation moves."""
+    prog = program(family)
+    p = _plan(family, "fsdp")
+    params = [n for n, t in prog.tensors.items() if t.kind == "param"]
+    assert sum(p.counts().values()) == len(params)
+    assert all(axes == DP for _, axes in p.counts())
+    batch = derived(prog, prog.inputs("input"))
+    assert not [c.tensor for c in p.collectives if c.tensor in batch]
+
+
+def _shardings(p, names):
+    return {n: str(p.shardings[n]) for n in names}
+
+
+def test_weight_shardings_hf_llama():
+    p = _plan("hf_llama", "megatron")
+    pre = "layers.0."
+    assert _shardings(p, [pre + n for n in ("self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                                            "self_attn.o_proj.weight", "mlp.gate_proj.weight",
+                                            "mlp.down_proj.weight", "input_layernorm.weight")]
+                      + ["embed_tokens.weight", "lm_head.weight", "input_ids"]) == {
+        pre + "self_attn.q_proj.weight": "[tp*8, 16]",  # column-parallel: out features (dim 0 of nn.Linear)
+        pre + "self_attn.k_proj.weight": "[tp*4, 16]",  # GQA: 2 kv heads, one per rank
+        pre + "self_attn.o_proj.weight": "[16, tp*8]",  # row-parallel: in features
+        pre + "mlp.gate_proj.weight": "[tp*16, 16]",
+        pre + "mlp.down_proj.weight": "[16, tp*16]",
+        pre + "input_layernorm.weight": "[16]",
+        "embed_tokens.weight": "[32, 16]",
+        "lm_head.weight": "[tp*16, 16]",  # the head: vocabulary on tp, logits left sharded
+        "input_ids": "[dp, 8]",
+    }
+    assert str(p.shardings[program("hf_llama").outputs[0]]) == "[dp, 8, tp*16]"
+
+
+def test_weight_shardings_gpt2_fused_qkv_and_conv1d():
+    """Conv1D weights are (in, out): column-parallel shards dim 1. The fused q|k|v weight is
+    strided, each rank holding its slice of q, of k and of v, and the split carves it: no extra
+    collective, the biases of the row-parallel projections added once."""
+    p = _plan("gpt2", "megatron")
+    pre = "h.0."
+    assert _shardings(p, [pre + n for n in ("attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight",
+                                            "attn.c_proj.bias", "mlp.c_fc.weight", "mlp.c_fc.bias",
+                                            "mlp.c_proj.weight")]) == {
+        pre + "attn.c_attn.weight": "[16, 3*tp*8]",
+        pre + "attn.c_attn.bias": "[3*tp*8]",
+        pre + "attn.c_proj.weight": "[tp*8, 16]",
+        pre + "attn.c_proj.bias": "[16]",
+        pre + "mlp.c_fc.weight": "[16, tp*32]",
+        pre + "mlp.c_fc.bias": "[tp*32]",
+        pre + "mlp.c_proj.weight": "[tp*32, 16]",
+    }
+    split = [op for op in p.ops if op.target.startswith("aten.split")]
+    assert [str(o) for o in split[0].outputs] == ["[dp, 8, tp*8]"] * 3
+    assert not any(c.op.startswith("split") for c in p.collectives)
+
+
+def test_weight_shardings_vit_fused_qkv_unbound():
+    p = _plan("vit", "megatron")
+    assert _shardings(p, ["blocks.0.attn.qkv.weight", "blocks.0.attn.qkv.bias", "blocks.0.attn.proj.weight",
+                          "patch_embed.weight", "head.weight"]) == {
+        "blocks.0.attn.qkv.weight": "[3*tp*8, 16]", "blocks.0.attn.qkv.bias": "[3*tp*8]",
+        "blocks.0.attn.proj.weight": "[16, tp*8]", "patch_embed.weight": "[16, 3, 2, 2]",
+        "head.weight": "[tp*5, 16]"}
+
+
+def test_weight_shardings_fused_gate_up():
+    p = _plan("mlp_stack", "megatron")
+    assert _shardings(p, ["blocks.1.w12.weight", "blocks.1.w3.weight", "blocks.0.fc1.bias", "blocks.0.fc2.bias"]) == {
+        "blocks.1.w12.weight": "[2*tp*16, 16]", "blocks.1.w3.weight": "[16, tp*16]",
+        "blocks.0.fc1.bias": "[tp*16]", "blocks.0.fc2.bias": "[16]"}
+
+
+def test_megatron_sp_residuals_are_sequence_sharded():
+    prog = program("titan_llama")
+    p = _plan("titan_llama", "megatron-sp")
+    for b in find_blocks(prog).of_kind("attention", "mlp"):
+        assert str(p.shardings[b.output]) == "[dp, tp*4, 16]"
+        assert all(str(p.shardings[x]) == "[dp, 8, 16]" for x in b.inputs)  # gathered once per block
+
+
+def test_full_simulation_of_a_fused_model():
+    p = _plan("gpt2", "megatron-sp")
+    assert p.verify(mode="full").ok
+
+
+def test_names_are_the_modules_own_and_casts_pass_through():
+    gpt = program("gpt2")
+    consts = [n for n, t in gpt.tensors.items() if t.kind == "buffer"]
+    assert "h.0.attn.lifted_tensor_0" in consts and not [n for n in gpt.tensors if n.startswith(("p_", "c_h_"))]
+    hf = program("hf_llama")  # RMSNorm's .float() / .to(dtype): runtime checks pass through
+    assert any(op.target.endswith("_assert_tensor_metadata.default") for op in hf.ops)
+
+
+def test_matched_blocks_are_reported():
+    got = apply_style(program("gpt2"), MESH, "megatron")
+    kinds = [m["kind"] for m in got.matched_json()]
+    assert kinds.count("attention") == L and kinds.count("mlp") == L and "head" in kinds
+    attn = next(m for m in got.matched_json() if m["kind"] == "attention")
+    assert attn == {"block": "h.0.attn", "kind": "attention",
+                    "tensors": ["h.0.attn.c_attn.weight", "h.0.attn.c_attn.bias", "h.0.attn.c_proj.weight",
+                                "h.0.attn.c_proj.bias"]}
+
+
+@pytest.mark.parametrize("style", ["megatron", "megatron-sp"])
+def test_a_model_without_blocks_is_refused(style):
+    with pytest.raises(UnmatchedStyle) as e:
+        apply_style(program("convnet"), MESH, style)
+    msg = str(e.value)
+    assert "attention blocks" in msg and "MLP blocks" in msg  # what was looked for
+    assert "1 head" in msg and "fc.weight" in msg and "convolution x2" in msg  # what the model has
+    assert "--allow-unmatched" in msg
+    got = apply_style(program("convnet"), MESH, style, allow_unmatched=True)
+    assert got.matched == () and plan(program("convnet"), MESH, got.pins).verify().ok
+
+
+def test_styles_need_their_mesh_axis():
+    with pytest.raises(ShardingError, match="shards on mesh axis 'tp'"):
+        apply_style(program("mlp_stack"), Mesh.parse("dp=2"), "megatron")
+
+
+# ------------------------------------------------------------------------------------------
+# torchtitan-style TP plans
+# ------------------------------------------------------------------------------------------
+
+TITAN = {f"layers.*.{k}": v for k, v in {
+    "attention.wq": "colwise", "attention.wk": "colwise", "attention.wv": "colwise", "attention.wo": "rowwise",
+    "feed_forward.w1": "colwise", "feed_forward.w3": "colwise", "feed_forward.w2": "rowwise"}.items()}
+TITAN_SP = {**TITAN, "tok_embeddings": "rowwise", "norm": "sequence_parallel", "output": "colwise",
+            "layers.*.attention_norm": "sequence_parallel", "layers.*.ffn_norm": "sequence_parallel"}
+
+
+def _tp(family, tp_plan, mesh=MESH):
+    prog = program(family)
+    got = apply_tp_plan(prog, mesh, tp_plan)
+    p = plan(prog, mesh, got.pins)
+    assert p.verify().ok
+    return p, got
+
+
+def test_tp_plan_megatron():
+    p, got = _tp("titan_llama", TITAN)
+    assert p.counts() == {("all_reduce", TP): 2 * L}
+    assert str(p.shardings["layers.1.attention.wq.weight"]) == "[tp*8, 16]"
+    assert str(p.shardings["layers.1.attention.wo.weight"]) == "[16, tp*8]"
+    assert [m["block"] for m in got.matched_json()][:2] == ["layers.0.attention.wq", "layers.1.attention.wq"]
+
+
+def test_tp_plan_sequence_parallel():
+    """torchtitan's plan: a rowwise embedding shards the vocabulary (the lookup needs whole rows:
+    the table is gathered once), each block gathers its input once and reduce-scatters its output."""
+    p, _ = _tp("titan_llama", TITAN_SP)
+    assert p.counts() == {("all_gather", TP): 2 * L + 2, ("reduce_scatter", TP): 2 * L}
+    assert str(p.shardings["tok_embeddings.weight"]) == "[tp*16, 16]"
+    assert str(p.shardings["output.weight"]) == "[tp*16, 16]"
+
+
+def test_tp_plan_on_hf_and_fused_gpt2():
+    hf = {"layers.*.self_attn.[qkv]_proj": "colwise", "layers.*.self_attn.o_proj": "rowwise",
+          "layers.*.mlp.gate_proj": "colwise", "layers.*.mlp.up_proj": "colwise", "layers.*.mlp.down_proj": "rowwise"}
+    assert _tp("hf_llama", hf)[0].counts() == {("all_reduce", TP): 2 * L}
+    gpt = {"h.*.attn.c_attn": "colwise", "h.*.attn.c_proj": "rowwise", "h.*.mlp.c_fc": "colwise",
+           "h.*.mlp.c_proj": "rowwise"}
+    p, _ = _tp("gpt2", gpt)
+    assert p.counts() == {("all_reduce", TP): 2 * L}
+    assert str(p.shardings["h.1.attn.c_attn.weight"]) == "[16, 3*tp*8]"
+
+
+def test_tp_plan_explicit_placements():
+    p, _ = _tp("hf_llama", {"lm_head.weight": ["Replicate()", "Shard(0)"],
+                            "layers.0.mlp.down_proj": {"weight": "[16, tp*16]"},
+                            "layers.0.mlp.gate_proj": ["Replicate()", "Shard(0)"]})
+    assert str(p.shardings["lm_head.weight"]) == "[tp*16, 16]"
+    assert str(p.shardings["layers.0.mlp.down_proj.weight"]) == "[16, tp*16]"
+    assert str(p.shardings["layers.0.mlp.gate_proj.weight"]) == "[tp*16, 16]"
+
+
+def test_tp_plan_errors():
+    prog = program("titan_llama")
+    with pytest.raises(UnmatchedStyle, match=r"'layers\.\*\.attn\.wq' matches no module.*layers\.0\.attention\.wq"):
+        apply_tp_plan(prog, MESH, {"layers.*.attn.wq": "colwise"})
+    assert apply_tp_plan(prog, MESH, {"layers.*.attn.wq": "colwise"}, allow_unmatched=True).matched == ()
+    with pytest.raises(TpPlanError, match="holds no Linear or Embedding weight: norm.weight"):
+        apply_tp_plan(prog, MESH, {"norm": "colwise"})
+    with pytest.raises(TpPlanError, match="holds no norm"):
+        apply_tp_plan(prog, MESH, {"layers.*.attention.wq": "sequence_parallel"})
+    with pytest.raises(TpPlanError, match="is not one of colwise, rowwise"):
+        apply_tp_plan(prog, MESH, {"layers.*.attention.wq": "columnwise"})
+    with pytest.raises(TpPlanError, match="shards on mesh axis 'tp'"):
+        apply_tp_plan(prog, Mesh.parse("dp=4"), TITAN)
+
+
+def test_module_paths_and_patterns():
+    assert "layers.0.attention.wq" in modules(program("titan_llama"))
+    assert matches("layers.*.attention.wq", "layers.1.attention.wq")
+    assert not matches("layers.*", "layers.1.attention")  # '*' never spans a dot (parallelize_module)
+    assert matches("layers.*.self_attn.[qk]_proj", "layers.0.self_attn.k_proj")
+
+
+# ------------------------------------------------------------------------------------------
+# the command line
+# ------------------------------------------------------------------------------------------
+
+
+def test_cli_style_reports_matched_blocks_and_fqns(capsys):
+    assert main(["plan", "--module", f"{ZOO}:make_gpt2", "--mesh", "tp=2", "--style", "megatron", "--verify"]) == 0
+    out = capsys.readouterr().out
+    assert "style megatron matched 2 embedding, 5 norm, 2 attention, 2 mlp, 1 head:" in out
+    assert "attention  h.0.attn: c_attn.weight, c_attn.bias, c_proj.weight, c_proj.bias" in out
+    assert "h.0.attn.c_attn.weight" in out and "p_h_0" not in out  # module names, not placeholders
+    assert "4 x all_reduce on tp" in out and "verified" in out
+
+
+def test_cli_json_matched_tp_plan_and_refusal(capsys, tmp_path):
+    (tmp_path / "tp.json").write_text(json.dumps({"blocks.*.fc1": "colwise", "blocks.*.fc2": "rowwise"}))
+    assert main(["plan", "--module", f"{ZOO}:make_mlp_stack", "--mesh", "tp=2", "--tp-plan",
+                 str(tmp_path / "tp.json"), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["matched"] == [{"block": "blocks.0.fc1", "kind": "colwise",
+                                "tensors": ["blocks.0.fc1.weight", "blocks.0.fc1.bias"]},
+                               {"block": "blocks.0.fc2", "kind": "rowwise",
+                                "tensors": ["blocks.0.fc2.weight", "blocks.0.fc2.bias"]}]
+    assert main(["plan", "--module", f"{ZOO}:make_convnet", "--mesh", "tp=2", "--style", "megatron"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("shardlayout: error: style megatron found nothing to shard") and err.count("\n") == 1
+    assert main(["plan", "--module", f"{ZOO}:make_convnet", "--mesh", "tp=2", "--style", "megatron",
+                 "--allow-unmatched"]) == 0
+    assert "style megatron matched nothing" in capsys.readouterr().out
+    (tmp_path / "bad.json").write_text("{nope")
+    assert main(["plan", "--mesh", "tp=2", "--tp-plan", str(tmp_path / "bad.json")]) == 2
+    assert "malformed JSON" in capsys.readouterr().err

@@ -1,0 +1,394 @@
+"""A corpus of bad inputs, one or more per class of issue 17, and controls that must succeed.
+
+Every bad input, through the command line: exit 2, one line on stderr starting
+``shardlayout: error:``, no traceback, within a few seconds; through the Python API: a
+``ShardingError`` subclass (never IndexError, KeyError, RecursionError, ZeroDivisionError,
+MemoryError, AssertionError), within a few seconds. The CLI cases run in-process
+(``shardlayout.cli.main``); a few run as a real subprocess to check stderr and the exit code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import zipfile
+
+import pytest
+
+from shardlayout import CostModel, Layout, Mesh, Sharding, ShardingError, plan_move, propagate
+from shardlayout.cli import main
+from shardlayout.plan import plan
+from shardlayout.program import Program, ProgramBuilder
+
+LIMIT = 5.0  # seconds a bad input may take to be refused
+M = ["--mesh", "dp=2,tp=4"]
+MESH = Mesh.parse("dp=2,tp=4")
+DEEP = 100_000
+AXES20 = ",".join(f"a{i}=2" for i in range(20))
+
+
+def T(name, shape, **kw):
+    return {"name": name, "shape": shape, **kw}
+
+
+def Op(target, inputs, outputs, **params):
+    return {"target": target, "inputs": inputs, "outputs": outputs, "params": params}
+
+
+def prog(tensors, ops, outputs) -> str:
+    return json.dumps({"tensors": tensors, "ops": ops, "outputs": outputs})
+
+
+X = T("x", [4, 4], kind="input")
+A = T("a", [4, 4])
+
+# name -> program JSON text, each bad in one way (and each error must name the op or tensor)
+BAD_PROGRAMS = {
+    "empty file": ("", "malformed"),
+    "empty object": ("{}", "needs the keys"),
+    "no outputs": (prog([X], [], []), "'outputs' is empty"),
+    "not an object": ("[]", "needs the keys"),
+    "tensors not a list": ('{"tensors": {"x": 1}, "ops": [], "outputs": []}', "'tensors' must be a list"),
+    "deep nesting": ("[" * DEEP + "]" * DEEP, "nested too deeply"),
+    "deep nesting inside": ('{"tensors": ' + "[" * DEEP + "]" * DEEP + ', "ops": [], "outputs": []}',
+                            "nested too deeply"),
+    "huge int": ('{"tensors": [{"name": "x", "shape": [' + "9" * 5000 + ']}], "ops": [], "outputs": ["x"]}',
+                 "cannot be read"),
+    "NaN size": ('{"tensors": [{"name": "x", "shape": [NaN]}], "ops": [], "outputs": ["x"]}', "NaN"),
+    "NaN param": (prog([X, A], [Op("mul", ["x", float("nan")], ["a"])], ["a"]), "NaN"),
+    "cyclic": (prog([X, A, T("b", [4, 4])], [Op("relu", ["b"], ["a"]), Op("relu", ["a"], ["b"])], ["b"]),
+               "before the op that produces it"),
+    "out of order": (prog([X, A, T("b", [4, 4])], [Op("relu", ["a"], ["b"]), Op("relu", ["x"], ["a"])], ["b"]),
+                     "reads 'a' before"),
+    "produced twice": (prog([X, A], [Op("relu", ["x"], ["a"]), Op("relu", ["x"], ["a"])], ["a"]), "produced twice"),
+    "an input produced by an op": (prog([X, T("a", [4, 4], kind="input")], [Op("relu", ["x"], ["a"])], ["a"]),
+                                   "produces 'a', declared kind 'input'"),
+    "a value nobody produces": (prog([X, T("a", [4, 4], kind="value")], [], ["a"]), "no op produces it"),
+    "op not an object": (prog([X], [5], ["x"]), "op entry 5"),
+    "op inputs not a list": (prog([X, A], [{"target": "relu", "inputs": "x", "outputs": ["a"]}], ["a"]),
+                             "'inputs' must be a list"),
+    "op params not an object": (prog([X, A], [{"target": "relu", "inputs": ["x"], "outputs": ["a"],
+                                               "params": [1]}], ["a"]), "'params' must be an object"),
+    "op unknown key": (prog([X, A], [{"target": "relu", "inputs": ["x"], "outputs": ["a"], "dims": 1}], ["a"]),
+                       "unknown key(s) dims"),
+    "tensor unknown key": (prog([T("x", [4], kind="input", size=4)], [], ["x"]), "unknown key(s) size"),
+    "output not a name": (prog([X], [], [["x"]]), "not a tensor name"),
+    "unknown output": (prog([X], [], ["y"]), "'y'"),
+    "unknown op": (prog([X, A], [Op("frobnicate", ["x"], ["a"])], ["a"]), "frobnicate"),
+    "unknown param": (prog([X, A], [Op("relu", ["x"], ["a"], bogus=1)], ["a"]), "bogus"),
+    "unknown kind": (prog([T("x", [4], kind="weight")], [], ["x"]), "kind 'weight'"),
+    "unknown dtype": (prog([T("x", [4], dtype="float8")], [], ["x"]), "dtype 'float8'"),
+    "shape float": (prog([T("x", [4.0, 4], kind="input")], [], ["x"]), "list of ints"),
+    "shape str": (prog([T("x", ["4", 4], kind="input")], [], ["x"]), "list of ints"),
+    "shape bool": (prog([T("x", [True, 4], kind="input")], [], ["x"]), "list of ints"),
+    "shape 0": (prog([T("x", [0, 4], kind="input")], [], ["x"]), "list of ints"),
+    "shape absurd": (prog([T("x", [10**20, 4], kind="input")], [], ["x"]), "2**63-1"),
+    "sum dim out of range": (prog([X, T("a", [4])], [Op("sum", ["x"], ["a"], dim=[5])], ["a"]), "sum"),
+    "einsum bad subscripts": (prog([X, A], [Op("einsum", ["x"], ["a"], equation="ij,jk->ik")], ["a"]), "einsum"),
+    "einsum garbage": (prog([X, A], [Op("einsum", ["x"], ["a"], equation="!!")], ["a"]), "einsum"),
+    "cat of mismatched shapes": (prog([X, T("y", [3, 5], kind="input"), T("a", [7, 4])],
+                                      [Op("cat", ["x", "y"], ["a"], dim=0)], ["a"]), "cat"),
+    "topk k > size": (prog([X, T("a", [4, 9]), T("i", [4, 9], dtype="int64")], [Op("topk", ["x"], ["a", "i"], k=9)],
+                           ["a"]), "topk"),
+    "topk k negative": (prog([X, T("a", [4, 1]), T("i", [4, 1], dtype="int64")],
+                             [Op("topk", ["x"], ["a", "i"], k=-1)], ["a"]), "topk"),
+    "declared output shape wrong": (prog([X, T("a", [999, 3])], [Op("relu", ["x"], ["a"])], ["a"]),
+                                    "declares output shapes [(999, 3)]"),
+    "mm of mismatched shapes": (prog([X, T("w", [5, 3], kind="param"), T("a", [4, 3])], [Op("mm", ["x", "w"], ["a"])],
+                                     ["a"]), "mm"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_PROGRAMS))
+def test_bad_program_json_api(name):
+    text, match = BAD_PROGRAMS[name]
+    t0 = time.perf_counter()
+    with pytest.raises(ShardingError) as e:
+        Program.from_json(text)
+    assert match in str(e.value), str(e.value)
+    assert time.perf_counter() - t0 < LIMIT
+
+
+@pytest.mark.parametrize("name", ["cyclic", "deep nesting", "huge int", "declared output shape wrong",
+                                  "einsum bad subscripts", "no outputs", "empty file"])
+def test_bad_program_json_cli(name, tmp_path, capsys):
+    path = tmp_path / "p.json"
+    path.write_text(BAD_PROGRAMS[name][0])
+    _refused(["plan", "--program", str(path)], capsys, BAD_PROGRAMS[name][1])
+
+
+def _refused(argv, capsys, match="", json_too=False):
+    """``main(argv)`` refuses: exit 2, one line on stderr naming ``match``, no traceback, quickly."""
+    t0 = time.perf_counter()
+    try:
+        code = main(argv)
+    except SystemExit as e:  # argparse usage errors
+        code = e.code
+    dt = time.perf_counter() - t0
+    out, err = capsys.readouterr()
+    assert code == 2, (argv[:3], code, err, out[-300:])
+    assert err.startswith("shardlayout: error:") and err.count("\n") == 1, err
+    assert "Traceback" not in err and match in err, err
+    assert dt < LIMIT, (argv[:3], dt)
+    if json_too:
+        assert json.loads(out)["error"]["message"]
+    return err
+
+
+# argv -> what the one-line error names
+BAD_CLI = {
+    # unicode digits: Python's int() reads them, we do not
+    "mesh unicode digit": (["show", "--mesh", "dp=２", "--shape", "8", "--placements", "S(0)"], "ASCII"),
+    "mesh superscript": (["show", "--mesh", "dp=²", "--shape", "8", "--placements", "S(0)"], "positive integer"),
+    "shape unicode digit": (["show", *M, "--shape", "８,12", "--placements", "S(0),S(1)"], "--shape"),
+    "placement unicode digit": (["show", *M, "--shape", "8,12", "--placements", "S(٠),R"], "not a placement"),
+    "sharding unicode digit": (["show", *M, "--sharding", "[８, 12]"], "non-ASCII"),
+    "sub-axis unicode digit": (["show", *M, "--sharding", "[dp*4, tp:(٢)2*6]"], "tp:(٢)2"),
+    "layers unicode digit": (["plan", "--layers", "２"], "--layers"),
+    "layout unicode digit": (["layout", "coalesce", "４:1"], "Layout.parse"),
+    # huge ints
+    "mesh huge int": (["show", "--mesh", "dp=" + "9" * 5000, "--shape", "8", "--placements", "S(0)"], "digits"),
+    "shape huge int": (["show", *M, "--shape", "9" * 5000, "--placements", "S(0),R"], "--shape"),
+    "shape absurd": (["show", *M, "--shape", f"{10**20},12", "--placements", "S(0),S(1)"], "2**63-1"),
+    "factor absurd": (["show", *M, "--sharding", f"[{10**30}]"], "absurd"),
+    "split factor huge int": (["show", *M, "--shape", "8,12", "--placements", "SS(0," + "9" * 5000 + "),R"],
+                              "placement"),
+    "layout huge int": (["layout", "coalesce", "9" * 5000 + ":1"], "Layout.parse"),
+    "param huge int": (["explain", "sum", *M, "--inputs", "8,12:S(0),R", "--param", "dim=" + "9" * 5000], "sum"),
+    # deep nesting
+    "placements deep": (["show", *M, "--shape", "8,12", "--placements", "S(" * DEEP + "0" + ")" * DEEP + ",R"], ""),
+    "sharding deep": (["show", *M, "--sharding", "[" * DEEP + "]" * DEEP], ""),
+    "partition spec deep": (["show", *M, "--shape", "8", "--partition-spec", "(" * DEEP + "'dp'" + ")" * DEEP], ""),
+    "param deep": (["explain", "sum", *M, "--inputs", "8,12:S(0),R", "--param", "dim=" + "[" * DEEP + "]" * DEEP],
+                   "nested too deeply"),
+    "layout deep": (["layout", "coalesce", "(" * DEEP + "4" + ")" * DEEP + ":1"], "nested too deeply"),
+    "layout tiler deep": (["layout", "logical_divide", "4:1", "[" * DEEP + "]" * DEEP], "nests more than 32"),
+    "pin deep": (["plan", "--pin", "x=" + "[" * DEEP], ""),
+    "input deep": (["explain", "relu", *M, "--inputs", "[" * DEEP], ""),
+    # absurd sizes: refused at once, never run
+    "mesh axis 10**30": (["show", "--mesh", f"dp={10**30}", "--shape", "8", "--placements", "S(0)"],
+                         "more than the 1048576"),
+    "SS(0,10**30)": (["show", *M, "--shape", "8,12", "--placements", f"SS(0,{10**30}),R"], "split factor"),
+    "20-axis mesh": (["plan", "--mesh", AXES20], "more than the 16"),
+    "20-axis mesh show": (["show", "--mesh", AXES20, "--sharding", "[a0*4]"], "more than the 16"),
+    "layers 100000": (["plan", "--layers", "100000"], "4096 layers"),
+    "max-rows negative": (["plan", "--max-rows", "-1"], "--max-rows -1"),
+    # silent acceptances, now refused
+    "sum dim out of range": (["explain", "sum", *M, "--inputs", "8,12:S(0),R", "--param", "dim=5"], "dim"),
+    "einsum bad subscripts": (["explain", "einsum", *M, "--inputs", "8,12:S(0),R", "--param", "equation=ij,jk->ik"],
+                              "einsum"),
+    "cat of mismatched shapes": (["explain", "cat", *M, "--inputs", "8,12:S(0),R", "7,5:R,R", "--param", "dim=0"],
+                                 "cat"),
+    "topk k > size": (["explain", "topk", *M, "--inputs", "8,12:S(0),R", "--param", "k=13"], "topk"),
+    "topk k negative": (["explain", "topk", *M, "--inputs", "8,12:S(0),R", "--param", "k=-1"], "topk"),
+    "unknown param": (["explain", "relu", *M, "--inputs", "8,12:S(0),R", "--param", "bogus=1"], "bogus"),
+    "NaN param": (["explain", "sum", *M, "--inputs", "8,12:S(0),R", "--param", "dim=NaN"], "sum"),
+    "unknown op": (["explain", "frob", *M, "--inputs", "8,12:S(0),R"], "frob"),
+    "unknown model": (["plan", "--model", "gpt"], "unknown model 'gpt'"),
+    "pin of no tensor": (["plan", "--pin", "zz=[8]"], "zz"),
+    "bad choice": (["export", "--to", "onnx"], "invalid choice"),
+    "unknown option": (["plan", "--bogus"], "unrecognized arguments"),
+    "program missing": (["plan", "--program", "/nonexistent/p.json"], "--program"),
+    "program is a directory": (["plan", "--program", "/"], "--program"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_CLI))
+def test_bad_input_cli(name, capsys):
+    argv, match = BAD_CLI[name]
+    _refused(argv, capsys, match)
+
+
+@pytest.mark.parametrize("argv", [["plan", "--mesh", "dp=2,", "--json"], ["plan", "--bogus", "--json"],
+                                  ["show", *M, "--sharding", "[８]", "--json"]])
+def test_bad_input_cli_json_error_object(argv, capsys):
+    _refused(argv, capsys, json_too=True)
+
+
+# --- torch features: a bad .pt2 and errors inside a user module ---------------------------
+
+USER_MODULES = {
+    "raises at import": ("raise RuntimeError('boom at import')\n", "importing"),
+    "factory raises": ("def make():\n    return 1 / 0\n", "make() raised ZeroDivisionError"),
+    "factory returns a number": ("def make():\n    return 5\n", "must return (nn.Module, example_args)"),
+    "factory returns no module": ("def make():\n    return (5, (1,))\n", "returned a int first"),
+    "syntax error": ("def make(:\n", "SyntaxError"),
+    "exits": ("import sys\nsys.exit(3)\n", "SystemExit"),
+    "recursion": ("def make():\n    return make()\n", "RecursionError"),
+    "no factory": ("x = 1\n", "no callable 'make'"),
+}
+
+
+@pytest.mark.parametrize("name", list(USER_MODULES))
+def test_errors_inside_a_user_module(name, tmp_path, capsys):
+    pytest.importorskip("torch")
+    path = tmp_path / "usermod.py"
+    path.write_text(USER_MODULES[name][0])
+    _refused(["plan", "--module", f"{path}:make"], capsys, USER_MODULES[name][1])
+
+
+def test_missing_user_module(capsys):
+    _refused(["plan", "--module", "no_such_module_anywhere:make"], capsys, "no_such_module_anywhere")
+
+
+@pytest.mark.parametrize("content,match", [(b"not a zip at all", "not a torch.export archive"),
+                                           (None, "torch.export.load failed"),
+                                           ("missing", "no such file")])
+def test_bad_pt2_file(content, match, tmp_path, capsys):
+    pytest.importorskip("torch")
+    path = tmp_path / "model.pt2"
+    if content is None:  # a zip, but not an export
+        with zipfile.ZipFile(path, "w") as z:
+            z.writestr("hello.txt", "hi")
+    elif content != "missing":
+        path.write_bytes(content)
+    _refused(["plan", "--export", str(path)], capsys, match)
+
+
+# --- the Python API ----------------------------------------------------------------------
+
+DEEP_TEXT = "[" * DEEP + "]" * DEEP
+FORBIDDEN = (IndexError, KeyError, RecursionError, ZeroDivisionError, MemoryError, AssertionError)
+
+BAD_API = {
+    # unicode digits and huge ints
+    "Mesh.parse unicode digit": lambda: Mesh.parse("dp=２"),
+    "Mesh.parse superscript": lambda: Mesh.parse("dp=²"),
+    "Mesh.parse huge int": lambda: Mesh.parse("dp=" + "9" * 5000),
+    "Sharding.parse unicode digit": lambda: Sharding.parse("[８, 12]", MESH),
+    "placement unicode digit": lambda: Sharding.from_placements(MESH, (8, 12), ["S(٠)", "R"]),
+    "placement huge int": lambda: Sharding.from_placements(MESH, (8, 12), ["SS(0," + "9" * 5000 + ")", "R"]),
+    "Layout.parse unicode digit": lambda: Layout.parse("４:1"),
+    "Layout.parse huge int": lambda: Layout.parse("9" * 5000 + ":1"),
+    # deep nesting
+    "Sharding.parse deep": lambda: Sharding.parse(DEEP_TEXT, MESH),
+    "placements deep": lambda: Sharding.from_placements(MESH, (8, 12), ["S(" * DEEP + "0" + ")" * DEEP, "R"]),
+    "partition spec nested": lambda: Sharding.from_partition_spec(MESH, (8,), [((("dp",),),)]),
+    "Layout.parse deep": lambda: Layout.parse("(" * DEEP + "4" + ")" * DEEP + ":1"),
+    "Program.from_json deep": lambda: Program.from_json(DEEP_TEXT),
+    # cost model parameters
+    "CostModel latency NaN": lambda: CostModel(latency=float("nan")),
+    "CostModel latency 0": lambda: CostModel(latency=0),
+    "CostModel hop latency negative": lambda: CostModel(hop_latency={"tp": -1e-6}),
+    "CostModel bandwidth inf": lambda: CostModel(default_bandwidth=float("inf")),
+    "CostModel bandwidth 0": lambda: CostModel(default_bandwidth=0),
+    "CostModel bandwidth negative": lambda: CostModel(bandwidth={"tp": -1}),
+    "CostModel bandwidth as a list": lambda: CostModel(bandwidth=[1, 2]),
+    "CostModel bandwidth key not a name": lambda: CostModel(bandwidth={0: 1e9}),
+    "CostModel latency str": lambda: CostModel(latency="1"),
+    # absurd sizes
+    "mesh axis 10**30": lambda: Mesh((10**30,), ("dp",)),
+    "20-axis mesh": lambda: Mesh.parse(AXES20),
+    "SS(0,10**30)": lambda: Sharding.from_placements(MESH, (8, 12), [f"SS(0,{10**30})", "R"]),
+    "shape 10**20": lambda: Sharding(MESH, (10**20, 12)),
+    "factor 10**30": lambda: Sharding.parse(f"[{10**30}]", MESH),
+    # shapes given as float / str / bool / 0
+    "Sharding shape float": lambda: Sharding(MESH, (8.0, 12)),
+    "Sharding shape str": lambda: Sharding(MESH, ("8", 12)),
+    "Sharding shape bool": lambda: Sharding(MESH, (True, 12)),
+    "Sharding shape 0": lambda: Sharding(MESH, (0, 12)),
+    "builder shape float": lambda: ProgramBuilder().input("x", (4.0, 4)),
+    "builder shape bool": lambda: ProgramBuilder().input("x", (True, 4)),
+    "builder unknown dtype": lambda: ProgramBuilder().input("x", (4, 4), dtype="floaty"),
+    "builder name not a string": lambda: ProgramBuilder().input(5, (4, 4)),
+    # unknown dtypes, ops, params; ops called out of their domain
+    "plan_move unknown dtype": lambda: plan_move(Sharding.parse("[dp*4, 12]", MESH), Sharding.parse("[8, 12]", MESH),
+                                                 "float8"),
+    "propagate unknown op": lambda: propagate("frob", [Sharding(MESH, (4, 4))]),
+    "propagate unknown param": lambda: propagate("relu", [Sharding(MESH, (4, 4))], bogus=1),
+    "sum dim out of range": lambda: propagate("sum", [Sharding(MESH, (4, 4))], dim=[5]),
+    "einsum bad subscripts": lambda: propagate("einsum", [Sharding(MESH, (4, 4))], equation="ij,jk->ik"),
+    "cat of mismatched shapes": lambda: propagate("cat", [Sharding(MESH, (4, 4)), Sharding(MESH, (3, 5))], dim=0),
+    "topk k > size": lambda: propagate("topk", [Sharding(MESH, (4, 4))], k=9),
+    "topk k negative": lambda: propagate("topk", [Sharding(MESH, (4, 4))], k=-1),
+    "view to a huge shape": lambda: propagate("view", [Sharding(MESH, (4, 4))], shape=(10**30,)),
+    "view shape float": lambda: propagate("view", [Sharding(MESH, (4, 4))], shape=(16.0,)),
+    "view two -1": lambda: propagate("view", [Sharding(MESH, (4, 4))], shape=(-1, -1)),
+    "pin of no tensor": lambda: plan(Program.from_json(prog([X, A], [Op("relu", ["x"], ["a"])], ["a"])), MESH,
+                                     {"zz": "[4, 4]"}),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_API))
+def test_bad_input_api(name):
+    t0 = time.perf_counter()
+    try:
+        BAD_API[name]()
+    except ShardingError as e:
+        assert str(e)
+    except FORBIDDEN as e:  # noqa: B014 - named to say what must never escape
+        pytest.fail(f"{name}: {type(e).__name__} escaped: {e}")
+    else:
+        pytest.fail(f"{name}: accepted silently")
+    assert time.perf_counter() - t0 < LIMIT
+
+
+# --- controls: near misses that must succeed ----------------------------------------------
+
+CONTROLS = [
+    ["show", *M, "--shape", "8,12", "--placements", "Shard(dim=0),_StridedShard(dim=1, sf=2)"],
+    ["show", *M, "--shape", "8,12", "--placements", "_S(0, 2),R"],
+    ["show", *M, "--sharding", "[dp*4*tp:(1)2, tp:(2)2*3]"],
+    ["show", "--mesh", "x=3", "--shape", "10", "--placements", "S(0)"],
+    ["show", "--mesh", ",".join(f"a{i}=2" for i in range(16)), "--sharding", "[a0*a15*2]"],  # 65536 devices
+    ["show", "--mesh", "dp=2048,tp=8", "--shape", "128256,4096", "--placements", "S(0),S(1)"],
+    ["show", *M, "--shape", "9223372036854775807,12", "--placements", "S(0),S(1)"],  # int64's largest dim
+    ["plan", "--layers", "1", "--max-rows", "0"],
+    ["explain", "sum", *M, "--inputs", "8,12:S(0),R", "--param", "dim=-1"],
+    ["explain", "topk", *M, "--inputs", "8,12:S(0),R", "--param", "k=12"],
+    ["layout", "coalesce", "((2,2),4):((1,2),4)"],
+]
+
+
+@pytest.mark.parametrize("argv", CONTROLS, ids=lambda a: " ".join(a)[:60])
+def test_controls_succeed(argv, capsys):
+    t0 = time.perf_counter()
+    assert main(argv) == 0, capsys.readouterr().err
+    assert time.perf_counter() - t0 < LIMIT
+    assert not capsys.readouterr().err
+
+
+def test_api_controls_succeed():
+    assert CostModel(all_to_all_penalty=0).all_to_all_penalty == 0  # documented: the plain alpha-beta price
+    assert Mesh.parse(",".join(f"a{i}=1" for i in range(16))).size == 1
+    b = ProgramBuilder()
+    x = b.input("x", (4, 8), dtype="bfloat16")
+    b.output(b.op("relu", [x]))
+    p = b.build()
+    assert Program.from_json(p.to_json()) == p
+    # kind may be left out for an input; 'value' is what an op's output is
+    assert Program.from_json(prog([T("x", [4, 4]), A], [Op("relu", ["x"], ["a"])], ["a"])).inputs() == ["x"]
+    assert plan_move(Sharding.parse("[dp*4, 12]", MESH), Sharding.parse("[8, 12]", MESH), "float8_e4m3fn")
+
+
+# --- a few for real, in a fresh process: stderr and exit code as a user sees them ------------
+
+@pytest.mark.parametrize("argv,match", [
+    (["show", "--mesh", "dp=２", "--shape", "8", "--placements", "S(0)"], "ASCII"),
+    (["plan", "--layers", "２"], "--layers"),
+    (["layout", "coalesce", "(" * 20_000 + "4" + ")" * 20_000 + ":1"], "nested too deeply"),  # argv has a limit
+])
+def test_bad_input_in_a_subprocess(argv, match):
+    _run_refused(argv, match)
+
+
+def test_bad_pt2_in_a_subprocess(tmp_path):
+    pytest.importorskip("torch")
+    path = tmp_path / "model.pt2"
+    with zipfile.ZipFile(path, "w") as z:  # a zip torch cannot read: torch logs a traceback unless we check first
+        z.writestr("archive/data.pkl", "not a pickle")
+    _run_refused(["plan", "--export", str(path)], "torch.export")
+
+
+def _run_refused(argv, match):
+    env = {**os.environ, "PYTHONWARNINGS": ""}
+    t0 = time.perf_counter()
+    r = subprocess.run([sys.executable, "-m", "shardlayout", *argv], capture_output=True, text=True, env=env,
+                       timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith("shardlayout: error:") and r.stderr.count("\n") == 1, r.stderr
+    assert "Traceback" not in r.stderr and match in r.stderr
+    assert time.perf_counter() - t0 < 60
