@@ -5,6 +5,7 @@
     '0-1,3'
 """
 
-from .picture import holders, picture, rank_table, ranks_text
+from .cells import ranks_text
+from .picture import holders, picture, rank_table
 
 __all__ = ["holders", "picture", "rank_table", "ranks_text"]

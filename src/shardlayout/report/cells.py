@@ -165,7 +165,6 @@ class CellTable:
 
     def ranks_label(self, cell) -> str | None:
         """The holders as ranks, ``0-3,8`` (None past ``LIST_LIMIT`` of them)."""
-        from .picture import ranks_text
 
         ranks = self.holder_ranks(cell, LIST_LIMIT)
         return None if ranks is None else ranks_text(sum(1 << r for r in ranks))
@@ -214,4 +213,17 @@ def cell_table(s: Sharding, max_blocks: int = MAX_BLOCKS) -> CellTable:
     return CellTable(s, max_blocks)
 
 
-__all__ = ["Block", "CellTable", "DimBlocks", "PictureTooLarge", "cell_table", "dim_blocks"]
+def ranks_text(mask: int) -> str:
+    """``ranks_text(0b1111) -> '0-3'``; ``ranks_text(0b101) -> '0,2'``."""
+    rs = [i for i in range(mask.bit_length()) if mask >> i & 1]
+    if not rs:
+        return "-"
+    parts, start = [], rs[0]
+    for a, b in zip(rs, rs[1:] + [None]):
+        if b != a + 1:
+            parts.append(str(start) if start == a else f"{start}-{a}")
+            start = b
+    return ",".join(parts)
+
+
+__all__ = ["Block", "CellTable", "DimBlocks", "PictureTooLarge", "cell_table", "dim_blocks", "ranks_text"]

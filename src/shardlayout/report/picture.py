@@ -30,19 +30,6 @@ def holders(s: Sharding) -> np.ndarray:
     return h
 
 
-def ranks_text(mask: int) -> str:
-    """``ranks_text(0b1111) -> '0-3'``; ``ranks_text(0b101) -> '0,2'``."""
-    rs = [i for i in range(mask.bit_length()) if mask >> i & 1]
-    if not rs:
-        return "-"
-    parts, start = [], rs[0]
-    for a, b in zip(rs, rs[1:] + [None]):
-        if b != a + 1:
-            parts.append(str(start) if start == a else f"{start}-{a}")
-            start = b
-    return ",".join(parts)
-
-
 def _range(b) -> str:
     return f"{b.lo}:{b.hi}"
 
