@@ -54,3 +54,8 @@ class SimulationUnsupported(ShardingError):
 class UnmatchedStyle(ShardingError):
     """A style or TP plan that matches nothing in the model (a pattern naming no module, a
     style finding none of the blocks it shards)."""
+
+
+class SearchTooLarge(ShardingError):
+    """An op's exhaustive strategy search would price more candidates than the bound allows
+    (a mesh with many axes): the error names the op, the mesh and the count."""

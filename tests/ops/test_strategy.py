@@ -247,3 +247,16 @@ def test_partial_rules():
     assert str(nz.outputs[0]) == "[5, 2]" and [c.kind for c in nz.collectives] == ["all_gather"] * 2
     with pytest.raises(UnsupportedOp, match="no sharding rule"):
         propagate("frobnicate", [R])
+
+
+def test_a_search_too_large_is_refused_at_once_naming_the_fix():
+    """(letters + 2) ** axes grows fast: a 4-letter op on a 6-axis mesh is refused, not run for a minute."""
+    from shardlayout.errors import SearchTooLarge
+    from shardlayout.ops.strategy import MAX_AXIS_COMBINATIONS
+
+    mesh = Mesh((2,) * 6, tuple("abcdef"))
+    x = Sharding(mesh, (4, 4, 4, 4))
+    with pytest.raises(SearchTooLarge, match="merge mesh axes") as e:
+        propagate("neg", [x])
+    assert str(MAX_AXIS_COMBINATIONS) in str(e.value) and "6 axes" in str(e.value)
+    propagate("neg", [Sharding(Mesh((2,) * 4, tuple("abcd")), (4, 4, 4, 4))])  # 4 axes: searched

@@ -33,7 +33,7 @@ from functools import cached_property
 from itertools import product as cartesian
 
 from ..caches import memo
-from ..errors import OpError, ShardingSpecError
+from ..errors import OpError, SearchTooLarge, ShardingSpecError
 from ..sharding import Factor, Sharding
 from ..sharding.core import ChunkProgram, _product
 from ..sharding.cost import DEFAULT_COST_MODEL, CostModel
@@ -393,9 +393,28 @@ def _letter_options(axes: tuple, n: int, carriers: tuple, mesh, even: bool) -> t
     return tuple(fs for fs in opts if _even(fs, n, mesh)) if even else tuple(opts)
 
 
+MAX_AXIS_COMBINATIONS = 4096  # ~10 s of pricing on this 2-core machine at the worst
+
+
+def _check_search_size(fm, mesh, per_axis) -> None:
+    """Refuse a search whose per-axis option product exceeds ``MAX_AXIS_COMBINATIONS`` (it grows as
+    (letters + 2) ** mesh axes: 4 letters on 6 axes is ~15k combinations, ~40 s), naming the fix."""
+    n = 1
+    for opts in per_axis:
+        n *= len(opts)
+    if n > MAX_AXIS_COMBINATIONS:
+        raise SearchTooLarge(
+            f"the exhaustive strategy search of an op with index letters {''.join(fm.letters())!r} on mesh "
+            f"{mesh} ({mesh.ndim} axes) would price {n} per-axis combinations (limit "
+            f"{MAX_AXIS_COMBINATIONS}); merge mesh axes that play one role (e.g. plan dp and fsdp as one "
+            "axis) or plan on a mesh of fewer axes"
+        )
+
+
 def _per_axis_candidates(fm, inputs, out_shapes, out_pins, mesh, seen):
     sizes = _letter_sizes(fm, inputs, out_shapes)
     per_axis = [axis_options(fm, inputs, a) for a in mesh.names]
+    _check_search_size(fm, mesh, per_axis)
     order = {n: i for i, n in enumerate(mesh.names)}
     carriers = {L: tuple(_carriers(fm, inputs, out_pins, L, n)) for L, n in sizes.items()}
     uses = [None if x is None else axis_usage(x) for x in inputs]
