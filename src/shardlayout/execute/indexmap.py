@@ -32,7 +32,6 @@ norms, attention, sorts, index ops) have theirs here. An op with neither has no 
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass, field
 
 from ..ops.registry import get_op
@@ -76,10 +75,7 @@ def _tensors(inputs) -> list:
 def _from_factor_rule(name, inputs, params, n_outputs):
     """The factor map of a rule built with ``ops.strategy.factor_rule`` (its ``fm_of``), or None."""
     opdef = get_op(name)
-    rule = opdef.rule
-    if getattr(rule, "__qualname__", "") != "factor_rule.<locals>.rule":
-        return None
-    fm_of = inspect.getclosurevars(rule).nonlocals.get("fm_of")
+    fm_of = getattr(opdef.rule, "factor_map_of", None)  # set by factor_rule: the map the planner searched
     if fm_of is None:
         return None
     ins = [s if isinstance(s, Sharding) else None for s in inputs]

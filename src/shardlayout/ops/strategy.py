@@ -587,6 +587,7 @@ def factor_rule(fm_of, n_out: int = 1):
         return factor_map_result(name, inputs, fm, shapes, cost_model, tensor_dtype, out_pins, n_out)
 
     rule.__doc__ = fm_of.__doc__
+    rule.factor_map_of = fm_of  # the verifier's index-level proof reads the same map
     return rule
 
 
