@@ -320,9 +320,11 @@ def cmd_plan(args) -> int:
 
 def _plan_auto(args) -> int:
     """``plan --style auto``: the plan, then how it was found and what it costs against each style."""
-    a = jobs.build_auto(args)
+    with _report("progress").task(f"searching every sharding on mesh {args.mesh} (HiGHS)"):
+        a = jobs.build_auto(args)
     p = a.plan
-    v = p.verify(mode=args.verify) if args.verify else None
+    with _report("progress").task(f"verifying ({args.verify})"):
+        v = p.verify(mode=args.verify) if args.verify else None
     if args.json:
         data = json.loads(p.to_json())
         data["auto"] = a.to_json()
