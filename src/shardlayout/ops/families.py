@@ -24,16 +24,12 @@ from ..sharding.cost import DEFAULT_COST_MODEL
 from .registry import register_op
 from .result import Propagation
 from .strategy import (
-    Candidate,
     FactorMap,
-    _tie_key,
-    candidates,
+    choose,
     factor_map_result,
     factor_rule,
     fmt_option,
-    infer_out_shape,
     input_moves,
-    price,
 )
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
@@ -239,26 +235,13 @@ def bias_once(name: str, inputs, fm: FactorMap, bias: int, out_shapes=None, cost
     ``bias_once("addmm", [c, a, b], FactorMap(("n", "mk", "kn"), "mn", linear="multi"), 0)``
     """
     ins = [s if isinstance(s, Sharding) else None for s in inputs]
-    if out_shapes is None:
-        out_shapes = [infer_out_shape(fm, ins)]
     cm = cost_model or DEFAULT_COST_MODEL
-    pins = tuple(out_pins or ()) + (None,) * (len(out_shapes) - len(out_pins or ()))
-    pins = tuple(p if p is not None and p.shape == shp else None for p, shp in zip(pins, out_shapes))
-    best, priced = None, []
-    for choices, targets, outputs in candidates(fm, ins, list(out_shapes), pins):
-        targets = _bias_target(targets, outputs[0], bias)
-        if targets is None:
-            continue
-        seconds = price(ins, targets, outputs, pins, cm, tensor_dtype)
-        cand = Candidate(choices, targets, outputs, seconds, tuple(ins), pins, tensor_dtype, cm)
-        priced.append(cand)
-        key = (seconds,) + _tie_key(choices, ins, targets, outputs, pins)
-        if best is None or key < best[0]:
-            best = (key, cand)
-    c = best[1]
+    st = choose(fm, ins, out_shapes, cm, tensor_dtype, out_pins,
+                retarget=lambda targets, outputs: _bias_target(targets, outputs[0], bias))
+    c = st.chosen
     return Propagation(name, tuple(inputs), tuple(t if t is not None else s for s, t in zip(inputs, c.input_targets)),
                        c.outputs, c.collectives, tuple(f"{a}: {fmt_option(o)}" for a, o in c.choices),
-                       tuple(priced), cm)
+                       st.candidates, cm)
 
 
 def _bias_target(targets: tuple, out: Sharding, bias: int):

@@ -99,11 +99,20 @@ class Candidate:
     choices: tuple
     input_targets: tuple
     outputs: tuple
-    cost: float
+    priced: float | None = field(default=None, repr=False, compare=False)  # None: priced on first use
     inputs: tuple = field(default=(), repr=False, compare=False)
     out_pins: tuple = field(default=(), repr=False, compare=False)
     tensor_dtype: object = field(default="float32", repr=False, compare=False)
     cost_model: object = field(default=None, repr=False, compare=False)
+
+    @cached_property
+    def cost(self) -> float:
+        """Seconds of this strategy's moves (``price``). The search skips pricing a candidate whose
+        tie-break already loses to the best found even at no cost; it is priced here when asked."""
+        if self.priced is not None:
+            return self.priced
+        return price(list(self.inputs), self.input_targets, self.outputs, self.out_pins,
+                     self.cost_model or DEFAULT_COST_MODEL, self.tensor_dtype)
 
     @cached_property
     def collectives(self) -> tuple:
@@ -505,8 +514,10 @@ def _tie_key(choices, inputs, targets, outputs, out_pins) -> tuple:
 
 
 def choose(fm: FactorMap, inputs: list, out_shapes: list | None = None, cost_model: CostModel | None = None,
-           tensor_dtype: str = "float32", out_pins=()) -> Strategy:
-    """The minimum-cost candidate and all candidates priced. ``choose(MM, [a, b])``."""
+           tensor_dtype: str = "float32", out_pins=(), retarget=None) -> Strategy:
+    """The minimum-cost candidate and all candidates priced. ``retarget(targets, outputs)``, when
+    given, adjusts each candidate's input targets (None drops the candidate), e.g. a bias made
+    partial with its product (``families.bias_once``). ``choose(MM, [a, b])``."""
     inputs = list(inputs)
     if len(inputs) != len(fm.inputs):
         raise ShardingSpecError(f"op expects {len(fm.inputs)} inputs, got {len(inputs)}")
@@ -518,10 +529,18 @@ def choose(fm: FactorMap, inputs: list, out_shapes: list | None = None, cost_mod
     best, priced = None, []
     ins = tuple(inputs)
     for choices, targets, outputs in candidates(fm, inputs, list(out_shapes), pins):
+        if retarget is not None:
+            targets = retarget(targets, outputs)
+            if targets is None:
+                continue
+        tie = _tie_key(choices, inputs, targets, outputs, pins)
+        if best is not None and (0.0,) + tie > best[0]:  # loses even at no cost (prices are >= 0): not priced now
+            priced.append(Candidate(choices, targets, outputs, None, ins, pins, tensor_dtype, cm))
+            continue
         seconds = price(inputs, targets, outputs, pins, cm, tensor_dtype)
         cand = Candidate(choices, targets, outputs, seconds, ins, pins, tensor_dtype, cm)
         priced.append(cand)
-        key = (seconds,) + _tie_key(choices, inputs, targets, outputs, pins)
+        key = (seconds,) + tie
         if best is None or key < best[0]:
             best = (key, cand)
     return Strategy(best[1], tuple(priced))
