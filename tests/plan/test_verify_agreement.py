@@ -11,25 +11,30 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardlayout import Mesh, Sharding, ShardingError, plan_move
+from shardlayout import Mesh, Sharding, UnmatchedStyle, plan_move
 from shardlayout.cli import main
 from shardlayout.plan import plan
 from shardlayout.program.models import MODELS, STYLES, style_pins
 
 from .test_random_programs import programs
 
+# styles that find none of the blocks they shard in a model (refused, UnmatchedStyle)
+NOT_APPLICABLE = {("llama", "ep"), ("moe", "megatron"), ("moe", "megatron-sp")}
 CASES = [(model, style, mesh) for model in sorted(MODELS) for style in STYLES
+         if (model, style) not in NOT_APPLICABLE
          for mesh in ("dp=2,tp=4", "dp=3,tp=5")] + [("llama", "megatron-sp", "dp=4,tp=16"), ("moe", "ep", "ep=8,tp=8")]
+
+
+@pytest.mark.parametrize("model,style", sorted(NOT_APPLICABLE))
+def test_styles_that_do_not_apply_are_refused(model, style):
+    with pytest.raises(UnmatchedStyle):
+        style_pins(MODELS[model](layers=1), Mesh.parse("dp=2,tp=4"), style)
 
 
 @pytest.mark.parametrize("model,style,text", CASES)
 def test_scalable_verification_agrees_with_the_full_simulation(model, style, text):
     prog, m = MODELS[model](layers=1), Mesh.parse(text)
-    try:
-        pins = style_pins(prog, m, style)
-    except ShardingError as e:  # a style that finds nothing to shard in this model
-        pytest.skip(f"{style} does not apply to {model}: {e}")
-    p = plan(prog, m, pins)
+    p = plan(prog, m, style_pins(prog, m, style))
     fast, full = p.verify(), p.verify(mode="full")
     assert fast.ok and full.ok and fast.proven, (fast, full)
     assert (fast.mode, full.mode, fast.checked) == ("classes", "full", full.checked)
