@@ -258,3 +258,10 @@ def test_bad_option_values_are_refused(args, match, capsys):
     assert main(args) == 2
     err = capsys.readouterr().err
     assert match in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("extra", [["--memory", "80GiB"], ["--flop-rate", "1e12"], ["--training", "sgd"]])
+def test_auto_only_options_without_style_auto_are_refused(extra, capsys):
+    assert main(["plan", "--style", "dp", *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("shardlayout: error:") and "only for --style auto" in err and len(err.splitlines()) == 1

@@ -528,8 +528,9 @@ def _add_model_args(pl) -> None:
     pl.add_argument("--pin", action="append", help="name=SHARDING pins any tensor (repeatable)")
     pl.add_argument("--memory", help="--style auto: memory per device, e.g. 80GiB, 512MiB, 40KiB")
     pl.add_argument("--flop-rate", type=float, help="--style auto: FLOP/s of one device (default 1e14)")
-    pl.add_argument("--training", choices=["adam", "momentum", "sgd", "inference"], default="adam",
-                    help="--style auto: optimizer state kept per parameter, and whether a backward runs")
+    pl.add_argument("--training", choices=["adam", "momentum", "sgd", "inference"], default=None,
+                    help="--style auto: optimizer state kept per parameter, and whether a backward runs "
+                         "(default adam)")
 
 
 def _add_picture_args(p, what: str) -> None:

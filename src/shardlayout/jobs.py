@@ -123,6 +123,12 @@ def build_plan(args):
 
     if getattr(args, "style", None) == "auto":
         return build_auto(args).plan
+    only_auto = [f"--{n.replace('_', '-')}" for n in ("memory", "flop_rate", "training")
+                 if getattr(args, n, None) is not None]
+    if only_auto:
+        raise ShardingError(f"{', '.join(only_auto)} {'is' if len(only_auto) == 1 else 'are'} only for --style auto "
+                            "(the search under a budget): add --style auto or drop "
+                            f"{'it' if len(only_auto) == 1 else 'them'}")
     mesh = Mesh.parse(args.mesh)
     prog = load_program(args)
     pins, matched = style_and_tp_plan(prog, mesh, args)
