@@ -59,3 +59,14 @@ class UnmatchedStyle(ShardingError):
 class SearchTooLarge(ShardingError):
     """An op's exhaustive strategy search would price more candidates than the bound allows
     (a mesh with many axes): the error names the op, the mesh and the count."""
+
+
+class SymbolError(ShardingError):
+    """A malformed or unusable symbolic extent (``shardlayout.symbolic``): bad expression text, an
+    unbound symbol, a guard that cannot be satisfied."""
+
+
+class DomainError(ShardingError):
+    """An IterDomain transform, loop domain or ID-graph step that is malformed or has no exact
+    meaning (``shardlayout.domain``): a bad split factor or position, a loop domain that no
+    ``Sharding`` expresses, a reshape whose sharding cannot be carried over."""
