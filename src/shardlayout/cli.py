@@ -368,10 +368,11 @@ def print_plan(p, v, args) -> None:
     if p.matched is not None:
         print_matched(p.matched, args)
     w = max(len(n) for n in shown)
-    print(f"{'tensor'.ljust(w)}  {'shape':<14} sharding")
+    shapes = {n: _shape_cell(prog, n) for n in shown[: args.max_rows]}
+    sw = max([14] + [len(x) for x in shapes.values()])
+    print(f"{'tensor'.ljust(w)}  {'shape':<{sw}} sharding")
     for n in shown[: args.max_rows]:
-        t = prog.tensors[n]
-        print(f"{n.ljust(w)}  {str(t.shape):<14} {p.shardings[n]}")
+        print(f"{n.ljust(w)}  {shapes[n]:<{sw}} {p.shardings[n]}")
     if len(shown) > args.max_rows:
         print(f"... {len(shown) - args.max_rows} more (--json lists every tensor)")
     print()
@@ -385,6 +386,8 @@ def print_plan(p, v, args) -> None:
     print()
     print(f"total: {len(p.collectives)} collectives ({counts or 'none'}), {p.total_bytes} bytes, "
           f"~{p.total_seconds * 1e6:.1f} µs estimated; planned in {p.plan_seconds * 1e3:.1f} ms")
+    if prog.symbols:
+        print(f"guards: {', '.join(str(g) for g in p.guards) or 'none'}")
     if v is not None:
         if v.ok and v.mode == "full":
             print(f"verified: every rank simulated in numpy; all {v.checked} tensors equal the unsharded run")
@@ -393,8 +396,20 @@ def print_plan(p, v, args) -> None:
                 f"proven for every rank except {len(v.unproven)} op(s) checked numerically only"
             print(f"verified: all {v.checked} tensors {how}; {v.simulated} local runs of {v.classes} rank classes "
                   f"({v.ops} distinct ops, {v.collectives} distinct collectives) equal the unsharded values")
+        elif getattr(v, "reason", "") in ("decisions", "error"):  # at other sizes (plan.guards.verify_sizes)
+            print(f"NOT verified: {v.first_mismatch}")
         else:
             print(f"NOT verified: {v.first_mismatch} differs (max error {v.max_error:.3g})")
+        if getattr(v, "bindings", None):
+            print(f"sizes verified: {v.bindings_text()}")
+
+
+def _shape_cell(prog, name: str) -> str:
+    """A tensor's shape for the table: symbolic extents by their expressions, ``(batch, seq, 64)``."""
+    shape = prog.sym_shape(name)
+    if not prog.symbols or shape == prog.tensors[name].shape:
+        return str(prog.tensors[name].shape)
+    return "(" + ", ".join(str(x) for x in shape) + ("," if len(shape) == 1 else "") + ")"
 
 
 def print_matched(matched: list, args, limit: int = 12) -> None:
@@ -526,6 +541,12 @@ def _add_model_args(pl) -> None:
     pl.add_argument("--allow-unmatched", action="store_true",
                     help="plan even when the style or a --tp-plan pattern matches nothing")
     pl.add_argument("--pin", action="append", help="name=SHARDING pins any tensor (repeatable)")
+    pl.add_argument("--dynamic", metavar="INPUT:DIM=SYMBOL,...",
+                    help="--module: export these dims dynamic, e.g. 'x:0=batch,x:1=seq' (INPUT: a forward argument's "
+                         "name or position); the plan is made at the example sizes and states its guards")
+    pl.add_argument("--uneven", action="store_true",
+                    help="a symbolic program's plan claims sizes that do not divide too (uneven shards, as "
+                         "torch.chunk cuts): its guards say E >= P instead of E %% P == 0")
     pl.add_argument("--memory", help="--style auto: memory per device, e.g. 80GiB, 512MiB, 40KiB")
     pl.add_argument("--flop-rate", type=float, help="--style auto: FLOP/s of one device (default 1e14)")
     pl.add_argument("--training", choices=["adam", "momentum", "sgd", "inference"], default=None,

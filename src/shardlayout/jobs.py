@@ -23,11 +23,19 @@ def load_program(args):
     from .program import Program
     from .program.models import MODELS
 
+    if getattr(args, "dynamic", None) and not getattr(args, "module", None):
+        raise ShardingError("--dynamic applies to --module (the model is exported with those dims dynamic); an "
+                            "--export archive keeps the dynamic dims it was exported with")
     if getattr(args, "module", None):
-        from .program.torch_import import from_torch
+        from .program.torch_import import dynamic_shapes_from_text, from_torch
 
-        module, example_args = _call_factory(args.module)
-        return from_torch(module, example_args)
+        module, example_args, dynamic = _call_factory(args.module)
+        if getattr(args, "dynamic", None):
+            if dynamic is not None:
+                raise ShardingError(f"--dynamic: {args.module} already returns dynamic_shapes; give them in one "
+                                    "place (drop --dynamic, or return (module, example_args))")
+            dynamic = dynamic_shapes_from_text(args.dynamic, module, example_args)
+        return from_torch(module, example_args, dynamic)
     if getattr(args, "export", None):
         import logging
         import os
@@ -68,7 +76,8 @@ def load_program(args):
 
 def _call_factory(spec: str):
     """``FILE.py:factory`` or ``pkg.mod:factory`` (the current directory importable): the
-    factory's ``(nn.Module, example_args)``; every failure is a ``ShardingError`` naming the fix."""
+    factory's ``(nn.Module, example_args, dynamic_shapes or None)`` (it returns the first two, or
+    all three: torch.export's ``dynamic_shapes``); every failure is a ``ShardingError`` naming the fix."""
     import importlib
     import importlib.util
     import os
@@ -103,17 +112,18 @@ def _call_factory(spec: str):
         got = factory()
     except (Exception, SystemExit) as e:  # noqa: BLE001
         raise ShardingError(f"--module {spec}: {attr}() raised {type(e).__name__}: {e}") from None
-    if not (isinstance(got, tuple) and len(got) == 2):
+    if not (isinstance(got, tuple) and len(got) in (2, 3)):
         raise ShardingError(
-            f"--module {spec}: {attr}() must return (nn.Module, example_args), got {type(got).__name__}"
+            f"--module {spec}: {attr}() must return (nn.Module, example_args) or (nn.Module, example_args, "
+            f"dynamic_shapes), got {type(got).__name__}"
         )
-    module, example_args = got
+    module, example_args, dynamic = got if len(got) == 3 else (*got, None)
     import torch
 
     if not isinstance(module, torch.nn.Module):
         raise ShardingError(f"--module {spec}: {attr}() returned a {type(module).__name__} first; it must return "
                             "(nn.Module, example_args)")
-    return module, tuple(example_args) if isinstance(example_args, (list, tuple)) else (example_args,)
+    return module, tuple(example_args) if isinstance(example_args, (list, tuple)) else (example_args,), dynamic
 
 
 def build_plan(args):
@@ -133,7 +143,7 @@ def build_plan(args):
     prog = load_program(args)
     pins, matched = style_and_tp_plan(prog, mesh, args)
     pins.update(user_pins(args, mesh))
-    p = plan(prog, mesh, pins)
+    p = plan(prog, mesh, pins, uneven=bool(getattr(args, "uneven", False)))
     p.matched = matched
     return p
 
@@ -167,8 +177,14 @@ def build_auto(args):
                                   bool(getattr(args, "allow_unmatched", False))).pins)
     pins.update(user_pins(args, mesh))
     memory = getattr(args, "memory", None)
-    return auto_plan(prog, mesh, pins, None if memory is None else parse_memory(memory),
-                     flop_rate=getattr(args, "flop_rate", None), training=getattr(args, "training", None) or "adam")
+    a = auto_plan(prog, mesh, pins, None if memory is None else parse_memory(memory),
+                  flop_rate=getattr(args, "flop_rate", None), training=getattr(args, "training", None) or "adam")
+    if prog.symbols:  # the guards of the plan the search found (verify re-plans with every tensor pinned)
+        from .plan.guards import plan_guards
+
+        a.plan.uneven = bool(getattr(args, "uneven", False))
+        a.plan.guards = plan_guards(a.plan, a.plan.uneven)
+    return a
 
 
 def style_and_tp_plan(prog, mesh, args) -> tuple:

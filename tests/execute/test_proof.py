@@ -124,3 +124,31 @@ def test_broken_wiring_is_refused():
     q.moves = {}
     assert "no collective is planned" in check_wiring(q, 0).message
     assert not q.verify().ok and "no collective is planned" in q.verify().first_mismatch
+
+
+def test_resize_ops_are_proven_and_a_wrong_cut_fails():
+    """A slice / cat run on each rank's own shard is proven rank class by rank class; naming a
+    different output sharding (the cut's local run would not make it) fails."""
+    from shardlayout import propagate
+    from shardlayout.execute.indexmap import index_map
+    from shardlayout.execute.proof import check_op
+
+    m = Mesh.parse("dp=2,tp=4")
+    x = Sharding.parse("[dp*2, 3*tp*2]", m)
+    p = propagate("slice", [x], dim=1, start=8, end=24)
+    params = {"dim": 1, "start": 8, "end": 24, "step": 1, **dict(p.local)}  # the planned local run
+    im = index_map("slice", (x,), params)
+    assert im.kind == "resize" and check_op(m, im, (x,), p.outputs).status == "proven"
+    wrong = Sharding.parse("[dp*2, tp*4]", m)  # plain blocks: not what each rank's local slice holds
+    assert check_op(m, im, (x,), (wrong,)).failed
+    c = propagate("cat", [p.outputs[0], p.outputs[0]], dim=1)
+    im = index_map("cat", (p.outputs[0],) * 2, {"dim": 1})
+    assert check_op(m, im, (p.outputs[0],) * 2, c.outputs).status == "proven"
+    assert check_op(m, im, (p.outputs[0],) * 2, (Sharding.parse("[dp*2, tp*8]", m),)).failed
+    w = Sharding.parse("[tp*4]", Mesh.parse("tp=2"))  # a window: tail of rank 0, head of rank 1
+    q = propagate("slice", [w], dim=0, start=2, end=6)
+    im = index_map("slice", (w,), {"dim": 0, "start": 2, "end": 6, "step": 1, **dict(q.local)})
+    assert not q.collectives and check_op(w.mesh, im, (w,), q.outputs).status == "proven"
+    # without the planned local run the rank slices global bounds from its shard: not proven
+    im = index_map("slice", (w,), {"dim": 0, "start": 2, "end": 6, "step": 1})
+    assert check_op(w.mesh, im, (w,), q.outputs).failed

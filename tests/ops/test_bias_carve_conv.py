@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from shardlayout import Mesh, OpError, Sharding, propagate
-from shardlayout.ops.families import _np_conv, carve
+from shardlayout.ops.families import _np_conv
+from shardlayout.ops.resize import carve
 from shardlayout.sharding import Factor
 
 from .test_families_more import simulate_all
@@ -55,10 +56,11 @@ def test_linear_with_bias_row_parallel():
 
 def test_carve_cuts_the_outer_local_factor():
     fs = (Factor(3), Factor(2, "tp"), Factor(8))
-    assert carve(fs, 48, [16, 16, 16]) == [(Factor(2, "tp"), Factor(8))] * 3
-    assert carve(fs, 48, [32, 16]) == [(Factor(2), Factor(2, "tp"), Factor(8)), (Factor(2, "tp"), Factor(8))]
-    assert carve(fs, 48, [24, 24]) is None  # a cut inside the sharded part
-    assert carve((Factor(2, "tp"), Factor(24)), 48, [16, 16, 16]) is None
+    assert [c.factors for c in carve(fs, 48, [16, 16, 16])] == [(Factor(2, "tp"), Factor(8))] * 3
+    assert [c.factors for c in carve(fs, 48, [32, 16])] == [(Factor(2), Factor(2, "tp"), Factor(8)),
+                                                            (Factor(2, "tp"), Factor(8))]
+    assert isinstance(carve(fs, 48, [24, 24]), str)  # a cut inside the sharded part
+    assert isinstance(carve((Factor(2, "tp"), Factor(24)), 48, [16, 16, 16]), str)
 
 
 @pytest.mark.parametrize("op,params", [("split_with_sizes", {"split_sizes": [16, 16, 16]}),

@@ -145,10 +145,14 @@ def test_off_by_one_uneven_chunk_is_caught(text):
     y = b.op("slice", [x], name="y", dim=1, start=0, end=2 * t - 1)
     b.output(b.op("relu", [y], name="z"))
     p = plan(b.build(), m, {"x": Sharding.parse("[4, tp*2]", m)})
-    assert p.verify().ok
-    # a slice rule that keeps the shard: every rank slices its own 2 columns, but [tp of 2t-1]
-    # gives the last rank 1 column, not 2
+    assert p.verify().ok and p.verify().proven
+    # the planner keeps the shard ([tp of 2t-1]: the last rank keeps the head of its shard, 1
+    # column, ops.resize); a slice rule that claims the same output but runs the global bounds on
+    # every rank's 2 columns gives the last rank 2 columns, not 1
+    assert p.shardings["y"] == Sharding.parse(f"[4, tp of {2 * t - 1}]", m) and not p.collectives
     q = claim(p, "y", inputs=[p.shardings["x"]], outputs=[Sharding.parse(f"[4, tp of {2 * t - 1}]", m)])
+    i = next(k for k, op in enumerate(p.program.ops) if op.name == "y")
+    q.ops[i] = replace(q.ops[i], local=())
     got = caught(q, m)
     assert all(got.values()), got
     assert "must be whole" in q.verify().first_mismatch

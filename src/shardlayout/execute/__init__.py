@@ -64,7 +64,8 @@ def walk(plan, executor: Executor, inputs: dict):
                     v = executor.collective(c, v)
                 moved[(name, tgt)] = executor.use(name, tgt, v)
             local.append(moved[(name, tgt)])
-        outs = executor.op(opdefs[op.target], local, po.params, po.outputs)
+        params = {**po.params, **dict(po.local)} if po.local else po.params
+        outs = executor.op(opdefs[op.target], local, params, po.outputs)
         for name, s, v in zip(op.outputs, po.outputs, outs):
             final = plan.shardings[name]
             for c in plan.moves.get((name, final), ()) if final != s else ():

@@ -58,6 +58,7 @@ class IndexMap:
     free: frozenset = field(default_factory=frozenset)
     kind: str = "letters"
     values: tuple = ()
+    resize: tuple = ()  # kind "resize": (op, dim, start, step, cuts) of a comm-free cut / join / pad
 
 
 def _fresh(used: str, k: int = 0) -> str:
@@ -167,8 +168,6 @@ def _along(name, s, params, n_out):
         d = params.get("dim", -1) % max(s.ndim, 1)
         return IndexMap((lx,), (lx,) * n_out, whole=frozenset(lx[d]))
     if name in ("split_with_sizes", "split", "chunk", "unbind"):
-        if name != "unbind" and _carved(name, s, params, d):
-            return None  # cut between shards (ops.families.carve): checked numerically
         outs = tuple(lx[:d] + ("" if name == "unbind" else _fresh(lx, k % 20)) + lx[d + 1:] for k in range(n_out))
         return IndexMap((lx,), outs, whole=frozenset({lx[d]} | {o[d] for o in outs if name != "unbind"}))
     if name == "slice_backward":
@@ -178,12 +177,44 @@ def _along(name, s, params, n_out):
     return None
 
 
-def _carved(name, s, params, d) -> bool:
-    """Does this split cut only the dim's outermost local factor (no index letter says that)?"""
-    from ..ops.families import carve, split_sizes_of
+def _resized(name, inputs, params) -> IndexMap | None:
+    """The index map of a slice / split / cat / slice_backward that each rank runs on its own
+    shard (``ops.resize``): kind ``"resize"``, the cut dim checked rank class by rank class
+    against the planned local run (``params["local"]``, ``Propagation.local``; a cat needs none:
+    its local run is a plain cat), every other dim a pass-through letter. None otherwise (the
+    op reads its dim whole: the letters say so)."""
+    from ..ops.resize import slice_bounds
 
-    sizes = split_sizes_of(name, s.shape[d], {**params, "dim": d})
-    return carve(s.dims[d], s.shape[d], sizes) is not None and any(f.axis is not None for f in s.dims[d])
+    tensors = _tensors(inputs)
+    d = params.get("dim", 0)
+    s = tensors[0]
+    lx = _lx(s)
+    z = _fresh(lx)
+    sharded = [any(f.axis is not None for f in t.dims[d]) for t in tensors]
+    if name == "cat":
+        if not any(sharded):
+            return None
+        return IndexMap(tuple(lx[:d] + z + lx[d + 1:] for _ in tensors), (lx[:d] + z + lx[d + 1:],), linear="sum",
+                        free=frozenset(z), kind="resize", resize=("cat", d, 0, 1, ()))
+    local = params.get("local")
+    if local is None:
+        return None
+    n = s.shape[d]
+    if name in ("split_with_sizes", "split", "chunk"):
+        return IndexMap((lx[:d] + z + lx[d + 1:],), tuple(lx[:d] + z + lx[d + 1:] for _ in local), linear="sum",
+                        free=frozenset(z), kind="resize", resize=("split", d, 0, 1, tuple(local)))
+    if name == "slice_backward":
+        a = slice_bounds(params["input_sizes"][d], params.get("start"), params.get("end"), 1)[0]
+        return IndexMap((lx,), (lx,), linear="sum", free=frozenset(lx[d]), kind="resize",
+                        resize=("pad", d, a, 1, (tuple(local),)))
+    if name == "narrow":
+        start = params["start"] + n if params["start"] < 0 else params["start"]
+        a, step, count = start, 1, params["length"]
+    else:
+        step = params.get("step", 1)
+        a, _, count = slice_bounds(n, params.get("start"), params.get("end"), step)
+    return IndexMap((lx,), (lx,), linear="sum", free=frozenset(lx[d]), kind="resize",
+                    resize=("slice", d, a, step if count > 1 else 1, (tuple(local),)))
 
 
 def _attention(name, inputs, params, n_out):
@@ -258,6 +289,11 @@ def index_map(target: str, inputs: tuple, params: dict, n_outputs: int = 1) -> I
     if not tensors:
         return None
     x = tensors[0]
+    if name in ("slice", "narrow", "cat", "concat", "concatenate", "slice_backward", "split_with_sizes", "split",
+                "chunk"):
+        got = _resized("cat" if name in ("concat", "concatenate") else name, inputs, params)
+        if got is not None:
+            return got
     got = _views(name, x, params)
     if got is not None:
         return got

@@ -175,9 +175,11 @@ def _check_arity(imap: IndexMap, inputs, outputs):
     return None
 
 
-def _check_letters(mesh: Mesh, imap: IndexMap, inputs, outputs) -> Check:
+def _check_letters(mesh: Mesh, imap: IndexMap, inputs, outputs, skip: frozenset = frozenset()) -> Check:
     ins, outs = _carriers(imap, inputs, outputs)
     for L in sorted(set(ins) | set(outs)):
+        if L in skip:
+            continue
         ci, co = ins.get(L, []), outs.get(L, [])
         if L in imap.whole or (not ci and L not in imap.free):
             for label, x, d in ci + co:
@@ -389,7 +391,79 @@ def check_op(mesh: Mesh, imap: IndexMap | None, inputs: tuple, outputs: tuple, b
     bad = _check_arity(imap, inputs, outputs)
     if bad:
         return bad
+    if imap.kind == "resize":
+        return check_resize(mesh, imap, inputs, outputs, budget)
     return _check_letters(mesh, imap, inputs, outputs)
+
+
+MAX_RESIZE_CLASSES = 4096
+
+
+def _held(mesh: Mesh, x: Sharding, d: int, at: dict) -> np.ndarray:
+    axes = dim_axes(mesh, x.dims[d])
+    rs = ranges_at(mesh, x.shape[d], tuple(x.dims[d]), tuple(at[a] for a in axes))
+    return np.concatenate([np.arange(lo, hi) for lo, hi in rs] or [np.zeros(0, dtype=np.int64)]).astype(np.int64)
+
+
+def check_resize(mesh: Mesh, imap: IndexMap, inputs, outputs, budget: int = 1 << 22) -> Check:
+    """A slice / split / cat / slice_backward that each rank runs on its own shard
+    (``ops.resize``): every other dim passes through (letters); along the cut dim, for every
+    coordinate of the axes it reads, the cut's local run on the global indices the rank holds
+    gives exactly the indices its output shards name. ``check_resize(m, imap, (x,), (y,)).status``"""
+    from ..ops.resize import local_pad, local_slice
+    from ..ops.result import at_rank
+
+    kind, d, start, step, cuts = imap.resize
+    letter = imap.outputs[0][d]
+    bad = _check_letters(mesh, imap, inputs, outputs, frozenset({letter}))
+    if bad.failed:
+        return bad
+    tensors = [x for x in inputs if isinstance(x, Sharding)]
+    axes = tuple(a for a in mesh.names if any(a in dim_axes(mesh, x.dims[d]) for x in tensors + list(outputs)))
+    classes = 1
+    for a in axes:
+        classes *= mesh.axis_size(a)
+    if classes > MAX_RESIZE_CLASSES or sum(x.shape[d] for x in tensors + list(outputs)) * classes > budget:
+        return Check("unproven", f"{kind}: {classes} coordinates of {','.join(axes)} exceed the budget; "
+                                 "checked numerically only")
+    for coords in coordinates(mesh, axes):
+        at = dict(zip(axes, coords))
+        rank = mesh.rank_of(tuple(at.get(a, 0) for a in mesh.names))
+        held = [_held(mesh, x, d, at) for x in tensors]
+        want = [_held(mesh, o, d, at) for o in outputs]
+        where = _where(axes, coords)
+        if kind == "cat":
+            offsets = np.cumsum([0] + [x.shape[d] for x in tensors[:-1]])
+            got = np.concatenate([h + off for h, off in zip(held, offsets)])
+            if not np.array_equal(got, want[0]):
+                return _fail(f"cat dim {d} at {where}: the local cat holds {got.tolist()[:8]}..., the output "
+                             f"{outputs[0]} names {want[0].tolist()[:8]}...")
+            continue
+        if kind == "pad":
+            local = at_rank({"local": cuts[0]}, mesh, rank)["local"]
+            ids = local_pad(np.arange(1, len(held[0]) + 1), (len(want[0]),), 0, *local, np.zeros)
+            m = tensors[0].shape[d]
+            placed = ids > 0
+            ok = np.array_equal(want[0][placed], start + held[0][ids[placed].astype(np.int64) - 1]) and \
+                not np.any((want[0][~placed] >= start) & (want[0][~placed] < start + m))
+            if not ok:
+                return _fail(f"slice_backward dim {d} at {where}: the local placement does not give the output "
+                             f"{outputs[0]}")
+            continue
+        at_piece = 0
+        for k, (c, w) in enumerate(zip(cuts, want)):
+            local = at_rank({"local": c}, mesh, rank)["local"]
+            try:
+                pos = local_slice(np.arange(len(held[0])), 0, *local, size=len(w))
+            except (ValueError, TypeError):
+                return _fail(f"{kind} dim {d} at {where}: the local run cannot read the shard of {len(held[0])} "
+                             f"as {local[0]} groups")
+            first = start if kind == "slice" else at_piece
+            if not np.array_equal(held[0][pos], first + step * w):
+                return _fail(f"{kind} dim {d} at {where}: output {k}'s local run keeps {held[0][pos].tolist()[:8]}, "
+                             f"the output {outputs[k]} names {(first + step * w).tolist()[:8]}")
+            at_piece += outputs[k].shape[d]
+    return PROVEN
 
 
 # ------------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ import numpy as np
 
 from ..errors import ShardMismatch
 from ..mesh import Mesh
+from ..ops.result import at_rank
 from .classes import group_ranks
 
 _REDUCE = {"sum": np.sum, "avg": np.mean, "max": np.max, "min": np.min}
@@ -114,7 +115,7 @@ class NumpySimulator:
         per_rank = {}
         for r in self.mesh.ranks():
             args = [x[r] if isinstance(x, dict) else x for x in inputs]
-            per_rank[r] = opdef.run_numpy(args, params, [s.local_shape(r) for s in outputs])
+            per_rank[r] = opdef.run_numpy(args, at_rank(params, self.mesh, r), [s.local_shape(r) for s in outputs])
         return [{r: per_rank[r][k] for r in self.mesh.ranks()} for k in range(len(outputs))]
 
     def collective(self, c, value: dict) -> dict:

@@ -49,6 +49,7 @@ import numpy as np
 from ..errors import ShardingError, SimulationUnsupported
 from ..mesh import Mesh
 from ..ops.registry import get_op
+from ..ops.result import at_rank
 from ..sharding import Sharding
 from .classes import axis_group, group_ranks, rank_classes, representatives
 from .indexmap import IndexMap, index_map
@@ -303,9 +304,10 @@ def _restrict(lists, letters, box) -> list:
 
 def run_op(opdef, params: dict, inputs: tuple, outputs: tuple, dtypes: tuple, imap: IndexMap | None,
            seed: int = 0, rtol: float = 1e-6, atol: float = 1e-6, budget: int = DEFAULT_BUDGET,
-           sample: int = 8) -> Run:
+           sample: int = 8, local_params: tuple = ()) -> Run:
     """Run one op call numerically for the representatives of its rank classes (every rank of a
     small mesh when the op has no index map) and compare with the op on the global values.
+    ``local_params``: the rule's params of the local run (``Propagation.local``), resolved per rank.
     ``run_op(get_op("mm"), {}, (a, b), (c,), ("float32",) * 2, index_map("mm", (a, b), {})).status``"""
     if opdef.numpy is None:
         return Run("skipped", f"op {opdef.name} cannot be simulated: {opdef.not_simulated or 'no numpy'}")
@@ -342,7 +344,8 @@ def run_op(opdef, params: dict, inputs: tuple, outputs: tuple, dtypes: tuple, im
         tag = None if box is None else r
         for q in members_of[r]:
             if (q, tag) not in local:
-                outs = _local_run(opdef, params, ops, inputs, outputs, imap, q, box)
+                here = at_rank({**params, **dict(local_params)}, mesh, q) if local_params else params
+                outs = _local_run(opdef, here, ops, inputs, outputs, imap, q, box)
                 if isinstance(outs, str):
                     return Run("failed", outs, classes=len(classes), simulated=runs)
                 local[(q, tag)] = outs
@@ -571,7 +574,7 @@ def verify_plan(plan, seed: int = 0, rtol: float = 1e-6, atol: float = 1e-6, bud
         if key not in op_done:
             opdef = get_op(po.target)
             try:
-                imap = index_map(po.target, po.input_targets, po.params, len(po.outputs))
+                imap = index_map(po.target, po.input_targets, {**po.params, **dict(po.local)}, len(po.outputs))
             except (ShardingError, ValueError, IndexError, KeyError, TypeError):
                 imap = None
             proof = check_op(mesh, imap, po.input_targets, po.outputs, budget) if check_proof else \
@@ -581,7 +584,7 @@ def verify_plan(plan, seed: int = 0, rtol: float = 1e-6, atol: float = 1e-6, bud
             run = Run("ok")
             if numeric and not proof.failed:
                 run = run_op(opdef, po.params, po.input_targets, po.outputs, dtypes, imap,
-                             seed + len(op_done), rtol, atol, budget)
+                             seed + len(op_done), rtol, atol, budget, local_params=po.local)
                 if run.status == "skipped" and opdef.numpy is None and proof.status != "proven":
                     raise SimulationUnsupported(
                         f"op {op.name} ({po.target}) has no index map and cannot be simulated: "

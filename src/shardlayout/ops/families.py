@@ -1,5 +1,5 @@
 """Op families: pointwise (with broadcasting), matmul/einsum, reductions, softmax, norms,
-cat/split/slice, index ops, scans and sorts, attention, MoE, creation ops. Each op is declared
+select, index ops, scans and sorts, attention, MoE, creation ops. Each op is declared
 once with ``register_op``: its signature, its sharding rule (mostly a factor map searched by
 ``strategy``), and its numpy implementation, side by side.
 
@@ -18,8 +18,7 @@ from dataclasses import replace
 import numpy as np
 
 from ..errors import OpError
-from ..sharding import Factor, Sharding
-from ..sharding.core import ChunkProgram, _product
+from ..sharding import Sharding
 from ..sharding.cost import DEFAULT_COST_MODEL
 from .registry import register_op
 from .result import Propagation
@@ -588,124 +587,12 @@ register_op("native_layer_norm_backward",
             layer_norm_backward_rule, _np_layer_norm_backward)
 
 
-def _cat_rule(name, inputs, dim=0, cost_model=None, tensor_dtype="float32", out_pins=(), **_):
-    """The cat dim is gathered (whole) in every input; other dims shard freely."""
-    ref = inputs[0]
-    lx = LETTERS[: ref.ndim]
-    letters = [lx[:dim] + f"{LETTERS[20 + i % 6].upper()}" + lx[dim + 1:] for i in range(len(inputs))]
-    shape = list(ref.shape)
-    shape[dim] = sum(s.shape[dim] for s in inputs)
-    whole = {lt[dim] for lt in letters} | {"Z"}
-    return _whole(name, inputs, letters, lx[:dim] + "Z" + lx[dim + 1:], whole, [tuple(shape)], cost_model,
-                  tensor_dtype, out_pins)
-
-
-def _check_cat(name, inputs, params):
-    ref, d = inputs[0], params["dim"]
-    for k, s in enumerate(inputs[1:], 1):
-        if s.ndim != ref.ndim or any(a != b for i, (a, b) in enumerate(zip(s.shape, ref.shape)) if i != d):
-            raise OpError(f"op {name}: input {k} has shape {s.shape}, input 0 has {ref.shape}; all dims but the "
-                          f"cat dim {d} must match")
-
-
-register_op("cat", "*xs ; dim: dim = 0", _cat_rule, lambda *xs, dim=0: np.concatenate(xs, axis=dim),
-            check=_check_cat, aliases=("concat", "concatenate"))
-
-
-def split_sizes_of(name: str, n: int, params: dict) -> list:
-    """The piece sizes of a split of a dim of ``n`` (split_with_sizes / split / chunk / unbind)."""
-    if name == "unbind":
-        return [1] * n
-    if params.get("split_sizes") is not None:
-        sizes = list(params["split_sizes"])
-    elif name == "chunk":
-        c = -(-n // params["chunks"])
-        sizes = [min(c, n - i) for i in range(0, n, c)]
-    else:
-        step = params["split_size"]
-        sizes = [min(step, n - i) for i in range(0, n, step)] if n else [0]
-    if sum(sizes) != n or any(k < 0 for k in sizes):
-        raise OpError(f"op {name}: sizes {sizes} do not add up to dim {params['dim']} of size {n}; make them")
-    return sizes
-
-
-def carve(fs, n: int, sizes) -> list | None:
-    """The factor lists of the pieces of a dim of ``n`` with factors ``fs`` cut into ``sizes``,
-    when the cuts only divide the dim's outermost *local* factor — a fused weight's features
-    ``[3*tp*8]`` cut in three give ``[tp*8]`` each: every rank keeps its slice of every piece,
-    no data moves; None otherwise.
-
-    ``carve((Factor(3), Factor(2, "tp"), Factor(8)), 48, [16, 16, 16])`` -> three ``(tp*2, 8)``
-    """
-    if type(fs) is ChunkProgram or not fs or fs[0].axis is not None or _product(f.size for f in fs) != n:
-        return None
-    inner = n // fs[0].size
-    if any(k % inner or k == 0 for k in sizes):
-        return None
-    return [((Factor(k // inner),) if k // inner > 1 else ()) + tuple(fs[1:]) for k in sizes]
-
-
-def _split_rule(name, inputs, dim=0, cost_model=None, tensor_dtype="float32", out_pins=(), **params):
-    """The split dim is whole — unless the cuts fall on its outermost local factor (``carve``):
-    then every piece keeps its shards, nothing moves. One output per piece, other dims as the input."""
-    s = inputs[0]
-    sizes = split_sizes_of(name, s.shape[dim], {**params, "dim": dim})
-    fs = s.dims[dim]
-    pieces = None if name == "unbind" else carve(fs, s.shape[dim], sizes)
-    if pieces is not None and any(f.axis is not None for f in fs):
-        outs = tuple(Sharding._trusted(s.mesh, s.shape[:dim] + (k,) + s.shape[dim + 1:],
-                                       list(s.dims[:dim]) + [p] + list(s.dims[dim + 1:]), s.partial)
-                     for k, p in zip(sizes, pieces))
-        return Propagation(name, (s,), (s,), outs, (), (f"dim {dim}: cut between shards, no data moves",), (),
-                           cost_model or DEFAULT_COST_MODEL)
-    lx = LETTERS[: s.ndim]
-    base = _whole(name, [s], [lx], lx, {lx[dim]}, None, cost_model, tensor_dtype)
-    o = base.outputs[0]
-    outs = []
-    for k in sizes:
-        if name == "unbind":
-            outs.append(Sharding(s.mesh, s.shape[:dim] + s.shape[dim + 1:], list(o.dims[:dim]) + list(o.dims[dim + 1:]),
-                                 o.partial))
-        else:
-            outs.append(Sharding(s.mesh, s.shape[:dim] + (k,) + s.shape[dim + 1:],
-                                 list(o.dims[:dim]) + [[]] + list(o.dims[dim + 1:]), o.partial))
-    return replace(base, outputs=tuple(outs))
-
-
-def _np_split(a, dim=0, out_shapes=None, **params):
-    """Split at the sizes of the (local) output shapes: a carved split cuts local pieces."""
-    sizes = [shp[dim] for shp in out_shapes]
-    return tuple(np.split(a, np.cumsum(sizes)[:-1], axis=dim))
-
-
-register_op("split_with_sizes", "x ; split_sizes: ints, dim: dim = 0", _split_rule, _np_split, shape_driven=True)
-register_op("split", "x ; split_size: int[1..], dim: dim = 0", _split_rule, _np_split, shape_driven=True)
-register_op("chunk", "x ; chunks: int[1..], dim: dim = 0", _split_rule, _np_split, shape_driven=True)
-register_op("unbind", "x ; dim: dim = 0", _split_rule, lambda a, dim=0: tuple(np.moveaxis(a, dim, 0)))
-
-
-def slice_bounds(n: int, start, end, step) -> tuple:
-    """``(start, end, size)`` of ``x[start:end:step]`` on a dim of ``n`` (torch's clamping)."""
-    a = 0 if start is None else (start + n if start < 0 else start)
-    b = n if end is None else (end + n if end < 0 else end)
-    a, b = max(0, min(a, n)), max(0, min(b, n))
-    return a, b, max(0, -(-(b - a) // step))
-
-
-def _along_dim_rule(name, inputs, dim=0, start=None, end=None, step=1, length=None, cost_model=None,
+def _along_dim_rule(name, inputs, dim=0, cost_model=None,
                     tensor_dtype="float32", out_pins=(), **_):
-    """Ops reading a whole dim (slice/narrow/select/scans): that dim is gathered, others free."""
+    """Ops reading a whole dim (select, scans): that dim is gathered, others free."""
     s = inputs[0]
     d = dim if isinstance(dim, int) else dim[0]
     lx = LETTERS[: s.ndim]
-    if name in ("slice", "narrow"):
-        if name == "narrow":
-            start = start + s.shape[d] if start < 0 else start
-            start, end, step = start, start + length, 1
-        size = slice_bounds(s.shape[d], start, end, step)[2]
-        shape = s.shape[:d] + (size,) + s.shape[d + 1:]
-        return _whole(name, [s], [lx], lx[:d] + "Z" + lx[d + 1:], {lx[d], "Z"}, [shape], cost_model, tensor_dtype,
-                      out_pins)
     if name == "select":
         return _whole(name, [s], [lx], lx[:d] + lx[d + 1:], {lx[d]}, [s.shape[:d] + s.shape[d + 1:]], cost_model,
                       tensor_dtype, out_pins)
@@ -715,28 +602,12 @@ def _along_dim_rule(name, inputs, dim=0, start=None, end=None, step=1, length=No
                   linear=linear)
 
 
-def _np_slice(x, dim=0, start=None, end=None, step=1):
-    idx = [slice(None)] * x.ndim
-    idx[dim] = slice(start, end, step)
-    return x[tuple(idx)]
-
-
 def _check_index(name, inputs, params):
     n = inputs[0].shape[params["dim"]]
     if name == "select" and not -n <= params["index"] < n:
         raise OpError(f"op select: index {params['index']} is out of range for dim {params['dim']} of size {n}")
-    if name == "narrow":
-        start = params["start"] + n if params["start"] < 0 else params["start"]
-        if not (0 <= start and start + params["length"] <= n):
-            raise OpError(f"op narrow: start {params['start']} + length {params['length']} exceeds dim "
-                          f"{params['dim']} of size {n}; give -{n} <= start and start + length <= {n}")
 
 
-register_op("slice", "x ; dim: dim = 0, start: int? = None, end: int? = None, step: int[1..] = 1", _along_dim_rule,
-            _np_slice)
-register_op("narrow", "x ; dim: dim, start: int, length: int[0..]", _along_dim_rule,
-            lambda a, dim, start, length: _np_slice(a, dim, start % max(a.shape[dim], 1),
-                                                    start % max(a.shape[dim], 1) + length), check=_check_index)
 register_op("select", "x ; dim: dim, index: int", _along_dim_rule, lambda a, dim, index: np.take(a, index, axis=dim),
             check=_check_index)
 register_op("cumsum", "x ; dim: dim, dtype: dtype? = None", _along_dim_rule,
@@ -1007,26 +878,6 @@ register_op("_scaled_dot_product_efficient_attention_backward",
             _sdpa_backward_rule, not_simulated=_FUSED_BW)
 
 
-def _slice_backward_rule(name, inputs, input_sizes=None, dim=0, cost_model=None, tensor_dtype="float32",
-                         out_pins=(), **_):
-    """Scatter a slice's gradient into zeros of ``input_sizes``: that dim whole, others free."""
-    g = inputs[0]
-    lx = LETTERS[: g.ndim]
-    return _whole(name, [g], [lx], lx[:dim] + "Z" + lx[dim + 1:], {lx[dim], "Z"}, [tuple(input_sizes)], cost_model,
-                  tensor_dtype, out_pins, linear="sum")
-
-
-def _np_slice_backward(g, input_sizes, dim=0, start=None, end=None, step=1):
-    out = np.zeros(tuple(input_sizes))
-    idx = [slice(None)] * out.ndim
-    idx[dim] = slice(start, end, step)
-    out[tuple(idx)] = g
-    return out
-
-
-register_op("slice_backward", "grad ; input_sizes: ints, dim: dim, start: int, end: int, step: int[1..] = 1",
-            _slice_backward_rule, _np_slice_backward)
-
 
 def _assert_rule(name, inputs, cost_model=None, tensor_dtype="float32", out_pins=(), **_):
     """Runtime checks: no data, no outputs, no communication."""
@@ -1164,5 +1015,5 @@ register_op("_index_put_impl", "x, index, values ; accumulate: bool = False, uns
             _advanced_index_rule, _np_index_put, check=_check_index_put)
 
 
-__all__ = ["LETTERS", "REDUCE_OP", "bias_once", "carve", "conv_out_shape", "conv_params", "parse_einsum", "pointwise",
-           "pointwise_map", "pointwise_ops", "reduction_map", "slice_bounds", "split_sizes_of"]
+__all__ = ["LETTERS", "REDUCE_OP", "bias_once", "conv_out_shape", "conv_params", "parse_einsum", "pointwise",
+           "pointwise_map", "pointwise_ops", "reduction_map"]

@@ -47,6 +47,7 @@ REQUIRED = object()
 
 # params that steer planning, not values: the numpy implementation never sees them
 PLANNING_PARAMS = ("subaxes",)
+LOCAL_PARAMS = ("local",)  # set by a rule for the local run only (``Propagation.local``), never by a caller
 
 PARAM_TYPES = ("int", "float", "bool", "str", "scalar", "dim", "dim+1", "dims", "ints", "shape", "dtype", "mesh",
                "any", "ignored")
@@ -384,8 +385,8 @@ class OpDef:
                 f"op {self.name} cannot be simulated in numpy: "
                 + (self.not_simulated or "it has no numpy implementation (give numpy= to register_op)")
             )
-        kw = {k: v for k, v in params.items()
-              if k not in PLANNING_PARAMS and self.signature.param(k).type not in ("ignored", "mesh")}
+        kw = {k: v for k, v in params.items() if k in LOCAL_PARAMS
+              or k not in PLANNING_PARAMS and self.signature.param(k).type not in ("ignored", "mesh")}
         if self.shape_driven:
             kw["out_shapes"] = [tuple(s) for s in out_shapes]
         out = self.numpy(*args, **kw)

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from ..sharding.cost import DEFAULT_COST_MODEL, CostModel, cost
 
@@ -20,7 +21,9 @@ class Propagation:
     :class:`~shardlayout.sharding.collective.Collective` that moves data (``tensor`` says
     "input i", or "output k" for a move to a pinned output sharding), exactly what
     ``plan_move`` emits; ``candidates``: every strategy the search priced (factor-map rules),
-    each with its own collectives and cost."""
+    each with its own collectives and cost; ``local``: params of the op's local run that differ
+    from the global call, as ``(name, value)`` pairs (a comm-free cut of a sharded dim slices
+    whole groups of each rank's shard: ``ops.resize``)."""
 
     op: str
     inputs: tuple
@@ -30,6 +33,7 @@ class Propagation:
     notes: tuple = field(default=())
     candidates: tuple = field(default=())
     cost_model: CostModel = field(default=DEFAULT_COST_MODEL, repr=False)
+    local: tuple = field(default=())
 
     @property
     def cost(self) -> float:
@@ -53,6 +57,7 @@ class Propagation:
             "cost_seconds": self.cost,
             "communication": self.needs_communication,
             "notes": list(self.notes),
+            **({"local": {k: repr(v) for k, v in self.local}} if self.local else {}),
             "candidates": [
                 {"strategy": [{"axis": a, "option": list(o)} for a, o in c.choices],
                  "input_targets": [None if t is None else str(t) for t in c.input_targets],
@@ -62,6 +67,34 @@ class Propagation:
                 for c in self.candidates
             ],
         }
+
+
+class ByCoord(NamedTuple):
+    """A local param that depends on the rank: ``values[c]`` where ``c`` is the rank's coordinate
+    on the mesh-axis piece ``(axis, pre, size)`` (a whole axis when ``pre == 1`` and ``size`` is
+    the axis size). ``ByCoord("tp", 1, 2, (3, 0))``: 3 on tp's first rank, 0 on the other."""
+
+    axis: str
+    pre: int
+    size: int
+    values: tuple
+
+
+def at_rank(params: dict, mesh, rank: int) -> dict:
+    """``params`` with every :class:`ByCoord` (also inside tuples) replaced by its value on
+    ``rank``: what an executor runs there. ``at_rank({"k": 1}, mesh, 0) -> {"k": 1}``"""
+
+    def one(v):
+        if type(v) is ByCoord:
+            n = mesh.axis_size(v.axis)
+            c = mesh.coord(rank)[mesh.axis_index(v.axis)]
+            return v.values[(c // (n // (v.pre * v.size))) % v.size]
+        if type(v) is tuple:
+            return tuple(one(x) for x in v)
+        return v
+
+    local = params.get("local")
+    return params if local is None else {**params, "local": one(local)}
 
 
 def canonical_op_name(op: str) -> str:
@@ -74,4 +107,4 @@ def canonical_op_name(op: str) -> str:
     return name.split(".")[0]
 
 
-__all__ = ["Propagation", "canonical_op_name"]
+__all__ = ["ByCoord", "Propagation", "at_rank", "canonical_op_name"]

@@ -7,6 +7,12 @@ shared by its consumers. ``Plan.verify()`` proves the plan at the index level fo
 and runs one representative pair per rank class in numpy (``execute.verify``);
 ``Plan.verify(mode="full")`` runs every rank and compares each tensor with the unsharded run.
 
+A symbolic program (``Program.symbols``) is planned at its example sizes; ``Plan.guards`` are the
+conditions under which the same decisions hold at every size (``plan.guards``: the program's facts
+and ``E % P == 0`` for each symbolic extent E sharded P ways; with ``uneven=True``, ``E >= P``
+instead, sizes that do not divide being cut as torch.chunk cuts), and ``Plan.verify`` also
+re-plans and verifies at other sizes drawn from them.
+
     >>> from shardlayout import Mesh, Sharding
     >>> from shardlayout.program import ProgramBuilder
     >>> b = ProgramBuilder(); x = b.input("x", (4, 8)); w = b.param("w", (8, 6))
@@ -45,6 +51,7 @@ class PlannedOp:
     input_targets: tuple
     outputs: tuple
     params: dict = field(default_factory=dict, compare=False)
+    local: tuple = field(default=(), compare=False)  # the local run's own params (Propagation.local)
 
 
 @dataclass
@@ -65,6 +72,10 @@ class Plan:
     cost_model: CostModel = field(default=DEFAULT_COST_MODEL, repr=False)
     verified: bool | None = None
     matched: list | None = field(default=None, repr=False)  # blocks a style / TP plan found: [{block, kind, tensors}]
+    guards: tuple = ()  # a symbolic program's: the Guards under which the decisions hold at every size
+    uneven: bool = False  # sizes that do not divide follow torch.chunk (E >= P guards, not E % P == 0)
+    options: dict | None = field(default=None, repr=False)  # what plan() was given: to plan again at other sizes
+    verified_at: tuple = ()  # the bindings verify() checked, the example first: ((symbol, value), ...) each
 
     @property
     def total_seconds(self) -> float:
@@ -109,7 +120,20 @@ class Plan:
             data["plan_seconds"] = self.plan_seconds
         if self.matched is not None:
             data["matched"] = self.matched
+        data.update(self._symbolic_json())
         return json.dumps(data, indent=1, sort_keys=True)
+
+    def _symbolic_json(self) -> dict:
+        """``guards`` (text), ``symbols`` ({name: example}), ``shapes`` (every tensor: ints, and each
+        symbolic extent as its expression text) and, once verified, ``verified_at``."""
+        from ..program.symbols import shape_text
+
+        prog = self.program
+        out = {"guards": [str(g) for g in self.guards], "symbols": dict(prog.symbols),
+               "shapes": {n: shape_text(prog.sym_shape(n)) for n in sorted(prog.tensors)}}
+        if self.verified_at:
+            out["verified_at"] = [dict(b) for b in self.verified_at]
+        return out
 
     def _exported(self, convert) -> dict:
         out = {}
@@ -155,13 +179,23 @@ class Plan:
         return json.dumps(data, indent=1, sort_keys=True)
 
     def verify(self, seed: int = 0, rtol: float = 1e-6, atol: float = 1e-6, mode: str = "classes",
-               budget: int = DEFAULT_BUDGET) -> Verification:
+               budget: int = DEFAULT_BUDGET, sizes=None) -> Verification:
         """Verify the plan (``execute.verify``). ``mode="classes"`` (default): an index-level proof
         for every rank plus a numeric run of one representative pair per rank class, with the
         ranks each reduces or gathers with — its cost does not grow with the mesh; ``mode="full"``:
         every rank simulated in numpy and every tensor compared with the unsharded run. The
-        first tensor that fails is reported; ``budget`` bounds any generated array (elements)."""
+        first tensor that fails is reported; ``budget`` bounds any generated array (elements).
+
+        A symbolic program's plan is also verified at other sizes: ``sizes`` (bindings, e.g.
+        ``[{"batch": 8}]``; default: two drawn from ``guards``, see ``plan.guards``), where the
+        program is planned again with the same options, must make the same decisions and verify;
+        the result (``SizedVerification``) lists the ``bindings`` verified."""
         v = verify_plan(self, mode, seed, rtol, atol, budget)
+        if self.program.symbols:
+            from .guards import verify_sizes
+
+            v = verify_sizes(self, v, sizes, seed=seed, rtol=rtol, atol=atol, mode=mode, budget=budget)
+            self.verified_at = v.bindings
         self.verified = v.ok
         return v
 
@@ -170,7 +204,7 @@ class Plan:
 
 
 def plan(program: Program, mesh: Mesh, pins: dict | None = None, cost_model: CostModel | None = None,
-         backward: bool = True, style: str | None = None, **auto) -> Plan:
+         backward: bool = True, style: str | None = None, uneven: bool = False, **auto) -> Plan:
     """Plan ``program`` on ``mesh``; ``pins`` maps tensor names to Shardings (or their text).
 
     A forward pass chooses every op's strategy; then a backward pass gives each still
@@ -179,14 +213,30 @@ def plan(program: Program, mesh: Mesh, pins: dict | None = None, cost_model: Cos
     inferred pins (nvFuser's propagation order: forward, then backward for what is left).
     ``style``: a built-in style's pins under ``pins``, or ``"auto"``: the minimum-step-time plan
     within ``memory_per_device`` (``plan.auto.auto_plan``; ``auto`` takes its options).
+    A symbolic program is planned at its example sizes and the plan gets its ``guards``
+    (``plan.guards``); ``uneven=True``: no divisibility guards (``E >= P`` instead), sizes that do
+    not divide are claimed too, with torch.chunk's uneven shards.
+    ``plan(prog, Mesh.parse("tp=2"), {"w": "[8, tp*3]"}).shardings["y"] -> [4, tp*3]``
     """
+    user = {k: (Sharding.parse(v, mesh) if isinstance(v, str) else v) for k, v in (pins or {}).items()}
+    p = _plan(program, mesh, user, cost_model, backward, style, auto)
+    p.uneven = bool(uneven)
+    p.options = {"pins": user, "cost_model": cost_model, "backward": backward, "style": style, "auto": dict(auto)}
+    if program.symbols:
+        from .guards import plan_guards
+
+        p.guards = plan_guards(p, p.uneven)
+    return p
+
+
+def _plan(program: Program, mesh: Mesh, user: dict, cost_model, backward: bool, style, auto: dict) -> Plan:
+    """``plan`` itself, without guards: ``user`` pins are Shardings."""
     if style is not None or auto:
         from .auto import plan_style
 
-        return plan_style(program, mesh, style, pins, cost_model, **auto)
+        return plan_style(program, mesh, style, user, cost_model, **auto)
     t0 = time.perf_counter()
     cm = cost_model or DEFAULT_COST_MODEL
-    user = {k: (Sharding.parse(v, mesh) if isinstance(v, str) else v) for k, v in (pins or {}).items()}
     _check_pins(program, user)
     inferred: dict = {}
     with paused_gc():
@@ -287,7 +337,8 @@ def _forward(program: Program, mesh: Mesh, pins: dict, cm: CostModel) -> "Plan":
             if final is not s and final != s:
                 move(o, s, final, op.name)
             shard[o] = final
-        planned.append(PlannedOp(op.name, op.target, op.inputs, tuple(p.input_targets), tuple(p.outputs), params))
+        planned.append(PlannedOp(op.name, op.target, op.inputs, tuple(p.input_targets), tuple(p.outputs), params,
+                                 p.local))
     return Plan(program, mesh, shard, planned, collectives, time.perf_counter() - t0, moves, cm)
 
 

@@ -7,19 +7,37 @@
     (['mm'], (4, 2))
     >>> Program.from_json(p.to_json()) == p
     True
+
+Symbolic extents: a builder with ``symbols`` (name -> example value) takes symbol names, Exprs
+or expression text in shapes (and Exprs in size params such as a view's). Every tensor keeps its
+concrete shape at the example (what the planner decides on) and, where it has one, its symbolic
+shape (``Program.sym_shape``); ``Program.at(bindings)`` is the same program at other sizes.
+
+    >>> b = ProgramBuilder(symbols={"batch": 4, "seq": 16})
+    >>> x = b.input("x", ("batch", "seq", 8)); w = b.param("w", (8, 2))
+    >>> h = b.op("view", [x], size=("batch*seq", 8)); b.output(b.op("mm", [h, w], name="y"))
+    >>> p = b.build(); p.tensors["y"].shape, [str(e) for e in p.sym_shape("y")]
+    ((64, 2), ['batch*seq', '2'])
+    >>> p.at({"batch": 2}).tensors["y"].shape
+    (32, 2)
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from ..errors import ShardingError
+from ..errors import ShardingError, SymbolError
 from ..sharding.cost import ITEMSIZE
+from ..symbolic import Expr, FactBase, Guard, sym
 
 
 class ProgramError(ShardingError):
-    """A malformed program (unknown tensor, duplicate name, bad JSON)."""
+    """A malformed program (unknown tensor, duplicate name, bad JSON, a bad symbolic extent)."""
+
+
+from . import symbols as _sy  # noqa: E402 - after ProgramError, which its errors derive from
 
 
 @dataclass(frozen=True)
@@ -41,10 +59,15 @@ class Op:
     params: tuple  # sorted (name, value) pairs, values JSON-able and hashable
     outputs: tuple
     name: str = ""
+    sym_params: tuple = ()  # sorted (name, value) of the params holding symbolic extents, as text
 
     def kwargs(self) -> dict:
         """Params as a dict. ``Op("mm", ("a",), (), ("b",)).kwargs() -> {}``."""
         return {k: _thaw(v) for k, v in self.params}
+
+    def sym_kwargs(self) -> dict:
+        """The symbolic params as Exprs: ``{"size": (Expr('batch*seq'), 64)}`` for a symbolic view."""
+        return {k: _sy.params_exprs(v) for k, v in self.sym_params}
 
 
 def _freeze(v):
@@ -63,18 +86,81 @@ def _thaw(v):
 
 @dataclass(frozen=True)
 class Program:
-    """Tensors by name, ops in topological order, and the program's outputs."""
+    """Tensors by name, ops in topological order, and the program's outputs.
+
+    A symbolic program also has ``symbols`` (sorted ``(name, example value)`` pairs),
+    ``sym_shapes`` (``(tensor, shape of ints and Exprs)`` for each tensor with a symbolic
+    extent; ``tensors[name].shape`` stays the shape at the example), ``facts`` (the Guards the
+    source states: ranges, runtime asserts, and the specialisations shape inference had to make)
+    and ``notes`` (assertions of the source that are not guards, as text)."""
 
     tensors: dict = field(default_factory=dict)
     ops: tuple = ()
     outputs: tuple = ()
+    symbols: tuple = ()
+    sym_shapes: tuple = ()
+    facts: tuple = ()
+    notes: tuple = ()
 
     def __eq__(self, other) -> bool:
         return (isinstance(other, Program) and self.tensors == other.tensors and self.ops == other.ops
-                and self.outputs == other.outputs)
+                and self.outputs == other.outputs and self.symbols == other.symbols
+                and self.sym_shapes == other.sym_shapes and self.facts == other.facts and self.notes == other.notes)
 
     def __hash__(self) -> int:
-        return hash((tuple(sorted(self.tensors)), self.ops, self.outputs))
+        return hash((tuple(sorted(self.tensors)), self.ops, self.outputs, self.symbols))
+
+    # -- symbolic extents -----------------------------------------------------------------------
+    @property
+    def is_symbolic(self) -> bool:
+        """True when the program has symbols: ``ProgramBuilder(symbols={"b": 2}).build().is_symbolic -> True``."""
+        return bool(self.symbols)
+
+    @property
+    def example(self) -> dict:
+        """The example binding the concrete shapes are at: ``{"batch": 4, "seq": 16}``."""
+        return dict(self.symbols)
+
+    def sym_shape(self, name: str) -> tuple:
+        """The tensor's shape with its symbolic extents (Exprs), else its concrete shape:
+        ``p.sym_shape("x") -> (Expr('batch'), Expr('seq'), 64)``."""
+        table = self.__dict__.get("_sym_table")
+        if table is None:
+            table = dict(self.sym_shapes)
+            object.__setattr__(self, "_sym_table", table)
+        got = table.get(name)
+        return got if got is not None else self.tensors[name].shape
+
+    def at(self, bindings, check: bool = True) -> "Program":
+        """The same program at other sizes: every symbolic extent (shapes, and params that hold
+        sizes such as a view's) evaluated at the example updated with ``bindings``, which become
+        the new example. Raises when a binding violates a fact, and (``check``) when an op's rule
+        at these sizes gives another shape than the symbolic one.
+        ``p.at({"batch": 8}).tensors["x"].shape -> (8, 16, 64)``"""
+        full = _sy.check_bindings(self.symbols, self.facts, bindings)
+        sym = dict(self.sym_shapes)
+        tensors = {}
+        for n, t in self.tensors.items():
+            if n in sym:
+                shape = _sy.evaluate_shape(sym[n], full)
+                bad = [d for d, x in enumerate(shape) if x < 0]
+                if bad:
+                    raise ProgramError(f"Program.at({_sy.bindings_text(bindings)}): tensor {n!r} dim {bad[0]} is "
+                                       f"{sym[n][bad[0]]} = {shape[bad[0]]} < 0; give larger sizes")
+                t = TensorSpec(n, shape, t.dtype, t.kind)
+            tensors[n] = t
+        ops = []
+        for op in self.ops:
+            if op.sym_params:
+                params = {**dict(op.params), **{k: _sy.evaluate_params(v, full) for k, v in op.sym_params}}
+                op = Op(op.target, op.inputs, tuple(sorted((k, _freeze(v)) for k, v in params.items())), op.outputs,
+                        op.name, op.sym_params)
+            ops.append(op)
+        prog = Program(tensors, tuple(ops), self.outputs, tuple(sorted(full.items())), self.sym_shapes, self.facts,
+                       self.notes)
+        if check:
+            _check_shapes(prog, f"Program.at({_sy.bindings_text(bindings)})")
+        return prog
 
     def inputs(self, kind: str | None = None) -> list:
         """Names of tensors no op produces (optionally of one kind), in definition order."""
@@ -82,14 +168,30 @@ class Program:
         return [n for n, t in self.tensors.items() if n not in produced and (kind is None or t.kind == kind)]
 
     def to_json(self) -> str:
-        """Deterministic JSON text. ``Program.from_json(p.to_json()) == p``."""
-        data = {
-            "tensors": [{"name": t.name, "shape": list(t.shape), "dtype": t.dtype, "kind": t.kind}
-                        for t in self.tensors.values()],
-            "ops": [{"name": op.name, "target": op.target, "inputs": list(op.inputs),
-                     "params": {k: v for k, v in op.params}, "outputs": list(op.outputs)} for op in self.ops],
-            "outputs": list(self.outputs),
-        }
+        """Deterministic JSON text. ``Program.from_json(p.to_json()) == p``. A symbolic program adds
+        ``symbols`` ({name: example}), ``facts`` and ``notes`` (text), a ``sym_shape`` per tensor
+        with a symbolic extent (ints and expression text) and ``sym_params`` per op that has them."""
+        sym = dict(self.sym_shapes)
+        tensors = []
+        for t in self.tensors.values():
+            entry = {"name": t.name, "shape": list(t.shape), "dtype": t.dtype, "kind": t.kind}
+            if t.name in sym:
+                entry["sym_shape"] = _sy.shape_text(sym[t.name])
+            tensors.append(entry)
+        ops = []
+        for op in self.ops:
+            entry = {"name": op.name, "target": op.target, "inputs": list(op.inputs),
+                     "params": {k: v for k, v in op.params}, "outputs": list(op.outputs)}
+            if op.sym_params:
+                entry["sym_params"] = {k: v for k, v in op.sym_params}
+            ops.append(entry)
+        data = {"tensors": tensors, "ops": ops, "outputs": list(self.outputs)}
+        if self.symbols:
+            data["symbols"] = dict(self.symbols)
+        if self.facts:
+            data["facts"] = [str(g) for g in self.facts]
+        if self.notes:
+            data["notes"] = list(self.notes)
         return json.dumps(data, indent=1, sort_keys=True)
 
     @staticmethod
@@ -110,12 +212,19 @@ class Program:
         for key in ("tensors", "ops", "outputs"):
             if not isinstance(data[key], list):
                 raise ProgramError(f"program JSON: {key!r} must be a list, got {type(data[key]).__name__}")
-        b = ProgramBuilder()
+        unknown = set(data) - {"tensors", "ops", "outputs", "symbols", "facts", "notes"}
+        if unknown:
+            raise ProgramError(f"program JSON: unknown key(s) {', '.join(sorted(map(str, unknown)))}; a program has "
+                               "tensors, ops, outputs and, when symbolic, symbols, facts and notes")
+        b = _symbolic_builder(data)
         try:
             for t in data["tensors"]:
-                b._add(_tensor_entry(t))
+                spec, sym_shape = _tensor_entry(t, b._symbols)
+                b._add(spec)
+                if sym_shape is not None:
+                    b._sym[spec.name] = sym_shape
             for op in data["ops"]:
-                b._add_op(_op_entry(op))
+                b._add_op(_op_entry(op, b._symbols))
             for o in data["outputs"]:
                 if not isinstance(o, str):
                     raise ProgramError(f"program JSON: output {o!r} is not a tensor name")
@@ -141,7 +250,21 @@ def _no_constant(name: str):
     raise ProgramError(f"program JSON: {name} is not a number JSON allows (nor a size or a parameter)")
 
 
-def _op_entry(op) -> "Op":
+def _symbolic_builder(data: dict) -> "ProgramBuilder":
+    """A builder with the symbols, facts and notes of program JSON, checked."""
+    symbols, facts, notes = data.get("symbols", {}), data.get("facts", []), data.get("notes", [])
+    if not isinstance(symbols, dict):
+        raise ProgramError(f"program JSON: 'symbols' must be an object of name -> example int, got {symbols!r}")
+    if not isinstance(facts, list) or not all(isinstance(f, str) for f in facts):
+        raise ProgramError(f"program JSON: 'facts' must be a list of guard texts like 'batch % 2 == 0', got {facts!r}")
+    if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
+        raise ProgramError("program JSON: 'notes' must be a list of strings")
+    b = ProgramBuilder(symbols=symbols, facts=facts)
+    b._notes.extend(notes)
+    return b
+
+
+def _op_entry(op, symbols=None) -> "Op":
     """One op of program JSON, checked: a target, lists of inputs and outputs, a params object."""
     if not isinstance(op, dict):
         raise ProgramError(f"program JSON: op entry {op!r} is not an object with 'target', 'inputs', 'outputs'")
@@ -153,17 +276,33 @@ def _op_entry(op) -> "Op":
             raise ProgramError(f"program JSON: {where}: {key!r} must be a list, got {op.get(key)!r}")
     if not all(isinstance(o, str) for o in op["outputs"]):
         raise ProgramError(f"program JSON: {where}: outputs {op['outputs']!r} must be tensor names")
-    unknown = set(op) - {"target", "inputs", "outputs", "params", "name"}
+    unknown = set(op) - {"target", "inputs", "outputs", "params", "name", "sym_params"}
     if unknown:
         raise ProgramError(f"program JSON: {where}: unknown key(s) {', '.join(sorted(map(str, unknown)))}; an op "
-                           "has target, inputs, outputs, params and name")
+                           "has target, inputs, outputs, params, sym_params and name")
     params = op.get("params", {})
     if not isinstance(params, dict):
         raise ProgramError(f"program JSON: {where}: 'params' must be an object, got {params!r}")
     if not isinstance(op.get("name", ""), str):
         raise ProgramError(f"program JSON: {where}: 'name' must be a string")
     frozen = tuple(sorted((str(k), _freeze(v)) for k, v in params.items()))
-    return Op(op["target"], tuple(_freeze(i) for i in op["inputs"]), frozen, tuple(op["outputs"]), op.get("name", ""))
+    sym_params = op.get("sym_params", {})
+    if not isinstance(sym_params, dict):
+        raise ProgramError(f"program JSON: {where}: 'sym_params' must be an object, got {sym_params!r}")
+    example = dict(symbols or {})
+    sym_frozen = []
+    for k, v in sorted(sym_params.items()):
+        value = _sy.param_extents(op["target"], {k: _freeze(v)}, example).get(k)
+        if value is None:
+            raise ProgramError(f"program JSON: {where}: sym_params {k!r} = {v!r} holds no symbolic extent; give "
+                               "expression text of the program's symbols, e.g. ['batch*seq', 64]")
+        if _sy.evaluate_params(value, example) != _freeze(params.get(k)):
+            raise ProgramError(f"program JSON: {where}: sym_params {k!r} = {v!r} is "
+                               f"{list(_sy.evaluate_params(value, example))} at the example, params say "
+                               f"{params.get(k)!r}; make them agree")
+        sym_frozen.append((k, _sy.params_text(value)))
+    return Op(op["target"], tuple(_freeze(i) for i in op["inputs"]), frozen, tuple(op["outputs"]), op.get("name", ""),
+              tuple(sym_frozen))
 
 
 def _check_kinds(prog: "Program", declared: dict) -> None:
@@ -179,8 +318,9 @@ def _check_kinds(prog: "Program", declared: dict) -> None:
                                "'input' or 'param', or add the op that computes it")
 
 
-def _tensor_entry(t) -> "TensorSpec":
-    """One tensor of program JSON, checked: a name, positive int sizes, a known dtype and kind."""
+def _tensor_entry(t, symbols=None) -> tuple:
+    """One tensor of program JSON, checked: a name, positive int sizes, a known dtype and kind;
+    ``(TensorSpec, symbolic shape or None)``."""
     if not isinstance(t, dict) or not isinstance(t.get("name"), str) or not t["name"]:
         raise ProgramError(f"program JSON: tensor entry {t!r} needs a non-empty string 'name'")
     name, shape = t["name"], t.get("shape")
@@ -188,16 +328,29 @@ def _tensor_entry(t) -> "TensorSpec":
                                           for x in shape):
         raise ProgramError(f"program JSON: tensor {name!r}: shape {shape!r} must be a list of ints >= 1 "
                            "(at most 2**63-1)")
-    unknown = set(t) - {"name", "shape", "dtype", "kind"}
+    unknown = set(t) - {"name", "shape", "dtype", "kind", "sym_shape"}
     if unknown:
         raise ProgramError(f"program JSON: tensor {name!r}: unknown key(s) {', '.join(sorted(unknown))}; "
-                           "a tensor has name, shape, dtype and kind")
+                           "a tensor has name, shape, sym_shape, dtype and kind")
     dtype, kind = t.get("dtype", "float32"), t.get("kind", "value")
     if dtype not in DTYPES:
         raise ProgramError(f"program JSON: tensor {name!r}: dtype {dtype!r} is not one of {', '.join(DTYPES)}")
     if kind not in KINDS:
         raise ProgramError(f"program JSON: tensor {name!r}: kind {kind!r} is not one of {', '.join(KINDS)}")
-    return TensorSpec(name, tuple(shape), dtype, kind)
+    sym_shape = None
+    if "sym_shape" in t:
+        example = dict(symbols or {})
+        if not isinstance(t["sym_shape"], list):
+            raise ProgramError(f"program JSON: tensor {name!r}: sym_shape {t['sym_shape']!r} must be a list of ints "
+                               "and expression texts")
+        sym_shape = _sy.to_shape(t["sym_shape"], example, f"program JSON: tensor {name!r}")
+        if _sy.evaluate_shape(sym_shape, example) != tuple(shape):
+            raise ProgramError(f"program JSON: tensor {name!r}: sym_shape {t['sym_shape']} is "
+                               f"{list(_sy.evaluate_shape(sym_shape, example))} at the example, shape says {shape}; "
+                               "make them agree")
+        if not _sy.is_symbolic_shape(sym_shape):
+            sym_shape = None
+    return TensorSpec(name, tuple(shape), dtype, kind), sym_shape
 
 
 def _check_dataflow(prog: "Program") -> None:
@@ -231,16 +384,82 @@ def _check_dataflow(prog: "Program") -> None:
                                f"{[tuple(x) for x in shapes]}; fix the tensor entries")
 
 
+def _check_shapes(prog: "Program", where: str) -> None:
+    """Every op's rule, run on the program's shapes, gives the output shapes the program declares."""
+    from .shapes import shape_of
+
+    for op in prog.ops:
+        at = f"{where}: op {op.name or op.target} ({op.target})"
+        try:
+            shapes = shape_of(op.target, [prog.tensors[i].shape if isinstance(i, str) else i for i in op.inputs],
+                              op.kwargs())
+        except ShardingError as e:
+            raise ProgramError(f"{at} fails at these sizes ({e}); state the condition it needs as a fact of the "
+                               "program, or choose other sizes") from None
+        got = [tuple(x) for x in shapes]
+        declared = [prog.tensors[o].shape for o in op.outputs]
+        if got != declared:
+            raise ProgramError(f"{at} gives output shapes {got} at these sizes, its symbolic shapes say {declared}: "
+                               "the symbolic shape is wrong here; plan at the example sizes only, or report it")
+
+
+def _check_symbols(symbols) -> dict:
+    """``{name: example}``: identifiers bound to ints >= 1."""
+    if symbols is None:
+        return {}
+    if not isinstance(symbols, Mapping):
+        raise ProgramError(f"symbols={symbols!r}: give a dict of symbol name -> example size, e.g. "
+                           "{'batch': 4, 'seq': 16}")
+    out = {}
+    for k, v in symbols.items():
+        try:
+            sym(k)
+        except SymbolError:
+            raise ProgramError(f"symbol {k!r}: a symbol name is an identifier like 'batch' or 'seq'") from None
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_DIM:
+            raise ProgramError(f"symbol {k!r}: example value {v!r} must be an int >= 1 (the size the plan is made at)")
+        out[k] = v
+    return out
+
+
 class ProgramBuilder:
     """Write models in plain Python: ``x = b.input("x", (B, T, D)); y = b.op("mm", [x, w])``.
 
-    Output shapes come from the op rules' own shape logic (``shape_of``)."""
+    Output shapes come from the op rules' own shape logic (``shape_of``). With ``symbols``
+    (``{"batch": 4, "seq": 16}``: each symbol with its example size) shapes take symbol names,
+    Exprs or expression text (``("batch", "seq", 64)``, ``"2*seq"``), size params take Exprs (and,
+    in params typed int/ints/shape, text), and ``facts`` (``["seq % 2 == 0", "2 <= batch <= 1024"]``)
+    state what the sizes satisfy. Symbolic output shapes are inferred by interpolation
+    (``program.symbols.infer_shapes``)."""
 
-    def __init__(self):
+    def __init__(self, symbols=None, facts=()):
         self._tensors: dict = {}
         self._ops: list = []
         self._outputs: list = []
         self._count = 0
+        self._symbols = _check_symbols(symbols)
+        self._facts: list = []
+        self._sym: dict = {}  # tensor -> symbolic shape
+        self._notes: list = []
+        if isinstance(facts, (str, Guard)):
+            facts = (facts,)
+        for f in facts:
+            self.assume(f)
+
+    def assume(self, guard) -> None:
+        """State a fact on the symbols: ``b.assume("seq % 2 == 0")``; it must hold at the example."""
+        try:
+            g = Guard.parse(guard)
+        except SymbolError as e:
+            raise ProgramError(f"fact {guard!r}: {e}") from None
+        unknown = sorted(g.free_symbols - set(self._symbols))
+        if unknown:
+            raise ProgramError(f"fact {g}: names unknown symbol {unknown[0]!r} (known: "
+                               f"{', '.join(sorted(self._symbols)) or 'none'}); declare it in symbols=")
+        if not g.holds(self._symbols):
+            raise ProgramError(f"fact {g} does not hold at the example {_sy.bindings_text(self._symbols)}; give "
+                               "example sizes that satisfy it")
+        self._facts.append(g)
 
     def _add(self, spec: TensorSpec) -> str:
         if not isinstance(spec.name, str) or not spec.name:
@@ -263,43 +482,84 @@ class ProgramBuilder:
                 raise ProgramError(f"op {op.name or op.target}: output {o!r} has no tensor entry")
         self._ops.append(op)
 
+    def _tensor(self, name, shape, dtype: str, kind: str, sym_shape=None) -> str:
+        shape = tuple(shape) if hasattr(shape, "__iter__") and not isinstance(shape, str) else shape
+        if sym_shape is None and isinstance(shape, tuple) and any(isinstance(x, (str, Expr)) for x in shape):
+            sym_shape = _sy.to_shape(shape, self._symbols, f"tensor {name!r}")
+        if sym_shape is not None:
+            shape = _sy.evaluate_shape(sym_shape, self._symbols)
+        if not isinstance(shape, tuple):
+            raise ProgramError(f"tensor {name!r}: shape {shape!r} must be a tuple of sizes, e.g. (4, 8)")
+        out = self._add(TensorSpec(name, shape, dtype, kind))
+        if sym_shape is not None and _sy.is_symbolic_shape(sym_shape):
+            self._sym[name] = tuple(sym_shape)
+        return out
+
     def input(self, name: str, shape, dtype: str = "float32") -> str:
-        """A program input (activations). Returns its name."""
-        return self._add(TensorSpec(name, tuple(shape), dtype, "input"))
+        """A program input (activations). Returns its name. ``b.input("x", ("batch", "seq", 64))``."""
+        return self._tensor(name, shape, dtype, "input")
 
     def param(self, name: str, shape, dtype: str = "float32") -> str:
-        """A parameter (weights). Returns its name."""
-        return self._add(TensorSpec(name, tuple(shape), dtype, "param"))
+        """A parameter (weights). Returns its name. ``b.param("w", (64, 128))``."""
+        return self._tensor(name, shape, dtype, "param")
 
     def op(self, target: str, inputs, name: str | None = None, n_out: int = 1, dtypes=None, **params):
         """Add an op; returns its output name (a tuple of names when ``n_out > 1``, None for an op
         with no output such as a runtime assert). ``dtypes``: the outputs' element types (default:
-        the first tensor input's)."""
+        the first tensor input's). ``b.op("view", [x], size=("batch*seq", 64))``."""
+        return self._op(target, inputs, name, n_out, dtypes, params)
+
+    def _op(self, target: str, inputs, name, n_out, dtypes, params: dict, sym_outs=None):
+        """``op``; ``sym_outs``: the outputs' symbolic shapes when the source knows them (torch.export)."""
         from .shapes import shape_of
 
         tensors = self._tensors
         in_shapes, dtype = [], None
+        symbolic = False
         for i in inputs:
             if type(i) is str:
                 spec = tensors.get(i)
                 if spec is None:
                     raise ProgramError(f"op {name or target}: input {i!r} is not a tensor defined before it")
                 in_shapes.append(spec.shape)
+                symbolic = symbolic or i in self._sym
                 dtype = dtype or spec.dtype
             else:
                 in_shapes.append(i)
         dtype = dtype or "float32"
-        shapes = shape_of(target, in_shapes, params)
+        sym_params = _sy.param_extents(target, params, self._symbols) if params and self._symbols else {}
+        if sym_params:
+            params = {**params, **{k: _sy.evaluate_params(v, self._symbols) for k, v in sym_params.items()}}
+        sym_shapes = None
+        if sym_outs is not None:
+            shapes = shape_of(target, in_shapes, params)
+            sym_shapes = [tuple(s) for s in sym_outs]
+            if [_sy.evaluate_shape(s, self._symbols) for s in sym_shapes] != [tuple(s) for s in shapes]:
+                raise ProgramError(f"op {name or target}: the source's symbolic shapes "
+                                   f"{[_sy.shape_text(s) for s in sym_shapes]} are {[tuple(s) for s in shapes]} "
+                                   "by the op rule at the example; they must agree")
+        elif symbolic or sym_params:
+            sym_in = [self._sym.get(i, tensors[i].shape) if type(i) is str else i for i in inputs]
+            sym_shapes, special = _sy.infer_shapes(target, sym_in, params, sym_params, self._symbols, self._facts,
+                                                   f"op {name or target} ({target})")
+            self._facts.extend(g for g in special if g not in self._facts)
+            shapes = [_sy.evaluate_shape(s, self._symbols) for s in sym_shapes]
+        else:
+            shapes = shape_of(target, in_shapes, params)
         self._count += 1
         base = name or f"{target.split('.')[0].replace('aten', '').strip('_:') or 'op'}_{self._count}"
         outs = [] if not shapes else [base] if len(shapes) == 1 else [f"{base}.{k}" for k in range(len(shapes))]
         dts = list(dtypes) if dtypes is not None else [dtype] * len(outs)
-        for o, shp, dt in zip(outs, shapes, dts):
+        for k, (o, shp, dt) in enumerate(zip(outs, shapes, dts)):
             if o in tensors:
                 raise ProgramError(f"tensor {o!r} is defined twice")
             tensors[o] = TensorSpec(o, tuple(shp), str(dt or dtype), "value")  # shapes from the op rules
+            if sym_shapes is not None and _sy.is_symbolic_shape(sym_shapes[k]):
+                self._sym[o] = sym_shapes[k]
         frozen = tuple(sorted((k, _freeze(v)) for k, v in params.items())) if params else ()
-        self._ops.append(Op(target, tuple(inputs), frozen, tuple(outs), base))
+        sym_frozen = tuple(sorted((k, _freeze(_sy.params_text(v))) for k, v in sym_params.items())) \
+            if sym_params else ()
+        self._ops.append(Op(target, tuple(inputs), frozen, tuple(outs), base, sym_frozen))
         if not outs:
             return None
         return outs[0] if n_out == 1 else tuple(outs)
@@ -312,7 +572,10 @@ class ProgramBuilder:
 
     def build(self) -> Program:
         """The immutable Program."""
-        return Program(dict(self._tensors), tuple(self._ops), tuple(self._outputs))
+        sym_shapes = tuple((n, self._sym[n]) for n in self._tensors if n in self._sym)
+        return Program(dict(self._tensors), tuple(self._ops), tuple(self._outputs),
+                       tuple(sorted(self._symbols.items())), sym_shapes, FactBase(tuple(self._facts)).guards,
+                       tuple(dict.fromkeys(self._notes)))
 
 
 __all__ = ["Op", "Program", "ProgramBuilder", "ProgramError", "TensorSpec"]

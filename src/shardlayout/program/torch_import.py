@@ -4,18 +4,35 @@ Parameters, buffers and lifted tensor constants become named inputs with their f
 module names (``layers.0.self_attn.q_proj.weight``, never export's placeholder names); user inputs
 keep their argument names. Every op must have a sharding rule: otherwise ``UnsupportedOp`` names the
 op, its node and the source line.
+
+**Dynamic shapes.** With ``dynamic_shapes`` (torch's own argument: ``{"x": {0: Dim("batch")}}``)
+the program is symbolic: every tensor keeps torch's symbolic sizes (``meta["val"]``, read with
+``symbolic.parse``), with torch's symbols (``s77``) renamed after the user's ``Dim`` names
+(``batch``; a derived ``2*Dim("half")`` names its root), and the example binding is torch's hints
+(the example inputs' sizes). Facts: ``range_constraints`` become range guards, the divisibility
+checks torch put on the inputs become divisibility guards, ``_assert_scalar`` and
+``sym_constrain_range_for_size`` become guards when their expression is a range, equality or
+divisibility statement (else a note, kept as text). Scalar nodes (``sym_size.int``,
+``operator.mul`` of sizes, ...) are not ops: their value is the Expr, substituted where it flows
+into an op's params (a view of ``[batch*seq, 64]``); where a size is used as a tensor value
+(``x * x.size(0)``), its example value is taken. A size torch prints in a form ``symbolic.parse``
+cannot read is specialised: every symbol in it gets a guard ``symbol == example``.
 """
 
 from __future__ import annotations
 
 import operator
+import re
 
-from ..errors import UnsupportedOp
-from . import Program, ProgramBuilder, ProgramError, TensorSpec
+from ..errors import SymbolError, UnsupportedOp
+from ..symbolic import Expr, Guard, as_extent, parse, sym
+from . import Program, ProgramBuilder, ProgramError
 
 # scalar arguments of these ops are operands (add(x, 1e-6)), not parameters
 _POINTWISE_SCALARS = {"add", "sub", "mul", "div", "pow", "where", "eq", "ne", "le", "lt", "ge", "gt",
                       "maximum", "minimum", "fill", "full_like", "masked_fill"}
+_ASSERTS = ("aten._assert_scalar", "aten.sym_constrain_range_for_size", "aten.sym_constrain_range")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
 def _jsonable(v):
@@ -30,20 +47,238 @@ def _jsonable(v):
     return str(v)
 
 
-def from_torch(module, example_args, decompose: bool = True) -> Program:
-    """Export ``module`` with ``example_args`` and read its graph into a Program.
-
-    ``from_torch(LlamaTorch(2), (x, cos, sin))``
-    """
+def from_torch(module, example_args, dynamic_shapes=None, decompose: bool = True) -> Program:
+    """Export ``module`` with ``example_args`` (and torch's ``dynamic_shapes``) and read its graph
+    into a Program. ``from_torch(LlamaTorch(2), (x, cos, sin))``;
+    ``from_torch(m, (x,), {"x": {0: Dim("batch")}})`` is symbolic in ``batch``."""
     import torch
 
+    args = tuple(example_args)
+    try:
+        ep = torch.export.export(module, args, dynamic_shapes=dynamic_shapes)
+    except torch._dynamo.exc.UserError as e:  # dynamic shapes torch cannot keep: one line with its fix
+        raise ProgramError(f"torch.export refused the dynamic shapes: {_one_line(e)}") from None
+    return from_exported(ep, decompose, dim_names=_dim_names(dynamic_shapes, module, args))
 
-    ep = torch.export.export(module, tuple(example_args))
-    return from_exported(ep, decompose)
+
+def _one_line(e: Exception) -> str:
+    """torch's multi-line export error as one line: what it says, why, and its suggested fix."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    head = re.sub(r"\s*For more information, run with TORCH_LOGS=\S+\s*", " ", lines[0] if lines else type(e).__name__)
+    why = next((ln.lstrip("- ") for ln in lines[1:] if ln.startswith("- ")), "")
+    fix = [ln for ln in lines if "= Dim(" in ln or re.match(r"^\w+ = .*\*", ln)]
+    parts = [head.strip().rstrip(".")] + ([why.rstrip(".")] if why else [])
+    parts.append(f"suggested fix: {'; '.join(fix)}" if fix else "mark fewer dims dynamic, or derive them (Dim)")
+    return "; ".join(parts)
 
 
-def from_exported(ep, decompose: bool = True) -> Program:
-    """A Program from an ``ExportedProgram`` (e.g. ``torch.export.load("model.pt2")``)."""
+def _dim_names(dynamic_shapes, module, args) -> dict:
+    """``{input name or position: {dim: symbol name}}`` from torch's ``dynamic_shapes`` (a Dim's
+    name; a derived Dim's root's name; unnamed hints are left out)."""
+    import inspect
+
+    if not dynamic_shapes:
+        return {}
+    try:
+        params = [p.name for p in inspect.signature(module.forward).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        params = []
+    items = dynamic_shapes.items() if isinstance(dynamic_shapes, dict) else enumerate(dynamic_shapes)
+    out: dict = {}
+    for key, spec in items:
+        if isinstance(key, str) and key in params:
+            key = params.index(key)
+        if isinstance(spec, dict):
+            dims = spec.items()
+        elif isinstance(spec, (list, tuple)):
+            dims = enumerate(spec)
+        else:
+            continue
+        names = {}
+        for d, dim in dims:
+            root = getattr(dim, "root", None)
+            name = getattr(root if root is not None else dim, "__name__", None)
+            if isinstance(name, str) and _NAME.match(name) and isinstance(d, int):
+                names[d] = name
+        if names:
+            out[key] = names
+    return out
+
+
+class _Symbols:
+    """torch's symbols renamed after the user's Dims, their examples, and text -> Expr."""
+
+    def __init__(self):
+        self.rename: dict = {}  # torch name -> ours
+        self.example: dict = {}  # ours -> int
+        self.special: list = []  # Guards of specialised symbols
+        self._memo: dict = {}
+
+    def expr(self, v):
+        """The extent of a SymInt / int: an int or an Expr in our names."""
+        import torch
+
+        if isinstance(v, int) and not isinstance(v, bool):
+            return v
+        if isinstance(v, torch.SymInt):
+            text = str(v)
+            hit = self._memo.get(text)
+            if hit is None:
+                try:
+                    e = parse(text)
+                    hit = as_extent(e.subs({k: sym(n) for k, n in self.rename.items() if k in e.free_symbols}))
+                except SymbolError:  # a form we cannot read: specialise the symbols in it
+                    names = sorted(str(s) for s in v.node.expr.free_symbols)
+                    self.special += [Guard.eq(self.rename.get(n, n), self.example[self.rename.get(n, n)])
+                                     for n in names if self.rename.get(n, n) in self.example]
+                    hit = _hint(v)
+                self._memo[text] = hit
+            return hit
+        raise ProgramError(f"size {v!r} ({type(v).__name__}) is not an int or a SymInt")
+
+    def shape(self, val) -> tuple:
+        return tuple(self.expr(s) for s in val.shape)
+
+
+def _hint(v) -> int:
+    h = getattr(getattr(v, "node", None), "hint", None)
+    if h is None:
+        raise ProgramError(f"size {v} has no example value (a data-dependent size, e.g. from .item() or nonzero); "
+                           "shardlayout plans sizes known at export only")
+    return int(h)
+
+
+def _collect_symbols(ep, dim_names: dict, user_inputs: list) -> _Symbols:
+    """Every symbol of the graph with its example, renamed after the Dims."""
+    import torch
+
+    out = _Symbols()
+    seen: dict = {}  # torch name -> example
+
+    def visit(v):
+        if isinstance(v, torch.SymInt):
+            env = v.node.shape_env
+            for s in v.node.expr.free_symbols:
+                name = str(s)
+                if name in seen:
+                    continue
+                val = None
+                if env is not None:
+                    known = getattr(env, "backed_var_to_val", None)
+                    val = (known if known is not None else env.var_to_val).get(s)
+                if val is None and v.node.expr == s:
+                    val = v.node.hint
+                if val is not None:
+                    seen[name] = int(val)
+
+    for node in ep.graph.nodes:
+        val = node.meta.get("val")
+        vals = val if isinstance(val, (list, tuple)) else (val,)
+        for x in vals:
+            if hasattr(x, "shape"):
+                for s in x.shape:
+                    visit(s)
+            else:
+                visit(x)
+    taken = set(seen)
+    for pos, node in enumerate(user_inputs):
+        names = dim_names.get(pos) or dim_names.get(node.name) or {}
+        val = node.meta.get("val")
+        for d, name in names.items():
+            if not hasattr(val, "shape") or not -len(val.shape) <= d < len(val.shape):
+                continue
+            s = val.shape[d]
+            if not isinstance(s, torch.SymInt):
+                continue
+            free = [str(x) for x in s.node.expr.free_symbols]
+            if len(free) == 1 and free[0] not in out.rename and (name not in taken or name == free[0]) \
+                    and name not in out.rename.values():
+                out.rename[free[0]] = name
+                taken.add(name)
+    for name, val in seen.items():
+        out.example[out.rename.get(name, name)] = val
+    return out
+
+
+def _range_facts(ep, syms: _Symbols) -> list:
+    """``range_constraints`` as range guards (torch's lower bounds 0 and 1 say nothing here:
+    symbols are >= 1)."""
+    out = []
+    for key, vr in (getattr(ep, "range_constraints", None) or {}).items():
+        try:
+            e = parse(str(key)).subs({k: sym(n) for k, n in syms.rename.items()})
+        except SymbolError:
+            continue
+        lo, hi = _bound(vr.lower), _bound(vr.upper)
+        lo = lo if lo is not None and lo > 1 else None
+        if (lo is None and hi is None) or not e.free_symbols <= set(syms.example):
+            continue
+        out.append(Guard.range(e, lo, hi))
+    return out
+
+
+def _bound(x):
+    """An int bound, or None for torch's ``int_oo`` / ``-int_oo`` and anything not an integer."""
+    if getattr(x, "is_finite", True) is False or getattr(x, "is_integer", True) is False:
+        return None
+    try:
+        v = int(x)
+    except (TypeError, ValueError, OverflowError, AttributeError):
+        return None
+    return v if abs(v) < (1 << 62) else None
+
+
+_SIZE_REF = re.compile(r"L\['([^']+)'\]\.size\(\)\[(\d+)\]")
+
+
+def _input_guard_facts(ep, inputs: dict) -> list:
+    """The divisibility checks torch put on the inputs (``_guards_code``), in our symbols:
+    ``((L['x'].size()[0]*...) % 4) == 0`` becomes ``batch*... % 4 == 0``."""
+    out = []
+    for text in getattr(ep, "_guards_code", None) or ():
+        if "%" not in text or "==" not in text:
+            continue
+
+        def extent(m):
+            shape = inputs.get(m.group(1))
+            d = int(m.group(2))
+            if shape is None or d >= len(shape):
+                raise KeyError(m.group(0))
+            return f"({shape[d]})"
+
+        try:
+            g = Guard.parse(_SIZE_REF.sub(extent, text))
+        except (KeyError, SymbolError):
+            continue
+        if g.kind == "divisible" and g.free_symbols:
+            out.append(g)
+    return out
+
+
+def _sympy_guard(text: str):
+    """A guard from sympy's text of a SymBool (``Eq(Mod(u0, 4), 0)``, ``u0 <= 64``), else None."""
+    text = text.strip()
+    m = re.match(r"^(Eq|Ne)\((.*)\)$", text)
+    if m:
+        if m.group(1) == "Ne":
+            return None
+        from ..sharding.core import split_top_level
+
+        parts = split_top_level(m.group(2))
+        if len(parts) != 2:
+            return None
+        text = f"{parts[0]} == {parts[1]}"
+    try:
+        return Guard.parse(text)
+    except SymbolError:
+        return None
+
+
+def from_exported(ep, decompose: bool = True, dim_names: dict | None = None) -> Program:
+    """A Program from an ``ExportedProgram`` (e.g. ``torch.export.load("model.pt2")``);
+    ``dim_names`` (``{"x": {0: "batch"}}``, an input's name or position) names its symbols (else
+    they keep torch's names, ``s77``). ``from_exported(torch.export.load("m.pt2")).symbols``"""
     import torch
 
     from ..ops import canonical_op_name, registered
@@ -54,12 +289,18 @@ def from_exported(ep, decompose: bool = True) -> Program:
     sig = ep.graph_signature
     params = dict(sig.inputs_to_parameters)
     buffers = {**dict(getattr(sig, "inputs_to_lifted_tensor_constants", {}) or {}), **dict(sig.inputs_to_buffers)}
-    b = ProgramBuilder()
+    placeholders = [n for n in ep.graph.nodes if n.op == "placeholder"]
+    user_inputs = [n for n in placeholders if n.name not in params and n.name not in buffers]
+    syms = _collect_symbols(ep, dim_names or {}, user_inputs)
+    facts: list = []
+    notes: list = []
+    b = ProgramBuilder(symbols=syms.example)
     names: dict = {}
+    input_shapes: dict = {}
     for node in ep.graph.nodes:
         if node.op == "placeholder":
             val = node.meta.get("val")
-            shape = tuple(int(s) for s in val.shape)
+            shape = syms.shape(val)
             dtype = str(val.dtype).replace("torch.", "")
             if node.name in params:
                 name, kind = params[node.name], "param"
@@ -67,7 +308,8 @@ def from_exported(ep, decompose: bool = True) -> Program:
                 name, kind = buffers[node.name], "buffer"
             else:
                 name, kind = node.name, "input"
-            b._add(TensorSpec(name, shape, dtype, kind))
+                input_shapes[name] = shape
+            b._tensor(name, (), dtype, kind, sym_shape=shape)
             names[node] = name
         elif node.op == "call_function":
             if node.target is operator.getitem:
@@ -75,6 +317,14 @@ def from_exported(ep, decompose: bool = True) -> Program:
                 names[node] = base[node.args[1]] if isinstance(base, tuple) else base
                 continue
             target = str(node.target)
+            val = node.meta.get("val")
+            if _is_scalar_node(node, val):
+                names[node] = syms.expr(val) if isinstance(val, (int, torch.SymInt)) and not isinstance(val, bool) \
+                    else str(val)
+                continue
+            if target.startswith(_ASSERTS):
+                _assert_fact(node, target, names, syms, facts, notes)
+                continue
             short = canonical_op_name(target)
             if short not in known:
                 where = (node.meta.get("stack_trace") or "").strip().splitlines()
@@ -83,37 +333,188 @@ def from_exported(ep, decompose: bool = True) -> Program:
                     f"{target} at node {node.name!r} ({line}) has no sharding rule; declare it with "
                     f"shardlayout.register_op({short!r}, signature, rule, numpy)"
                 )
-            inputs, kwargs = [], {}
-            schema = node.target._schema.arguments
-            values = list(node.args) + [node.kwargs.get(a.name, a.default_value) for a in schema[len(node.args):]]
-            for arg, v in zip(schema, values):
-                if isinstance(v, torch.fx.Node):
-                    inputs.append(names[v])
-                elif isinstance(v, (list, tuple)) and v and all(isinstance(x, torch.fx.Node) for x in v):
-                    inputs.extend(names[x] for x in v)
-                elif short in _POINTWISE_SCALARS and isinstance(v, (int, float)) and not isinstance(v, bool) \
-                        and arg.name in ("other", "exponent", "value", "self", "scalar"):
-                    inputs.append(float(v))
-                elif v is not None:
-                    kwargs[arg.name] = _jsonable(v)
-            val = node.meta.get("val")
+            inputs, kwargs = _arguments(node, short, names, syms, b)
             n_out = len(val) if isinstance(val, (list, tuple)) else 1
             vals = val if isinstance(val, (list, tuple)) else (val,)
             dtypes = [str(v.dtype).replace("torch.", "") if hasattr(v, "dtype") else None for v in vals]
+            sym_outs = [syms.shape(v) for v in vals if v is not None and hasattr(v, "shape")] if syms.example else None
+            if sym_outs is not None and len(sym_outs) != len([v for v in vals if v is not None]):
+                sym_outs = None
             try:
-                out = b.op(target, inputs, name=node.name, n_out=n_out, dtypes=dtypes, **kwargs)
+                out = b._op(target, inputs, node.name, n_out, dtypes, kwargs, sym_outs)
             except Exception as e:  # noqa: BLE001 - name the node whatever the rule raised
                 raise ProgramError(f"node {node.name!r} ({target}): {e}") from None
             names[node] = out
             outs = () if out is None else out if isinstance(out, tuple) else (out,)
             for o, v in zip(outs, vals):
-                if v is not None and hasattr(v, "shape") and tuple(b._tensors[o].shape) != tuple(v.shape):
+                if v is not None and hasattr(v, "shape") and tuple(b._tensors[o].shape) != tuple(
+                        _hint_shape(v, syms)):
                     raise ProgramError(
                         f"node {node.name!r} ({target}): the rule gives shape {b._tensors[o].shape}, "
-                        f"torch.export says {tuple(v.shape)}"
+                        f"torch.export says {tuple(_hint_shape(v, syms))}"
                     )
         elif node.op == "output":
             for o in node.args[0]:
                 if isinstance(o, torch.fx.Node):
                     b.output(names[o])
+    if syms.example:
+        facts += _range_facts(ep, syms) + _input_guard_facts(ep, input_shapes) + syms.special
+        for g in facts:
+            if g.free_symbols <= set(syms.example) and g.holds(syms.example):
+                b._facts.append(g)
+            else:
+                notes.append(str(g))
+    b._notes.extend(notes)
     return b.build()
+
+
+def _hint_shape(v, syms: _Symbols) -> tuple:
+    from .symbols import evaluate_shape
+
+    return evaluate_shape(syms.shape(v), syms.example)
+
+
+def _is_scalar_node(node, val) -> bool:
+    """A node computing a size or a condition on sizes (sym_size.int, operator.mul, ...), not an op."""
+    import torch
+
+    if hasattr(val, "shape"):
+        return False
+    target = node.target
+    if getattr(target, "__module__", None) in ("_operator", "operator") or target in (
+            getattr(torch, "sym_max", None), getattr(torch, "sym_min", None), getattr(torch, "sym_not", None),
+            getattr(torch, "sym_sum", None), getattr(torch, "sym_float", None), getattr(torch, "sym_int", None)):
+        return isinstance(val, (int, float, bool, torch.SymInt, torch.SymBool, torch.SymFloat))
+    return str(target).startswith(("aten.sym_size", "aten.sym_numel", "aten.sym_stride", "aten.sym_storage_offset"))
+
+
+def _assert_fact(node, target: str, names: dict, syms: _Symbols, facts: list, notes: list) -> None:
+    """A runtime assert as a fact (a guard when its expression is one, else a note)."""
+    args = list(node.args)
+    if target.startswith("aten._assert_scalar"):
+        cond = args[0] if args else None
+        text = names.get(cond) if hasattr(cond, "op") else str(cond)
+        if isinstance(text, (Expr, int)):
+            text = str(text)
+        g = _sympy_guard(_renamed(str(text), syms)) if text is not None else None
+        (facts.append(g) if g is not None else notes.append(f"assert {text}"))
+        return
+    size = args[0] if args else node.kwargs.get("size")
+    e = names.get(size) if hasattr(size, "op") else size
+    lo = node.kwargs.get("min", args[1] if len(args) > 1 else None)
+    hi = node.kwargs.get("max", args[2] if len(args) > 2 else None)
+    lo = lo if isinstance(lo, int) and lo > 1 else None
+    hi = hi if isinstance(hi, int) and hi < (1 << 62) else None
+    if isinstance(e, Expr) and not e.is_constant and (lo is not None or hi is not None):
+        facts.append(Guard.range(e, lo, hi))
+    elif lo is not None or hi is not None:
+        notes.append(f"{target.split('.')[1]}({e}, min={lo}, max={hi})")
+
+
+def _renamed(text: str, syms: _Symbols) -> str:
+    if not syms.rename:
+        return text
+    return re.sub(r"\b[A-Za-z_][A-Za-z0-9_]*\b", lambda m: syms.rename.get(m.group(0), m.group(0)), text)
+
+
+def _arguments(node, short: str, names: dict, syms: _Symbols, b) -> tuple:
+    """``(tensor inputs, params)`` of a call: tensors by name, sizes as ints or Exprs."""
+    import torch
+
+    inputs, kwargs = [], {}
+    schema = node.target._schema.arguments
+    values = list(node.args) + [node.kwargs.get(a.name, a.default_value) for a in schema[len(node.args):]]
+
+    def resolve(x):
+        return names[x] if isinstance(x, torch.fx.Node) else x
+
+    def is_tensor(r):
+        return isinstance(r, str) and r in b._tensors
+
+    for arg, v in zip(schema, values):
+        if isinstance(v, torch.fx.Node):
+            r = resolve(v)
+            if is_tensor(r):
+                inputs.append(r)
+            elif short in _POINTWISE_SCALARS and arg.name in ("other", "exponent", "value", "self", "scalar"):
+                inputs.append(float(_example_value(r, syms)))  # a size used as a value: its example
+            else:
+                kwargs[arg.name] = r
+        elif isinstance(v, (list, tuple)) and v and any(isinstance(x, torch.fx.Node) for x in v):
+            rs = [resolve(x) for x in v]
+            if all(is_tensor(r) for r in rs):
+                inputs.extend(rs)
+            else:
+                kwargs[arg.name] = [r if isinstance(r, (int, Expr)) else _jsonable(r) for r in rs]
+        elif short in _POINTWISE_SCALARS and isinstance(v, (int, float)) and not isinstance(v, bool) \
+                and arg.name in ("other", "exponent", "value", "self", "scalar"):
+            inputs.append(float(v))
+        elif v is not None:
+            kwargs[arg.name] = _jsonable(v)
+    return inputs, kwargs
+
+
+def _example_value(r, syms: _Symbols):
+    if isinstance(r, Expr):
+        return r.evaluate(syms.example)
+    if isinstance(r, (int, float)):
+        return r
+    raise ProgramError(f"value {r!r} is not a number at the example")
+
+
+# ------------------------------------------------------------------------------------------
+# --dynamic "x:0=batch,x:1=seq"
+# ------------------------------------------------------------------------------------------
+
+
+def dynamic_shapes_from_text(text: str, module, example_args) -> tuple:
+    """torch's ``dynamic_shapes`` (one entry per example arg) from ``"x:0=batch,x:1=seq"``: an
+    input (its name in ``forward``, or its position), a dim, and the symbol; one ``Dim`` per
+    symbol name, shared by every dim that names it.
+    ``dynamic_shapes_from_text("x:0=batch", m, (x,)) -> ({0: Dim('batch')},)``"""
+    import inspect
+
+    import torch
+
+    args = tuple(example_args)
+    try:
+        params = [p.name for p in inspect.signature(module.forward).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        params = []
+    specs: list = [None] * len(args)
+    dims: dict = {}
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        m = re.match(r"^([A-Za-z_][A-Za-z0-9_]*|\d+)\s*:\s*(-?\d+)\s*=\s*(.+)$", item)
+        if not m or not m.group(3).strip().isascii():
+            raise ProgramError(f"--dynamic {item!r}: write INPUT:DIM=SYMBOL, e.g. x:0=batch (INPUT is a forward "
+                               "argument's name or position)")
+        who, d, name = m.group(1), int(m.group(2)), m.group(3).strip()
+        if who.isdigit():
+            pos = int(who)
+            if pos >= len(args):
+                raise ProgramError(f"--dynamic {item!r}: the model takes {len(args)} example input(s); position {pos} "
+                                   f"does not exist (inputs: {', '.join(params[:len(args)]) or 'none'})")
+        else:
+            if who not in params[:len(args)]:
+                raise ProgramError(f"--dynamic {item!r}: the model's forward has no input {who!r}; its inputs are "
+                                   f"{', '.join(params[:len(args)]) or 'positional only (use 0, 1, ...)'}")
+            pos = params.index(who)
+        arg = args[pos]
+        if not isinstance(arg, torch.Tensor):
+            raise ProgramError(f"--dynamic {item!r}: input {who!r} is a {type(arg).__name__}, not a tensor")
+        if not -arg.dim() <= d < arg.dim():
+            raise ProgramError(f"--dynamic {item!r}: input {who!r} has {arg.dim()} dims (shape {tuple(arg.shape)}); "
+                               f"dim {d} does not exist")
+        if not _NAME.match(name):
+            raise ProgramError(f"--dynamic {item!r}: symbol {name!r} must be an identifier like batch or seq")
+        dim = dims.setdefault(name, torch.export.Dim(name))
+        specs[pos] = {**(specs[pos] or {}), d % arg.dim(): dim}
+    if not any(specs):
+        raise ProgramError(f"--dynamic {text!r}: name at least one dim, e.g. x:0=batch")
+    return tuple(specs)
+
+
+__all__ = ["dynamic_shapes_from_text", "from_exported", "from_torch"]

@@ -17,6 +17,7 @@ import numpy as np
 from ..caches import memo
 from ..errors import RunError
 from ..execute.simulator import group_of
+from ..ops.result import at_rank
 from ..sharding.collective import CollectiveKind
 from .torch_ops import torch_op
 
@@ -71,7 +72,8 @@ class TorchRankExecutor:
 
     def op(self, opdef, inputs: list, params: dict, outputs: tuple) -> list:
         """Run the op's aten implementation on this rank's local tensors."""
-        return torch_op(opdef, inputs, params, [s.local_shape(self.rank) for s in outputs])
+        shapes = [s.local_shape(self.rank) for s in outputs]
+        return torch_op(opdef, inputs, at_rank(params, self.mesh, self.rank), shapes)
 
     def collective(self, c, x):
         """Run one planned collective on this rank's piece ``x`` (differentiable: its backward is

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from ..errors import SimulationUnsupported
 from ..ops.registry import PLANNING_PARAMS
+from ..ops.resize import local_pad, local_slice
 
 _DTYPE_PARAMS = ("dtype", "out_dtype", "input_dtype")
 
@@ -132,9 +133,24 @@ def torch_op(opdef, args: list, params: dict, out_shapes: list) -> list:
             kw[k] = _torch_dtype(torch, kw[k])
     if opdef.not_simulated:
         raise SimulationUnsupported(f"op {opdef.name} cannot run here: {opdef.not_simulated}")
+    local = params.get("local")  # a comm-free cut's local run (ops.resize): whole groups of this rank's shard
     if opdef.name in ("split", "split_with_sizes", "chunk"):  # at the local pieces' sizes (a carved split)
+        if local is not None:
+            return [local_slice(args[0], kw.get("dim", 0), *g, size=s[kw.get("dim", 0)])
+                    for g, s in zip(local, out_shapes)]
         return list(args[0].split([s[kw.get("dim", 0)] for s in out_shapes], dim=kw.get("dim", 0)))
-    if opdef.shape_driven:
+    if opdef.name in ("slice", "narrow") and local is not None:
+        return [local_slice(args[0], kw["dim"], *local, size=out_shapes[0][kw["dim"]]).contiguous()]
+    if opdef.name == "slice_backward":
+        g = args[0]
+        zeros = lambda shape: torch.zeros(shape, dtype=g.dtype)  # noqa: E731
+        if local is not None:
+            return [local_pad(g, out_shapes[0], kw["dim"], *local, zeros)]
+        out = zeros(tuple(out_shapes[0]))
+        idx = (slice(None),) * kw["dim"] + (slice(kw["start"], kw["end"], kw.get("step", 1)),)
+        out[idx] = g
+        return [out]
+    if opdef.shape_driven and opdef.name not in ("slice", "narrow"):
         x = args[0]
         if opdef.name == "expand":
             return [x.expand(*out_shapes[0]).contiguous()]
