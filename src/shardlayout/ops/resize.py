@@ -196,6 +196,20 @@ def _short(f: Factor, rest, c: int, j0: int, count: int, groups: int, prefix: in
                prefix * f.size + j0 + m, 1, True)
 
 
+def local_run(c: Cut) -> str:
+    """What each rank does for a comm-free cut, in words (``explain``).
+    ``local_run(Cut((), 4, 1, 3)) -> 'each rank keeps groups 1:3 of the 4 in its shard, no data moves'``"""
+    keep = f"groups {c.start}:{c.stop}" + (f":{c.step}" if c.step != 1 else "") + f" of the {c.groups} in its shard"
+    if type(c.offset) is ByCoord:
+        who = c.offset.axis if c.offset.pre == 1 else f"{c.offset.axis}:({c.offset.pre}){c.offset.size}"
+        return (f"the first rank on {who} keeps the tail of its shard from element {c.offset.values[0]}, the next "
+                f"the head of its shard, the others nothing; no data moves")
+    if c.head:
+        return f"each rank keeps {keep}, cut to the length of its shard of the result (short or empty at the end); " \
+               "no data moves"
+    return f"each rank keeps {keep}, no data moves"
+
+
 def _stepped(f: Factor, rest, c: int, j0: int, j1: int, step: int, groups: int, prefix: int) -> Cut | str:
     """Chunks ``j0..j1`` of ``f`` (``c`` elements each, factors ``rest``), every ``step``-th
     element: the factors stay when ``rest`` is even and ``step`` divides its innermost local
@@ -332,8 +346,7 @@ def _slice_rule(name, inputs, dim=0, start=None, end=None, step=1, length=None, 
     if isinstance(got, str):
         return gather((f"dim {dim}: not comm-free: {got}",))
     out = _with_dim(s, dim, size, got.factors)
-    note = f"dim {dim}: [{a}:{b}:{step}] falls on the shards: each rank slices its own (groups {got.start}:" \
-           f"{got.stop}:{got.step} of {got.groups}), no data moves"
+    note = f"dim {dim}: [{a}:{b}" + (f":{step}" if step != 1 else "") + f"] falls on the shards: {local_run(got)}"
     return _local(name, (s,), (out,), note, cm, tensor_dtype, out_pins, gather,
                   (("local", tuple(got[1:])),))
 
@@ -525,4 +538,5 @@ register_op("slice_backward", "grad ; input_sizes: ints, dim: dim, start: int, e
             _slice_backward_rule, _np_slice_backward, shape_driven=True)
 
 
-__all__ = ["Cut", "carve", "cut", "join", "local_pad", "local_slice", "pad", "slice_bounds", "split_sizes_of"]
+__all__ = ["Cut", "carve", "cut", "join", "local_pad", "local_run", "local_slice", "pad", "slice_bounds",
+           "split_sizes_of"]
