@@ -43,7 +43,7 @@ PER_LAYER = {  # (family, style): counts; 2 layers, each one attention and one M
 }
 
 
-@pytest.mark.parametrize("family", ["hf_llama", "titan_llama", "gpt2", "vit"])
+@pytest.mark.parametrize("family", ["hf_llama", "titan_llama", "gpt2", "vit", "phi3"])
 @pytest.mark.parametrize("style", sorted(PER_LAYER))
 def test_collectives_per_layer(family, style):
     assert _plan(family, style).counts() == PER_LAYER[style]
@@ -116,6 +116,16 @@ def test_weight_shardings_gpt2_fused_qkv_and_conv1d():
     split = [op for op in p.ops if op.target.startswith("aten.split")]
     assert [str(o) for o in split[0].outputs] == ["[dp, 8, tp*8]"] * 3
     assert not any(c.op.startswith("split") for c in p.collectives)
+
+
+def test_phi3_slices_of_the_fused_qkv_move_nothing():
+    """Phi-3 cuts its fused q|k|v output with slices: the strided weight keeps each rank's slice
+    of q, of k and of v, and each slice keeps the shards (ops.resize), proven for every rank."""
+    p = _plan("phi3", "megatron")
+    assert str(p.shardings["layers.0.self_attn.qkv_proj.weight"]) == "[3*tp*8, 16]"
+    slices = [op for op in p.ops if op.target.startswith("aten.slice") and op.local]
+    assert len(slices) == 3 * L and all(str(op.outputs[0]) == "[dp, 8, tp*8]" for op in slices)
+    assert p.verify().proven
 
 
 def test_weight_shardings_vit_fused_qkv_unbound():

@@ -8,6 +8,8 @@ styles: none uses this project's weight names.
                  (``addmm``), attention written out (softmax(QK^T)V with a causal mask), tanh GELU
     MLPStack     residual MLP blocks only: one Linear pair with biases, one fused gate|up (chunk)
     ViT          timm's: a patch convolution, a class token, fused ``qkv`` reshaped and unbound
+    Phi3         Phi-3's fused ``qkv_proj`` cut by slices (``qkv[..., :d]``) and ``gate_up_proj``
+                 (chunk), RoPE on the sliced q and k
     ConvNet      no attention and no MLP block: convolutions and a single Linear head
 
 Each ``make_*`` returns ``(module, example_args)``, as ``--module FILE.py:factory`` wants.
@@ -360,6 +362,55 @@ class ViT(nn.Module):
         return self.head(self.norm(x)[:, 0])
 
 
+# ------------------------------------------------------------------------------------------
+# Phi-3: fused projections cut by slices
+# ------------------------------------------------------------------------------------------
+
+
+class Phi3Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv_proj = nn.Linear(DIM, 3 * DIM, bias=False)
+        self.o_proj = nn.Linear(DIM, DIM, bias=False)
+
+    def forward(self, x, cos, sin):
+        b, s, _ = x.shape
+        qkv = self.qkv_proj(x)
+        q, k, v = qkv[..., :DIM], qkv[..., DIM:2 * DIM], qkv[..., 2 * DIM:]
+        q, k, v = (t.view(b, s, HEADS, DIM // HEADS).transpose(1, 2) for t in (q, k, v))
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o_proj(o.transpose(1, 2).reshape(b, s, DIM))
+
+
+class Phi3MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.gate_up_proj = nn.Linear(DIM, 2 * FFN, bias=False)
+        self.down_proj = nn.Linear(FFN, DIM, bias=False)
+
+    def forward(self, x):
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class Phi3Layer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.input_layernorm, self.post_attention_layernorm = RMSNorm(DIM), RMSNorm(DIM)
+        self.self_attn, self.mlp = Phi3Attention(), Phi3MLP()
+
+    def forward(self, x, cos, sin):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Phi3(HFLlama):
+    def __init__(self, layers: int = 2):
+        super().__init__(layers)
+        self.layers = nn.ModuleList(Phi3Layer() for _ in range(layers))
+
+
 def _tokens():
     return torch.randint(0, VOCAB, (BATCH, SEQ))
 
@@ -379,6 +430,11 @@ def make_gpt2(layers: int = 2):
     return GPT2(layers).eval(), (_tokens(),)
 
 
+def make_phi3(layers: int = 2):
+    torch.manual_seed(0)
+    return Phi3(layers).eval(), (_tokens(),)
+
+
 def make_mlp_stack():
     torch.manual_seed(0)
     return MLPStack().eval(), (torch.randn(BATCH, SEQ, DIM),)
@@ -395,10 +451,10 @@ def make_convnet():
 
 
 FAMILIES = {"hf_llama": make_hf_llama, "titan_llama": make_titan_llama, "gpt2": make_gpt2,
-            "mlp_stack": make_mlp_stack, "vit": make_vit, "convnet": make_convnet}
+            "mlp_stack": make_mlp_stack, "vit": make_vit, "convnet": make_convnet, "phi3": make_phi3}
 
 
-LAYERED = ("hf_llama", "titan_llama", "gpt2", "vit")
+LAYERED = ("hf_llama", "titan_llama", "gpt2", "vit", "phi3")
 
 
 @functools.cache
