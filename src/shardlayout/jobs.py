@@ -23,6 +23,8 @@ def load_program(args):
     from .program import Program
     from .program.models import MODELS
 
+    if getattr(args, "dynamic", None) is not None and not args.dynamic.strip(" ,"):
+        raise ShardingError("--dynamic '': name at least one dim, e.g. --dynamic x:0=batch (INPUT:DIM=SYMBOL)")
     if getattr(args, "dynamic", None) and not getattr(args, "module", None):
         raise ShardingError("--dynamic applies to --module (the model is exported with those dims dynamic); an "
                             "--export archive keeps the dynamic dims it was exported with")
@@ -143,6 +145,7 @@ def build_plan(args):
     prog = load_program(args)
     pins, matched = style_and_tp_plan(prog, mesh, args)
     pins.update(user_pins(args, mesh))
+    _check_uneven(args, prog)
     p = plan(prog, mesh, pins, uneven=bool(getattr(args, "uneven", False)))
     p.matched = matched
     return p
@@ -169,6 +172,7 @@ def build_auto(args):
 
     mesh = Mesh.parse(args.mesh)
     prog = load_program(args)
+    _check_uneven(args, prog)
     pins = {}
     if getattr(args, "tp_plan", None):
         from .program.tp_plan import apply_tp_plan, read_tp_plan
@@ -185,6 +189,12 @@ def build_auto(args):
         a.plan.uneven = bool(getattr(args, "uneven", False))
         a.plan.guards = plan_guards(a.plan, a.plan.uneven)
     return a
+
+
+def _check_uneven(args, prog) -> None:
+    if getattr(args, "uneven", False) and not prog.symbols:
+        raise ShardingError("--uneven is for programs with symbolic sizes (torch.chunk semantics instead of "
+                            "divisibility guards): add --dynamic INPUT:DIM=SYMBOL to --module, or drop --uneven")
 
 
 def style_and_tp_plan(prog, mesh, args) -> tuple:

@@ -152,3 +152,17 @@ def test_resize_ops_are_proven_and_a_wrong_cut_fails():
     # without the planned local run the rank slices global bounds from its shard: not proven
     im = index_map("slice", (w,), {"dim": 0, "start": 2, "end": 6, "step": 1})
     assert check_op(w.mesh, im, (w,), q.outputs).failed
+
+
+def test_resize_proof_fails_cleanly_on_a_placement_that_cannot_be():
+    from shardlayout import propagate
+    from shardlayout.execute.indexmap import index_map
+    from shardlayout.execute.proof import check_op
+
+    m = Mesh.parse("tp=2")
+    g = Sharding.parse("[tp]", m)
+    prm = dict(input_sizes=[4], dim=0, start=0, end=2, step=1)
+    p = propagate("slice_backward", [g], **prm)
+    imap = index_map("slice_backward", (g,), {**prm, **dict(p.local)}, 1)
+    assert check_op(m, imap, (g,), p.outputs).status == "proven"
+    assert check_op(m, imap, (g,), (Sharding.parse("[4]", m),)).failed  # a wrong output: failed, no crash

@@ -113,3 +113,36 @@ def test_concrete_programs_have_no_guards(text):
     b.output(b.op("relu", [b.input("x", (8, 16))], name="y"))
     p = plan(b.build(), MESH, {"x": text})
     assert p.guards == () and json.loads(p.to_json())["guards"] == [] and p.verify().ok
+
+
+def test_a_comm_free_slice_of_a_symbolic_dim_is_specialised():
+    """Whether a cut falls on the shards depends on the sizes: the plan claims it at the
+    example's only, and says so (``seq == 8``); verification at other sizes agrees."""
+    m = Mesh.parse("tp=2")
+    b = ProgramBuilder(symbols={"seq": 8})
+    x = b.input("x", ("seq", 4))
+    b.output(b.op("slice", [x], name="y", dim=0, start=0, end=4))
+    p = plan(b.build(), m, {"x": Sharding.parse("[tp*4, 4]", m)})
+    assert not p.collectives and str(p.shardings["y"]) == "[4*tp of 4, 4]"
+    assert "seq == 8" in [str(g) for g in p.guards]
+    assert p.verify().ok
+
+
+def test_uneven_guards_hold_at_the_example():
+    m = Mesh.parse("dp=4")
+    b = ProgramBuilder(symbols={"batch": 2})
+    x = b.input("x", ("batch", 8))
+    b.output(b.op("relu", [x], name="y"))
+    p = plan(b.build(), m, {"x": Sharding.parse("[dp of 2, 8]", m)}, uneven=True)
+    assert [str(g) for g in p.guards] == ["batch >= 2"] and all(g.holds({"batch": 2}) for g in p.guards)
+    assert p.verify().ok
+
+
+@pytest.mark.parametrize("argv", [["--model", "llama", "--layers", "1", "--uneven"],
+                                  ["--module", "examples/own_model.py:make", "--dynamic", ""]])
+def test_cli_refuses_uneven_without_symbols_and_an_empty_dynamic(argv, capsys):
+    from shardlayout.cli import main
+
+    assert main(["plan", "--mesh", "tp=2", "--style", "megatron", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("shardlayout: error:")

@@ -105,7 +105,8 @@ def test_interpolated_shapes_match_the_rules_at_random_bindings(seed):
 def test_floor_forms_and_specialisation_are_explicit():
     s = sym("seq")
     out, special = infer_shapes("chunk", [(s, 8)], {"chunks": 2}, {}, {"seq": 5}, ())
-    assert [str(x[0]) for x in out] == ["ceil(seq/2)", "seq//2"] and special == ()
+    # two pieces only from seq = 2 on: the form is claimed there (a range fact), not below
+    assert [str(x[0]) for x in out] == ["ceil(seq/2)", "seq//2"] and special == (Guard.parse("seq >= 2"),)
     out, special = infer_shapes("slice", [(s, 8)], {"dim": 0, "start": 0, "end": 1 << 60, "step": 3}, {},
                                 {"seq": 9}, ())
     assert str(out[0][0]) == "ceil(seq/3)"
@@ -297,3 +298,15 @@ def test_a_saved_dynamic_export_plans_with_torch_symbol_names(models, tmp_path, 
     b, s = sorted(data["symbols"], key=data["symbols"].get)  # the archive has no Dim names: torch's own
     assert code == 0 and data["symbols"] == {b: 4, s: 16} and data["shapes"]["x"] == [b, s, 16]
     assert data["guards"] == [f"{b} % 2 == 0", f"{b} <= 1024"]
+
+
+def test_a_shape_fitted_at_large_sizes_is_claimed_only_where_it_holds():
+    """``x[:5]`` has 5 rows only from n = 5 on; a chunk in 2 has two pieces only from n = 2 on:
+    the fitted shapes come with the range they hold in, as facts."""
+    b = ProgramBuilder(symbols={"n": 8})
+    x = b.input("x", ("n", 4))
+    b.output(b.op("slice", [x], name="y", dim=0, start=0, end=5))
+    b.output(b.op("slice", [x], name="z", dim=0, start=3))
+    p = b.build()
+    assert [str(f) for f in p.facts] == ["n >= 5"]
+    assert str(p.sym_shape("z")[0]) == "n - 3"

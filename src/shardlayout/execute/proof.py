@@ -441,7 +441,11 @@ def check_resize(mesh: Mesh, imap: IndexMap, inputs, outputs, budget: int = 1 <<
             continue
         if kind == "pad":
             local = at_rank({"local": cuts[0]}, mesh, rank)["local"]
-            ids = local_pad(np.arange(1, len(held[0]) + 1), (len(want[0]),), 0, *local, np.zeros)
+            try:
+                ids = local_pad(np.arange(1, len(held[0]) + 1), (len(want[0]),), 0, *local, np.zeros)
+            except (ValueError, TypeError, ZeroDivisionError):
+                return _fail(f"slice_backward dim {d} at {where}: the local placement cannot put a shard of "
+                             f"{len(held[0])} into one of {len(want[0])} as {local[0]} groups")
             m = tensors[0].shape[d]
             placed = ids > 0
             ok = np.array_equal(want[0][placed], start + held[0][ids[placed].astype(np.int64) - 1]) and \
@@ -455,7 +459,7 @@ def check_resize(mesh: Mesh, imap: IndexMap, inputs, outputs, budget: int = 1 <<
             local = at_rank({"local": c}, mesh, rank)["local"]
             try:
                 pos = local_slice(np.arange(len(held[0])), 0, *local, size=len(w))
-            except (ValueError, TypeError):
+            except (ValueError, TypeError, ZeroDivisionError):
                 return _fail(f"{kind} dim {d} at {where}: the local run cannot read the shard of {len(held[0])} "
                              f"as {local[0]} groups")
             first = start if kind == "slice" else at_piece

@@ -112,7 +112,8 @@ def divisibility_guards(plan) -> tuple:
 
 def extent_guards(plan) -> tuple:
     """``E >= P`` for every symbolic extent E sharded on mesh factors of total size P (the
-    condition of an uneven plan): ``extent_guards(p) -> (Guard.parse('batch >= 2'),)``."""
+    condition of an uneven plan; ``E >= e`` when the example's extent e is below P, so the
+    example always holds): ``extent_guards(p) -> (Guard.parse('batch >= 2'),)``."""
     prog = plan.program
     out = {}
     for name, s in _sharded(plan):
@@ -120,20 +121,55 @@ def extent_guards(plan) -> tuple:
         if len(shape) == len(s.dims):
             for e, dim in zip(shape, s.dims):
                 p = _mesh_size(dim)
-                if is_symbolic(e) and p > 1:
-                    g = Guard.range(e, p, None)
+                lo = min(p, e.evaluate(prog.example)) if is_symbolic(e) else 1
+                if p > 1 and lo > 1:  # as sharded as at the example (never a guard it fails)
+                    g = Guard.range(e, lo, None)
                     out.setdefault(str(g), g)
+    return tuple(out[k] for k in sorted(out))
+
+
+RESIZES = ("slice", "narrow", "split", "split_with_sizes", "chunk", "cat", "concat", "concatenate",
+           "slice_backward")
+
+
+def resize_guards(plan) -> tuple:
+    """``E == example`` for the symbolic extents along the cut dim of every slice / split / cat
+    that runs on each rank's own shard (``ops.resize``): whether the cut falls on the shards
+    depends on the sizes, so the plan claims it at the example's only (specialised, and said).
+    ``resize_guards(p) -> (Guard.parse('seq == 16'),)``"""
+    prog = plan.program
+    out = {}
+    for op, po in zip(prog.ops, plan.ops):
+        base = po.target.split("::")[-1].replace("aten.", "").split(".")[0]
+        if base not in RESIZES:
+            continue
+        d = dict(op.params).get("dim", 0)
+        tensors = [(i, t) for i, t in zip(op.inputs, po.input_targets) if isinstance(i, str)] + \
+            list(zip(op.outputs, po.outputs))
+        for _, s in tensors:
+            if not isinstance(s, Sharding) or not s.ndim:
+                continue
+            dd = d % s.ndim
+            if not any(getattr(f, "axis", None) is not None for f in s.dims[dd]):
+                continue
+            for other, _ in tensors:
+                e = prog.sym_shape(other)[dd] if len(prog.sym_shape(other)) > dd else None
+                if is_symbolic(e):
+                    g = Guard.eq(e, e.evaluate(prog.example))
+                    out.setdefault(str(g), g)
+            break
     return tuple(out[k] for k in sorted(out))
 
 
 def plan_guards(plan, uneven: bool = False) -> tuple:
     """The guards under which ``plan``'s decisions hold at every size: the program's facts plus
-    the divisibility guards (``uneven``: the ``E >= P`` guards instead), without those the others
+    the divisibility guards (``uneven``: the ``E >= P`` guards instead) and the sizes a slice / cat
+    on local shards is specialised to (``resize_guards``), without those the others
     imply, in text order. ``plan_guards(p) -> (Guard.parse('batch % 2 == 0'), Guard.parse('seq % 4 == 0'))``"""
     prog = plan.program
     if not prog.symbols:
         return ()
-    need = extent_guards(plan) if uneven else divisibility_guards(plan)
+    need = (extent_guards(plan) if uneven else divisibility_guards(plan)) + resize_guards(plan)
     return FactBase().minimal(tuple(prog.facts) + need)
 
 

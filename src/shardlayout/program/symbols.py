@@ -477,7 +477,37 @@ def infer_shapes(target: str, in_shapes: list, params: dict, sym_params: dict, e
             out.append(tuple(dims))
     except _Structure:
         return base, _specialise(names, example)
-    return out, ()
+    return out, _valid_from(out, sampler, fb, names, example)
+
+
+def _valid_from(shapes, sampler, fb: FactBase, names: list, example: Mapping) -> tuple:
+    """Range guards ``sym >= L``: for each symbol, walking down from its example (the others at
+    theirs), the smallest value from which the fitted shapes still equal the rule's at every
+    value up to the example — a fit made at larger sizes (``x[:5]`` is 5 only from 5 on, a
+    ``chunk(2)`` has two pieces only from 2 on) is claimed only there, and that is stated."""
+    out = []
+    ex = tuple(example[n] for n in names)
+    for i, n in enumerate(names):
+        lo = fb.bounds(sym(n))[0] or 1
+        # every value up to 64 and a few larger ones below the example, largest first
+        tries = sorted({v for v in range(lo, min(ex[i], 65))} | {ex[i] - k for k in (1, 2, 3)}
+                       | {ex[i] // k for k in (2, 3, 4, 8)}, reverse=True)
+        good = ex[i]
+        for v in (v for v in tries if lo <= v < ex[i]):
+            p = ex[:i] + (v,) + ex[i + 1:]
+            if not all(g.holds(dict(zip(names, p))) for g in fb.guards if g.free_symbols <= set(names)):
+                continue
+            try:
+                got = sampler(p)
+            except (SymbolicShapeError, _Structure):
+                break
+            b = dict(zip(names, p))
+            if any(evaluate(e, b) != x for shp, row in zip(shapes, got) for e, x in zip(shp, row)):
+                break
+            good = v
+        if good > lo:
+            out.append(Guard.range(sym(n), good, None))
+    return tuple(out)
 
 
 def _checked(e, sampler, points, names, j, d):
