@@ -356,6 +356,25 @@ def _plan_title(p, args) -> str:
         f", style {args.style}" if getattr(args, "style", None) else "")
 
 
+def _print_streams(p) -> None:
+    """The collectives a stream overlaps with matmuls (plan.stream), when any pays."""
+    from .plan.estimate import DEFAULT_FLOP_RATE
+    from .plan.stream import stream_plan
+
+    sp = stream_plan(p)
+    if not sp.choices:
+        return
+    print(f"step (forward, at {DEFAULT_FLOP_RATE / 1e12:.0f} TFLOP/s): ~{sp.serial_seconds * 1e6:.1f} µs serial, "
+          f"~{sp.overlapped_seconds * 1e6:.1f} µs with {len(sp.choices)} stream overlap(s):")
+    for c in sp.choices:
+        kinds = "+".join(sorted({x.kind.value for x in p.moves.get((c.tensor, c.sharding), ())} |
+                                {x.kind.value for (t, _), cs in p.moves.items() if t == c.tensor for x in cs
+                                 if x.kind.communicates})) or "move"
+        what = "feeds" if c.side == "before" else "takes the output of"
+        print(f"  {c.chunks:>2} chunks {c.text}: the {kinds} of {c.tensor} {what} {', '.join(c.ops)} "
+              f"({c.serial * 1e6:.1f} -> {c.overlapped * 1e6:.1f} µs)")
+
+
 def print_plan(p, v, args) -> None:
     prog = p.program
     shown = [n for n in prog.tensors if prog.tensors[n].kind in ("input", "param")
@@ -386,6 +405,7 @@ def print_plan(p, v, args) -> None:
     print()
     print(f"total: {len(p.collectives)} collectives ({counts or 'none'}), {p.total_bytes} bytes, "
           f"~{p.total_seconds * 1e6:.1f} µs estimated; planned in {p.plan_seconds * 1e3:.1f} ms")
+    _print_streams(p)
     if prog.symbols:
         print(f"guards: {', '.join(str(g) for g in p.guards) or 'none'}")
     if v is not None:
@@ -534,6 +554,8 @@ def _add_model_args(pl) -> None:
     pl.add_argument("--module", help="pkg.mod:factory returning (torch module, example args); via torch.export")
     pl.add_argument("--export", help="a torch.export .pt2 file")
     pl.add_argument("--layers", type=int, default=2)
+    pl.add_argument("--size", metavar="KEY=N,...", help="a built-in model's sizes, e.g. dim=4096,seq=4096,batch=1,"
+                    "heads=32,ffn=11008 (llama) or tokens=...,experts=... (moe)")
     pl.add_argument("--mesh", default="dp=2,tp=4")
     pl.add_argument("--style", choices=["dp", "megatron", "megatron-sp", "fsdp", "ep", "auto"], default=None,
                     help="pins found by graph structure (attention/MLP blocks, embeddings, norms, heads, experts)")

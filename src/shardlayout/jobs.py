@@ -23,6 +23,10 @@ def load_program(args):
     from .program import Program
     from .program.models import MODELS
 
+    if getattr(args, "size", None) and (getattr(args, "module", None) or getattr(args, "export", None)
+                                        or getattr(args, "program", None)):
+        raise ShardingError("--size sets a built-in model's sizes (--model llama|moe); a module, program or "
+                            "export has its own")
     if getattr(args, "dynamic", None) is not None and not args.dynamic.strip(" ,"):
         raise ShardingError("--dynamic '': name at least one dim, e.g. --dynamic x:0=batch (INPUT:DIM=SYMBOL)")
     if getattr(args, "dynamic", None) and not getattr(args, "module", None):
@@ -73,7 +77,30 @@ def load_program(args):
     if isinstance(args.layers, int) and args.layers > MAX_LAYERS:
         raise ShardingError(f"--layers {args.layers}: the built-in models go up to {MAX_LAYERS} layers "
                             f"(planning time grows linearly, ~2 ms a layer); give at most {MAX_LAYERS}")
-    return MODELS[args.model](layers=args.layers)
+    return MODELS[args.model](layers=args.layers, **model_sizes(args.model, getattr(args, "size", None)))
+
+
+def model_sizes(model: str, text: str | None) -> dict:
+    """``--size dim=4096,seq=4096`` for a built-in model: its size parameters, checked.
+    ``model_sizes("llama", "dim=64,seq=32") -> {"dim": 64, "seq": 32}``"""
+    import inspect
+
+    from .program.models import llama, moe
+
+    if not text:
+        return {}
+    fn = {"llama": llama, "moe": moe}[model]
+    known = [p for p in inspect.signature(fn).parameters if p != "layers"]
+    out = {}
+    for item in (x.strip() for x in text.split(",") if x.strip()):
+        key, eq, value = item.partition("=")
+        key = key.strip()
+        if key not in known or not eq:
+            raise ShardingError(f"--size {item!r}: {model} takes {', '.join(f'{k}=N' for k in known)}")
+        if not value.strip().isascii() or not value.strip().isdigit() or int(value) < 1 or int(value) > 1 << 40:
+            raise ShardingError(f"--size {key}={value.strip()!r}: give a positive whole number (at most 2**40)")
+        out[key] = int(value)
+    return out
 
 
 def _call_factory(spec: str):

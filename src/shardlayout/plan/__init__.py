@@ -120,6 +120,9 @@ class Plan:
             data["plan_seconds"] = self.plan_seconds
         if self.matched is not None:
             data["matched"] = self.matched
+        from .stream import stream_plan
+
+        data["streams"] = stream_plan(self).to_json()
         data.update(self._symbolic_json())
         return json.dumps(data, indent=1, sort_keys=True)
 

@@ -100,4 +100,4 @@ def moe(tokens: int = 16, dim: int = 16, experts: int = 4, ffn: int = 32, top_k:
     return b.build()
 
 
-MODELS = {"llama": llama, "moe": lambda layers=1: moe()}
+MODELS = {"llama": llama, "moe": lambda layers=1, **sizes: moe(**sizes)}

@@ -1,0 +1,302 @@
+"""Stream overlap: a collective feeding (or fed by) a matmul, cut into k chunks computed one
+after another, so each chunk's collective runs while the matmul works on another.
+
+A **stream** is a parallel type of its own (nvFuser's ``Stream``): a dim cut into ``k`` chunks
+computed in turn on every rank — it adds no ranks and moves no data, it only orders the work.
+Text form: ``~k`` as the dim's outermost factor, ``[~4*16, tp*32]``: dim 0 in 4 stream chunks
+of 16 (``stream_text``).
+
+Where it pays: a matmul whose input is gathered along a dim the matmul passes through (Megatron
+-SP's all_gather of the sequence before the column-parallel projections: collective matmul /
+async TP), or whose partial output is reduced (or reduce-scattered) along such a dim (the
+row-parallel projection's all_reduce / reduce_scatter). Cut along that dim, chunk ``i``'s
+collective overlaps chunk ``i-1``'s matmul: a two-stage pipeline of ``k`` chunks takes
+
+    T(k) = a + (k - 1) * max(a, m) + m        a = one chunk's collective, m = one chunk's matmul
+
+(``a`` from the same cost model at ``bytes / k``: each chunk pays the latency again), against
+``A + M`` serially (``k = 1``). For every such pair the smallest ``T(k)`` over
+``k`` in ``CHUNKS`` dividing the dim is chosen (ties: fewer chunks); each collective and each
+matmul overlaps at most once (the largest saving first). ``stream_plan(plan)`` returns the
+choices and both estimates; ``plan`` prints them beside each other.
+
+    >>> from shardlayout import Mesh
+    >>> from shardlayout.plan import plan
+    >>> from shardlayout.program.models import llama, style_pins
+    >>> prog, m = llama(layers=1, dim=4096, seq=4096, batch=1), Mesh.parse("tp=8")
+    >>> sp = stream_plan(plan(prog, m, style_pins(prog, m, "megatron-sp")))
+    >>> sp.overlapped_seconds < sp.serial_seconds, all(c.chunks > 1 for c in sp.choices)
+    (True, True)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from ..sharding import Sharding
+from ..sharding.core import format_dim
+from .estimate import MATMULS, check_flop_rate, compute_seconds, op_flops
+
+CHUNKS = (2, 4, 8, 16)
+"""The stream chunk counts tried (1: no stream)."""
+
+
+@dataclass(frozen=True)
+class StreamChoice:
+    """One overlap: the matmuls ``ops`` and the collectives of ``tensor``'s move ``side`` them
+    (``"before"``: they feed them; ``"after"``: they take the output), cut into ``chunks`` along
+    dim ``dim`` of ``tensor`` (``sharding``: gathered, or partial before its reduction), with
+    the serial and the pipelined seconds."""
+
+    ops: tuple
+    tensor: str
+    side: str
+    dim: int
+    chunks: int
+    sharding: Sharding
+    collective_seconds: float
+    compute_seconds: float
+    serial: float
+    overlapped: float
+
+    @property
+    def text(self) -> str:
+        """The chunked tensor in our notation. ``StreamChoice(...).text -> '[~4*16, 64]'``"""
+        return stream_text(self.sharding, self.dim, self.chunks)
+
+    def to_json(self) -> dict:
+        """JSON-able form."""
+        return {"ops": list(self.ops), "tensor": self.tensor, "side": self.side, "dim": self.dim, "chunks": self.chunks,
+                "sharding": self.text, "collective_seconds": self.collective_seconds,
+                "compute_seconds": self.compute_seconds, "serial_seconds": self.serial,
+                "overlapped_seconds": self.overlapped}
+
+
+@dataclass(frozen=True)
+class StreamPlan:
+    """The overlaps chosen for a plan and the forward step estimates without and with them:
+    ``serial_seconds`` = every collective + every op's compute; ``overlapped_seconds`` = that
+    minus each choice's saving."""
+
+    choices: tuple
+    serial_seconds: float
+    overlapped_seconds: float
+
+    def to_json(self) -> dict:
+        """JSON-able form."""
+        return {"serial_seconds": self.serial_seconds, "overlapped_seconds": self.overlapped_seconds,
+                "choices": [c.to_json() for c in self.choices]}
+
+
+def stream_text(s: Sharding, dim: int, k: int) -> str:
+    """``s`` with dim ``dim`` written as ``k`` stream chunks (``~k``, outermost).
+    ``stream_text(Sharding.parse("[64, 32]", m), 0, 4) -> '[~4*16, 32]'``"""
+    parts = []
+    for d in range(s.ndim):
+        text = format_dim(s, d)
+        if d == dim:
+            head, _, rest = text.partition("*")
+            if head.isdigit() and int(head) % k == 0:
+                inner = int(head) // k
+                text = f"~{k}*" + (f"{inner}*{rest}" if rest and inner > 1 else rest or str(inner))
+            else:
+                text = f"~{k}*({text})"
+        parts.append(text)
+    body = "[" + ", ".join(parts) + "]"
+    if s.partial:
+        body += " " + " ".join(f"+{op}({a})" for a, op in s.partial)
+    return body
+
+
+def pipelined(a: float, m: float, k: int) -> float:
+    """Seconds of a two-stage pipeline of ``k`` chunks, ``a`` then ``m`` each (or ``m`` then ``a``).
+    ``pipelined(1.0, 1.0, 4) -> 5.0``"""
+    return a + (k - 1) * max(a, m) + m
+
+
+def _letters(op_name: str, params: dict, targets, outputs) -> tuple | None:
+    """``(input letters, output letters)`` of a matmul-like op (its index map), or None."""
+    from ..execute.indexmap import index_map
+
+    try:
+        imap = index_map(op_name, tuple(targets), params, len(outputs))
+    except Exception:  # noqa: BLE001 - an op without a map simply does not stream
+        return None
+    if imap is None or imap.kind != "letters":
+        return None
+    return imap.inputs, imap.outputs
+
+
+def _group_dim(src: tuple, dst: tuple, d: int) -> int | None:
+    """The dim of a row-major reshape ``src -> dst`` holding dim ``d``'s outermost part (the
+    merged dim, or the first of the dims it splits into); None when it cannot be told."""
+    i = j = 0
+    while i < len(src) and j < len(dst):
+        a, b, gi, gj = src[i], dst[j], [i], [j]
+        while a != b:
+            if a < b and i + 1 < len(src):
+                i += 1
+                a *= src[i]
+                gi.append(i)
+            elif b < a and j + 1 < len(dst):
+                j += 1
+                b *= dst[j]
+                gj.append(j)
+            else:
+                return None
+        if d in gi:
+            return next((k for k in gj if dst[k] > 1), gj[0])
+        i, j = i + 1, j + 1
+    return None
+
+
+def _through(op, d: int, in_shape: tuple, out_shape: tuple) -> int | None:
+    """Where dim ``d`` of a view's or a pointwise op's (first) input lands in its output."""
+    from ..program.blocks import VIEWS, short, track_dims
+
+    base = short(op)
+    if base in ("permute", "transpose", "t", "expand"):
+        got = track_dims(op, tuple(range(len(in_shape))), in_shape, out_shape)
+        return None if got is None or d not in got else got.index(d)
+    if base in VIEWS:
+        return d if in_shape == out_shape else _group_dim(in_shape, out_shape, d)
+    lead = len(out_shape) - len(in_shape)
+    return d + lead if lead >= 0 and out_shape[d + lead] == in_shape[d] else None
+
+
+def _downstream(plan, ops_of, tensor: str, d: int, hops: int = 6):
+    """``(op index, input position, dim)`` of the matmuls ``tensor``'s dim ``d`` reaches through
+    views and pointwise ops (one hop per op)."""
+    from ..ops.result import canonical_op_name
+
+    prog = plan.program
+    stack, seen = [(tensor, d, 0)], set()
+    while stack:
+        name, dim, n = stack.pop()
+        for i in ops_of.get(name, ()):
+            op = prog.ops[i]
+            pos = op.inputs.index(name)
+            if canonical_op_name(op.target) in MATMULS:
+                yield i, pos, dim
+                continue
+            if n >= hops or len(op.outputs) != 1 or (i, dim) in seen:
+                continue
+            seen.add((i, dim))
+            got = _through(op, dim, prog.tensors[name].shape, prog.tensors[op.outputs[0]].shape)
+            if got is not None and pos == 0:
+                stack.append((op.outputs[0], got, n + 1))
+
+
+def _upstream(plan, producer, tensor: str, d: int, hops: int = 6):
+    """``(op index, output position, dim)`` of the matmul whose output reaches ``tensor``'s dim
+    ``d`` through views and pointwise ops, or None."""
+    from ..ops.result import canonical_op_name
+
+    prog = plan.program
+    for _ in range(hops + 1):
+        i = producer.get(tensor)
+        if i is None:
+            return None
+        op = prog.ops[i]
+        if canonical_op_name(op.target) in MATMULS:
+            return i, op.outputs.index(tensor), d
+        src = next((x for x in op.inputs if isinstance(x, str)), None)
+        if src is None or len(op.outputs) != 1:
+            return None
+        back = next((k for k in range(len(prog.tensors[src].shape))
+                     if _through(op, k, prog.tensors[src].shape, prog.tensors[tensor].shape) == d), None)
+        if back is None:
+            return None
+        tensor, d = src, back
+    return None
+
+
+def _candidates(plan, rate: float):
+    """Every (saving, StreamChoice) the plan allows: each communicating move and the matmuls it
+    feeds (through views and pointwise ops: their compute adds up, one pipeline) or the matmul
+    whose output it reduces, cut along the dim the move gathers or scatters (an all_reduce: the
+    outermost dim that works) when the matmuls pass that dim through."""
+    prog, cm = plan.program, plan.cost_model
+    ops_of, producer = {}, {}
+    for i, op in enumerate(prog.ops):
+        for x in op.inputs:
+            if isinstance(x, str):
+                ops_of.setdefault(x, []).append(i)
+        for o in op.outputs:
+            producer[o] = i
+    for (name, tgt), moves in sorted(plan.moves.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
+        cs = [c for c in moves if c.kind.communicates]
+        if not cs:
+            continue
+        src = plan.shardings[name]
+        dims = {d for c in cs for d in c.dims}
+        reduces = all(c.kind.value == "all_reduce" for c in cs)
+        if reduces:
+            dims = [d for d in range(src.ndim) if src.shape[d] > 1]
+        elif len(dims) != 1:
+            continue  # one dim to cut along
+        gathers = all(c.kind.value in ("all_gather", "all_to_all") for c in cs)
+        whole = sum(cm.seconds(c) for c in cs)
+        for d in sorted(dims):
+            if gathers:  # the gathered input of matmuls: collective matmul
+                sites = sorted({i for i, pos, dd in _downstream(plan, ops_of, name, d)
+                                if _passes(plan, i, pos, dd, True)})
+                side, shown = "before", tgt
+            else:  # a reduction of a matmul's partial output
+                up = _upstream(plan, producer, name, d)
+                sites = [up[0]] if up is not None and _passes(plan, up[0], up[1], up[2], False) else []
+                side, shown = "after", src
+            comp = math.fsum(compute_seconds(op_flops(prog.ops[i].target, plan.ops[i].params, plan.ops[i].input_targets,
+                                                      plan.ops[i].outputs), "inference", rate) for i in sites)
+            if not sites or comp <= 0:
+                continue
+            best = None
+            for k in CHUNKS:
+                if shown.shape[d] % k:
+                    continue
+                a = sum(cm.seconds(replace(c, bytes=math.ceil(c.bytes / k))) for c in cs)
+                t = pipelined(a, comp / k, k)
+                if best is None or t < best[0] - 1e-15:
+                    best = (t, k)
+            if best is None or best[0] >= whole + comp - 1e-15:
+                continue
+            names = tuple(prog.ops[i].name for i in sites)
+            yield (whole + comp - best[0], StreamChoice(names, name, side, d, best[1], shown, whole, comp,
+                                                        whole + comp, best[0]))
+            break  # the outermost dim that works
+
+
+def _passes(plan, i: int, pos: int, d: int, is_input: bool) -> bool:
+    """Does matmul ``i`` pass dim ``d`` of its input (or output) ``pos`` through (not contracted)?"""
+    op, po = plan.program.ops[i], plan.ops[i]
+    got = _letters(op.target, po.params, po.input_targets, po.outputs)
+    if got is None:
+        return False
+    ins, outs = got
+    if is_input:
+        return ins[pos] is not None and d < len(ins[pos]) and ins[pos][d] in outs[0]
+    return d < len(outs[pos]) and any(x is not None and outs[pos][d] in x for x in ins)
+
+
+def stream_plan(plan, flop_rate: float | None = None) -> StreamPlan:
+    """The stream overlaps of ``plan`` (module docstring) and its forward step time without and
+    with them. ``stream_plan(p).overlapped_seconds <= stream_plan(p).serial_seconds``"""
+    rate = check_flop_rate(flop_rate)
+    prog, cm = plan.program, plan.cost_model
+    comm = math.fsum(cm.seconds(c) for moves in plan.moves.values() for c in moves if c.kind.communicates)
+    comp = math.fsum(compute_seconds(op_flops(op.target, po.params, po.input_targets, po.outputs), "inference", rate)
+                     for op, po in zip(prog.ops, plan.ops))
+    chosen, used = [], set()
+    for saving, c in sorted(_candidates(plan, rate), key=lambda x: (-x[0], x[1].ops, x[1].tensor, x[1].dim)):
+        if used & set(c.ops) or (c.tensor, c.side) in used:
+            continue
+        used |= set(c.ops) | {(c.tensor, c.side)}
+        chosen.append((saving, c))
+    order = {op.name: i for i, op in enumerate(prog.ops)}
+    chosen.sort(key=lambda x: (order.get(x[1].ops[0], 0), x[1].tensor))
+    serial = comm + comp
+    return StreamPlan(tuple(c for _, c in chosen), serial, serial - math.fsum(s for s, _ in chosen))
+
+
+__all__ = ["CHUNKS", "StreamChoice", "StreamPlan", "pipelined", "stream_plan", "stream_text"]

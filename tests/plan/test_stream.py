@@ -1,0 +1,94 @@
+"""Stream overlap estimates (plan/stream.py): the pipelined time against an event-by-event
+schedule of the two stages, the chunk count chosen against every count tried, and the choices
+on Megatron / Megatron-SP plans of a Llama at a realistic size."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from shardlayout import Mesh, Sharding
+from shardlayout.plan import plan
+from shardlayout.plan.estimate import compute_seconds, op_flops
+from shardlayout.plan.stream import CHUNKS, pipelined, stream_plan, stream_text
+from shardlayout.program.models import llama, style_pins
+
+BIG = dict(layers=1, dim=4096, seq=4096, batch=1, heads=32, ffn=11008)
+
+
+def schedule(a: float, m: float, k: int) -> float:
+    """Two stages in a pipeline, event by event: chunk i's second stage starts when its first
+    stage is done and the second stage is free."""
+    first_done, second_free = 0.0, 0.0
+    for _ in range(k):
+        first_done += a
+        second_free = max(first_done, second_free) + m
+    return second_free
+
+
+@given(st.floats(1e-7, 1e-2), st.floats(1e-7, 1e-2), st.integers(1, 32))
+def test_pipelined_time_is_the_schedule(a, m, k):
+    assert math.isclose(pipelined(a, m, k), schedule(a, m, k), rel_tol=1e-12)
+    assert pipelined(a * k, m * k, 1) == pytest.approx(a * k + m * k)
+
+
+def _plan(style, mesh="tp=8", **sizes):
+    prog, m = llama(**{**BIG, **sizes}), Mesh.parse(mesh)
+    return plan(prog, m, style_pins(prog, m, style))
+
+
+@pytest.mark.parametrize("style", ["megatron-sp", "megatron"])
+def test_each_choice_is_the_best_chunk_count(style):
+    p = _plan(style)
+    sp = stream_plan(p)
+    assert sp.choices and sp.overlapped_seconds < sp.serial_seconds
+    cm = p.cost_model
+    saved = 0.0
+    for c in sp.choices:
+        moves = [x for (t, _), cs in p.moves.items() if t == c.tensor for x in cs if x.kind.communicates]
+        comp = math.fsum(compute_seconds(op_flops(po.target, po.params, po.input_targets, po.outputs), "inference",
+                                         1e14) for po in p.ops if po.name in c.ops)
+        assert c.compute_seconds == pytest.approx(comp)
+        times = {k: schedule(sum(cm.seconds(replace(x, bytes=math.ceil(x.bytes / k))) for x in moves) / 1, comp / k, k)
+                 for k in (1,) + CHUNKS if c.sharding.shape[c.dim] % k == 0}
+        assert c.chunks == min(times, key=lambda k: (times[k], k))
+        assert c.overlapped == pytest.approx(times[c.chunks]) and c.serial == pytest.approx(times[1])
+        saved += c.serial - c.overlapped
+    assert sp.serial_seconds - sp.overlapped_seconds == pytest.approx(saved)
+    assert len({o for c in sp.choices for o in c.ops}) == sum(len(c.ops) for c in sp.choices)  # each matmul once
+
+
+def test_megatron_sp_overlaps_its_gathers_and_reduce_scatters():
+    sp = stream_plan(_plan("megatron-sp"))
+    sides = sorted((c.side, len(c.ops)) for c in sp.choices)
+    assert sides == [("after", 1), ("after", 1), ("before", 2), ("before", 3)]  # q|k|v, gate|up; the two outs
+    assert all(c.dim == 1 and c.chunks > 1 for c in sp.choices)  # the sequence
+
+
+def test_tiny_models_do_not_stream():
+    p = _plan("megatron-sp", layers=2, dim=16, seq=8, batch=2, heads=4, ffn=32)
+    sp = stream_plan(p)
+    assert sp.choices == () and sp.overlapped_seconds == sp.serial_seconds
+    assert json.loads(p.to_json())["streams"]["choices"] == []
+
+
+def test_stream_text():
+    m = Mesh.parse("tp=2")
+    assert stream_text(Sharding.parse("[64, 32]", m), 0, 4) == "[~4*16, 32]"
+    assert stream_text(Sharding.parse("[8, 32] +sum(tp)", m), 0, 8) == "[~8*1, 32] +sum(tp)"
+    assert stream_text(Sharding.parse("[tp*8, 32]", m), 0, 2) == "[~2*(tp*8), 32]"
+
+
+def test_cli_prints_both_estimates(capsys):
+    from shardlayout.cli import main
+
+    assert main(["plan", "--model", "llama", "--layers", "1", "--size", "dim=4096,seq=4096,batch=1,heads=32,ffn=11008",
+                 "--mesh", "tp=8", "--style", "megatron-sp"]) == 0
+    out = capsys.readouterr().out
+    assert "µs serial" in out and "stream overlap(s)" in out and "[1, ~8*512, 4096]" in out
+    assert main(["plan", "--model", "llama", "--size", "dim=x", "--mesh", "tp=2"]) == 2
