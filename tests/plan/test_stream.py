@@ -8,14 +8,16 @@ import json
 import math
 from dataclasses import replace
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from shardlayout import Mesh, Sharding
+from shardlayout.execute.simulator import run_moves
 from shardlayout.plan import plan
 from shardlayout.plan.estimate import compute_seconds, op_flops
-from shardlayout.plan.stream import CHUNKS, pipelined, stream_plan, stream_text
+from shardlayout.plan.stream import CHUNKS, chunk_layout, pipelined, run_streamed_move, stream_plan, stream_text
 from shardlayout.program.models import llama, style_pins
 
 BIG = dict(layers=1, dim=4096, seq=4096, batch=1, heads=32, ffn=11008)
@@ -80,8 +82,35 @@ def test_tiny_models_do_not_stream():
 def test_stream_text():
     m = Mesh.parse("tp=2")
     assert stream_text(Sharding.parse("[64, 32]", m), 0, 4) == "[~4*16, 32]"
-    assert stream_text(Sharding.parse("[8, 32] +sum(tp)", m), 0, 8) == "[~8*1, 32] +sum(tp)"
-    assert stream_text(Sharding.parse("[tp*8, 32]", m), 0, 2) == "[~2*(tp*8), 32]"
+    assert stream_text(Sharding.parse("[8, 32] +sum(tp)", m), 0, 8) == "[~8, 32] +sum(tp)"
+    assert stream_text(Sharding.parse("[tp*8, 32]", m), 0, 2) == "[tp*~2*4, 32]"
+    assert stream_text(Sharding.parse("[2*tp*8, 32]", m), 0, 4) == "[2*tp*~4*2, 32]"
+    assert chunk_layout(Sharding.parse("[8*tp, 32]", m).dims[0], 16, 2) is None  # tp innermost: no local part
+
+
+@pytest.mark.parametrize("style,mesh", [("megatron-sp", "tp=4"), ("megatron", "tp=4"), ("megatron-sp", "dp=2,tp=2")])
+def test_streamed_moves_equal_the_whole_moves_on_every_rank(style, mesh):
+    """Every gather / reduce-scatter / all-reduce of a Llama plan run as k stream chunks (each a
+    plan_move between the chunks' shardings on the numpy simulator) lands exactly where the
+    whole move does, on every rank."""
+    p = _plan(style, mesh=mesh, layers=1, dim=32, seq=16, batch=2, heads=4, ffn=64)
+    rng = np.random.default_rng(0)
+    tried = 0
+    for (name, tgt), moves in p.moves.items():
+        cs = [c for c in moves if c.kind.communicates]
+        src = p.shardings[name]
+        dims = {d for c in cs for d in c.dims} or {d for d in range(src.ndim) if src.shape[d] > 1}
+        for d in sorted(dims)[:1]:
+            sharded = src if any(f.axis is not None for f in src.dims[d]) else tgt
+            for k in (2, 4):
+                if not cs or chunk_layout(sharded.dims[d], sharded.shape[d], k) is None:
+                    continue
+                pieces = {r: rng.standard_normal(src.local_shape(r)) for r in src.mesh.ranks()}
+                whole = run_moves(moves, pieces)
+                got = run_streamed_move(src, tgt, d, k, pieces)
+                assert all(np.allclose(got[r], whole[r]) for r in src.mesh.ranks()), (name, str(src), str(tgt), k)
+                tried += 1
+    assert tried >= 2
 
 
 def test_cli_prints_both_estimates(capsys):
@@ -90,5 +119,5 @@ def test_cli_prints_both_estimates(capsys):
     assert main(["plan", "--model", "llama", "--layers", "1", "--size", "dim=4096,seq=4096,batch=1,heads=32,ffn=11008",
                  "--mesh", "tp=8", "--style", "megatron-sp"]) == 0
     out = capsys.readouterr().out
-    assert "µs serial" in out and "stream overlap(s)" in out and "[1, ~8*512, 4096]" in out
+    assert "µs serial" in out and "stream overlap(s)" in out and "[1, tp*~8*64, 4096]" in out
     assert main(["plan", "--model", "llama", "--size", "dim=x", "--mesh", "tp=2"]) == 2

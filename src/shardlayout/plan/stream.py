@@ -3,8 +3,11 @@ after another, so each chunk's collective runs while the matmul works on another
 
 A **stream** is a parallel type of its own (nvFuser's ``Stream``): a dim cut into ``k`` chunks
 computed in turn on every rank — it adds no ranks and moves no data, it only orders the work.
-Text form: ``~k`` as the dim's outermost factor, ``[~4*16, tp*32]``: dim 0 in 4 stream chunks
-of 16 (``stream_text``).
+Text form: ``~k`` as a factor of the dim, right after its mesh-axis factors: ``[1, tp*~8*64,
+4096]`` is every rank's 512 rows in 8 chunks of 64, chunk ``j`` of every rank moved together
+(``stream_text``, ``chunk_layout``); a dim without mesh-axis factors is cut outermost,
+``[~4*1024, 4096] +sum(tp)``. ``run_streamed_move`` runs a move chunk by chunk on the numpy
+simulator.
 
 Where it pays: a matmul whose input is gathered along a dim the matmul passes through (Megatron
 -SP's all_gather of the sequence before the column-parallel projections: collective matmul /
@@ -34,7 +37,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from ..sharding import Sharding
+from ..sharding import Factor, Sharding
 from ..sharding.core import format_dim
 from .estimate import MATMULS, check_flop_rate, compute_seconds, op_flops
 
@@ -89,24 +92,98 @@ class StreamPlan:
                 "choices": [c.to_json() for c in self.choices]}
 
 
+def chunk_layout(fs, n: int, k: int) -> tuple | None:
+    """``(pre, post)``: the dim's factors ``fs`` (of ``n``) read as ``pre + [~k] + post`` — the
+    stream cuts the local factor right after the last mesh-axis factor, so chunk ``j`` is the
+    ``j``-th part of every rank's shard (every rank takes part in every chunk's collective); a
+    dim without mesh-axis factors is cut outermost. None when that factor is not local, not
+    divisible by ``k``, or the dim is uneven.
+    ``chunk_layout((Factor(8, "tp"), Factor(512)), 4096, 8) -> ((Factor(8, 'tp'),), (Factor(64),))``"""
+    fs = tuple(fs) or (Factor(n),)
+    if math.prod(f.size for f in fs) != n:
+        return None
+    last = max((i for i, f in enumerate(fs) if f.axis is not None), default=-1)
+    if last + 1 >= len(fs) or fs[last + 1].axis is not None or fs[last + 1].size % k:
+        return None
+    inner = fs[last + 1].size // k
+    return fs[: last + 1], ((Factor(inner),) if inner > 1 else ()) + fs[last + 2:]
+
+
 def stream_text(s: Sharding, dim: int, k: int) -> str:
-    """``s`` with dim ``dim`` written as ``k`` stream chunks (``~k``, outermost).
-    ``stream_text(Sharding.parse("[64, 32]", m), 0, 4) -> '[~4*16, 32]'``"""
+    """``s`` with dim ``dim`` written with its stream factor ``~k`` (``chunk_layout``).
+    ``stream_text(Sharding.parse("[tp*512, 32]", m), 0, 8) -> '[tp*~8*64, 32]'``"""
+    lay = chunk_layout(s.dims[dim], s.shape[dim], k)
     parts = []
     for d in range(s.ndim):
         text = format_dim(s, d)
-        if d == dim:
-            head, _, rest = text.partition("*")
-            if head.isdigit() and int(head) % k == 0:
-                inner = int(head) // k
-                text = f"~{k}*" + (f"{inner}*{rest}" if rest and inner > 1 else rest or str(inner))
-            else:
-                text = f"~{k}*({text})"
+        if d == dim and lay is not None:
+            pre, post = lay
+            text = "*".join([_factor_text(f, s) for f in pre] + [f"~{k}"] + [_factor_text(f, s) for f in post])
+        elif d == dim:
+            text = f"~{k}*({text})"
         parts.append(text)
     body = "[" + ", ".join(parts) + "]"
     if s.partial:
         body += " " + " ".join(f"+{op}({a})" for a, op in s.partial)
     return body
+
+
+def _factor_text(f: Factor, s: Sharding) -> str:
+    from ..sharding.core import _fmt_factor
+
+    return _fmt_factor(f, s.mesh)
+
+
+def chunk_positions(s: Sharding, dim: int, k: int, j: int, rank: int, like: Sharding | None = None):
+    """Local positions along ``dim`` of stream chunk ``j`` of ``s`` on ``rank``. ``like``: the
+    sharded side whose ``chunk_layout`` the chunks follow when ``s`` holds the dim whole.
+    ``chunk_positions(Sharding.parse("[tp*8]", m), 0, 2, 1, 0).tolist() -> [4, 5, 6, 7]``"""
+    import numpy as np
+
+    from ..ops.resize import local_slice
+
+    ref = like if like is not None else s
+    pre, _ = chunk_layout(ref.dims[dim], ref.shape[dim], k)
+    own = any(f.axis is not None for f in s.dims[dim])
+    groups = math.prod(f.size for f in pre if f.axis is None or not own) * k
+    n = s.local_shape(rank)[dim]
+    return local_slice(np.arange(n), 0, groups, j, groups, k)
+
+
+def _chunk(s: Sharding, dim: int, k: int, like: Sharding) -> Sharding:
+    """One stream chunk of ``s``: dim ``dim`` is ``pre + post`` of ``like``'s layout (mesh-axis
+    factors kept where ``s`` has them, local where it holds the dim whole)."""
+    pre, post = chunk_layout(like.dims[dim], like.shape[dim], k)
+    own = any(f.axis is not None for f in s.dims[dim])
+    fs = pre + post if own else ()
+    shape = s.shape[:dim] + (like.shape[dim] // k,) + s.shape[dim + 1:]
+    return Sharding(s.mesh, shape, list(s.dims[:dim]) + [list(fs)] + list(s.dims[dim + 1:]), s.partial)
+
+
+def run_streamed_move(src: Sharding, dst: Sharding, dim: int, k: int, pieces: dict) -> dict:
+    """Move ``{rank: piece}`` from ``src`` to ``dst`` as ``k`` stream chunks along ``dim``, in
+    order, each by ``plan_move`` between the chunks' shardings on the numpy simulator: what a
+    streamed plan runs. Equal to the whole move on every rank (``tests/plan/test_stream.py``).
+    ``run_streamed_move(src, dst, 0, 4, src.shard(x))``"""
+    import numpy as np
+
+    from ..execute.simulator import run_moves
+    from ..sharding.move import plan_move
+
+    sharded = src if any(f.axis is not None for f in src.dims[dim]) else dst
+    if chunk_layout(sharded.dims[dim], sharded.shape[dim], k) is None:
+        raise ValueError(f"dim {dim} of {sharded} has no local factor after its mesh axes divisible by {k}")
+    a, b = _chunk(src, dim, k, sharded), _chunk(dst, dim, k, sharded)
+    ranks = list(src.mesh.ranks())
+    out = {r: np.zeros(dst.local_shape(r), dtype=np.result_type(pieces[r], np.float64)) for r in ranks}
+    for j in range(k):
+        part = {r: np.take(pieces[r], chunk_positions(src, dim, k, j, r, sharded), axis=dim) for r in ranks}
+        got = run_moves(plan_move(a, b), part)
+        for r in ranks:
+            idx = [slice(None)] * out[r].ndim
+            idx[dim] = chunk_positions(dst, dim, k, j, r, sharded)
+            out[r][tuple(idx)] = got[r]
+    return out
 
 
 def pipelined(a: float, m: float, k: int) -> float:
@@ -242,18 +319,21 @@ def _candidates(plan, rate: float):
             if gathers:  # the gathered input of matmuls: collective matmul
                 sites = sorted({i for i, pos, dd in _downstream(plan, ops_of, name, d)
                                 if _passes(plan, i, pos, dd, True)})
-                side, shown = "before", tgt
+                side = "before"
             else:  # a reduction of a matmul's partial output
                 up = _upstream(plan, producer, name, d)
                 sites = [up[0]] if up is not None and _passes(plan, up[0], up[1], up[2], False) else []
-                side, shown = "after", src
+                side = "after"
+            # shown (and chunked after) the side whose dim d is sharded
+            shown = tgt if any(f.axis is not None for f in tgt.dims[d]) and not any(
+                f.axis is not None for f in src.dims[d]) else src
             comp = math.fsum(compute_seconds(op_flops(prog.ops[i].target, plan.ops[i].params, plan.ops[i].input_targets,
                                                       plan.ops[i].outputs), "inference", rate) for i in sites)
             if not sites or comp <= 0:
                 continue
             best = None
             for k in CHUNKS:
-                if shown.shape[d] % k:
+                if chunk_layout(shown.dims[d], shown.shape[d], k) is None:
                     continue
                 a = sum(cm.seconds(replace(c, bytes=math.ceil(c.bytes / k))) for c in cs)
                 t = pipelined(a, comp / k, k)
@@ -299,4 +379,5 @@ def stream_plan(plan, flop_rate: float | None = None) -> StreamPlan:
     return StreamPlan(tuple(c for _, c in chosen), serial, serial - math.fsum(s for s, _ in chosen))
 
 
-__all__ = ["CHUNKS", "StreamChoice", "StreamPlan", "pipelined", "stream_plan", "stream_text"]
+__all__ = ["CHUNKS", "StreamChoice", "StreamPlan", "chunk_layout", "chunk_positions", "pipelined", "run_streamed_move",
+           "stream_plan", "stream_text"]
