@@ -5,8 +5,10 @@ that proves, theorem by theorem, when two device-parallel IDs are the same.
                    index_map (brute force), loop_domain_of / sharding_of
     theorems.py    named theorems over extents, each returning a Justification
     graph.py       Op records of a program, IdGraph.mapped, is_resharding, propagate
+    stream.py      nvFuser's propagation pass with Stream (propagate_shardings, forward and
+                   backward), have_different_shardings, stream_allocated, reorder to front
 
-Imports run one way: graph -> theorems -> iterdomain -> sharding, mesh, errors.
+Imports run one way: stream -> graph -> theorems -> iterdomain -> sharding, mesh, errors.
 
     >>> from shardlayout.mesh import Mesh
     >>> from shardlayout.sharding import Sharding
@@ -29,10 +31,12 @@ from .graph import (
     add_op,
     cat_op,
     is_resharding,
+    linear_op,
     matmul_op,
     pad_op,
     propagate,
     reshape_op,
+    scatter_op,
     set_op,
     sharded_logical_axis,
     slice_op,
@@ -59,6 +63,12 @@ from .iterdomain import (
     root_index,
     sharding_of,
     split,
+)
+from .stream import (
+    have_different_shardings,
+    propagate_shardings,
+    reorder_parallelized_to_front,
+    stream_allocated,
 )
 from .theorems import (
     Justification,
@@ -95,10 +105,12 @@ __all__ = [
     "divides",
     "divmod_commute",
     "equal",
+    "have_different_shardings",
     "index_map",
     "inner_split_cat",
     "inner_split_slice",
     "is_resharding",
+    "linear_op",
     "loop_domain_of",
     "loop_indices",
     "matmul_op",
@@ -108,9 +120,12 @@ __all__ = [
     "outer_split_slice",
     "pad_op",
     "propagate",
+    "propagate_shardings",
+    "reorder_parallelized_to_front",
     "reshape_op",
     "resize",
     "root_index",
+    "scatter_op",
     "set_op",
     "sharded_logical_axis",
     "sharding_of",
@@ -118,5 +133,6 @@ __all__ = [
     "split",
     "split_of_merge",
     "split_split_commute",
+    "stream_allocated",
     "sum_op",
 ]

@@ -1,12 +1,15 @@
 """The ID graph: which IterDomains of a program are the same, and why.
 
 A program is a tuple of ``Op`` records over ``TensorDomain``s (build them with ``set_op``,
-``add_op``, ``sum_op``, ``matmul_op``, ``reshape_op``, ``slice_op``, ``pad_op``, ``cat_op``).
+``add_op``, ``sum_op``, ``matmul_op``, ``linear_op``, ``reshape_op``, ``slice_op``, ``pad_op``,
+``cat_op``, ``scatter_op``).
 An op ties IDs of its tensors *exactly* (the same logical dim seen by two tensors):
 
     set / add      input logical k   == output logical k  (broadcast IDs are not tied)
     sum            input logical k   == output logical k  (the reduced ones are reduction IDs)
     matmul         x [.., M, K], y [.., K, N] -> z [.., M, N, rK]
+    linear         x [.., M, K], w [N, K] (, bias [N]) -> z [.., M, N, rK]
+    scatter(dim)   self logical k == output logical k (index and src are not tied)
     reshape/slice  input logical k   == output root k; root -> logical by split / merge / resize
     cat(dim)       other dims as set; input k's cat ID is the slice [off_k, off_k + n_k) of
                    the output's (a Resize from the output's ID to the input's)
@@ -21,7 +24,8 @@ digit) and rewrites it only by the theorems of ``theorems.py``, which it cites::
     mapped iff the strides agree (h % a == 0 and a % d == 0 suffice)
 
 ``is_resharding`` applies nvFuser's rule to one op, and ``propagate`` carries device splits
-from inputs to outputs (nvFuser's sharding propagation pass, forward only).
+from inputs to outputs (nvFuser's sharding propagation pass, forward only; the whole pass,
+backward and Stream included, is ``stream.propagate_shardings``).
 
     >>> x = TensorDomain.create("x", (8,)).outer_split(0, 2).parallelize(0, ParallelType.device("d"))
     >>> op = reshape_op(x, (4, 2), "y")
@@ -80,8 +84,10 @@ class OpKind(Enum):
     POINTWISE = "pointwise"
     REDUCTION = "reduction"
     MATMUL = "matmul"
+    LINEAR = "linear"
     VIEW = "view"
     CAT = "cat"
+    SCATTER = "scatter"
 
 
 def _dims(td: TensorDomain) -> tuple:
@@ -128,10 +134,11 @@ def _same_rank(op: Op, ranks) -> None:
                               f"the output {len(ranks)}; give inputs of the output's rank (unsqueeze first)")
 
 
-def _check_pointwise(op: Op) -> None:
+def _check_pointwise(op: Op, inputs=None) -> None:
     out = _dims(op.output)
+    inputs = op.inputs if inputs is None else inputs
     _same_rank(op, out)
-    for t in op.inputs:
+    for t in inputs:
         for i, o in zip(_dims(t), out):
             if not (i.is_broadcast or equal(i.extent, 1) is True) and equal(i.extent, o.extent) is False:
                 raise DomainError(f"{op.kind.value} op {op.output.name}: {t.name}'s {i} does not match {o}")
@@ -157,6 +164,32 @@ def _check_matmul(op: Op) -> None:
     for a, b in _matmul_pairs(op):
         if equal(a.extent, b.extent) is False:
             raise DomainError(f"matmul {op.output.name}: {a} and {b} should be the same dim but differ in extent")
+
+
+def _check_linear(op: Op) -> None:
+    if len(op.inputs) not in (2, 3):
+        raise DomainError(f"linear {op.output.name}: needs x, w (and a bias), got {len(op.inputs)} inputs")
+    x, w = _dims(op.inputs[0]), _dims(op.inputs[1])
+    z = op.output.logical
+    if len(x) < 2 or len(w) != 2 or len(z) != len(x) + 1 or not z[-1].is_reduction:
+        raise DomainError(f"linear {op.output.name}: expects x [.., M, K], w [N, K] -> z [.., M, N, rK]")
+    if len(op.inputs) == 3 and len(_dims(op.inputs[2])) != 1:
+        raise DomainError(f"linear {op.output.name}: the bias has {len(_dims(op.inputs[2]))} dims; give a bias [N]")
+    for a, b in _linear_pairs(op):
+        if equal(a.extent, b.extent) is False:
+            raise DomainError(f"linear {op.output.name}: {a} and {b} should be the same dim but differ in extent")
+
+
+def _check_scatter(op: Op) -> None:
+    if len(op.inputs) != 3 or op.dim is None:
+        raise DomainError(f"scatter {op.output.name}: needs (self, index, src) and a dim")
+    self_, index, src = (_dims(t) for t in op.inputs)
+    if not 0 <= op.dim < len(self_) or len(index) != len(self_) or len(src) != len(self_):
+        raise DomainError(f"scatter {op.output.name}: dim {op.dim} and ranks {len(self_)}, {len(index)}, "
+                          f"{len(src)}; give same-rank self, index, src and a dim of self")
+    if any(equal(a.extent, b.extent) is False for a, b in zip(index, src)):
+        raise DomainError(f"scatter {op.output.name}: index and src differ in shape; give src the index's shape")
+    _check_pointwise(op, op.inputs[:1])
 
 
 def _check_view(op: Op) -> None:
@@ -185,8 +218,10 @@ _CHECKS = {
     OpKind.POINTWISE: _check_pointwise,
     OpKind.REDUCTION: _check_reduction,
     OpKind.MATMUL: _check_matmul,
+    OpKind.LINEAR: _check_linear,
     OpKind.VIEW: _check_view,
     OpKind.CAT: _check_cat,
+    OpKind.SCATTER: _check_scatter,
 }
 
 
@@ -198,10 +233,21 @@ def _matmul_pairs(op: Op) -> list:
     return pairs + [(x[b], z[b]), (y[b + 1], z[b + 1]), (x[b + 1], z[b + 2]), (y[b], z[b + 2])]
 
 
+def _linear_pairs(op: Op) -> list:
+    x, w = _dims(op.inputs[0]), _dims(op.inputs[1])
+    z = op.output.logical
+    pairs = [(x[k], z[k]) for k in range(len(x) - 1)] + [(w[0], z[-2]), (x[-1], z[-1]), (w[1], z[-1])]
+    return pairs + [(_dims(op.inputs[2])[0], z[-2])] if len(op.inputs) == 3 else pairs
+
+
 def _pairs(op: Op) -> list:
     """(input ID, output ID) the op ties exactly (output ID: logical, or root for a view)."""
     if op.kind is OpKind.MATMUL:
         return _matmul_pairs(op)
+    if op.kind is OpKind.LINEAR:
+        return _linear_pairs(op)
+    if op.kind is OpKind.SCATTER:  # only self is tied: index and src are read along another extent
+        return list(zip(_dims(op.inputs[0]), op.output.logical))
     if op.kind is OpKind.VIEW:
         return list(zip(_dims(op.inputs[0]), op.output.root))
     out = op.output.logical
@@ -254,6 +300,20 @@ def matmul_op(x: TensorDomain, y: TensorDomain, name: str) -> Op:
         raise DomainError(f"matmul {name}: x and y need the same rank >= 2, got {len(xd)} and {len(yd)}")
     z = _copy(name, xd[:-1] + (yd[-1], xd[-1]), reductions={len(xd)})
     return Op(OpKind.MATMUL, (x, y), z)
+
+
+def linear_op(x: TensorDomain, w: TensorDomain, name: str, bias: TensorDomain | None = None) -> Op:
+    """``z [.., M, N, rK] = x [.., M, K] @ w [N, K]^T (+ bias [N])``, torch's linear. ``linear_op(x, w, "z")``."""
+    xd, wd = _dims(x), _dims(w)
+    if len(xd) < 2 or len(wd) != 2:
+        raise DomainError(f"linear {name}: x needs rank >= 2 and w rank 2 ([N, K]), got {len(xd)} and {len(wd)}")
+    z = _copy(name, xd[:-1] + (wd[0], xd[-1]), reductions={len(xd)})
+    return Op(OpKind.LINEAR, (x, w) if bias is None else (x, w, bias), z)
+
+
+def scatter_op(inp: TensorDomain, dim: int, index: TensorDomain, src: TensorDomain, name: str) -> Op:
+    """``inp.scatter(dim, index, src)``: the output has ``inp``'s shape. ``scatter_op(x, 0, i, s, "y")``."""
+    return Op(OpKind.SCATTER, (inp, index, src), _copy(name, _dims(inp)), dim)
 
 
 def _view_root(inp: TensorDomain, name: str) -> tuple:
@@ -773,15 +833,10 @@ def _split_chain(td: TensorDomain, dev: IterDomain):
     return td.current(k), tuple(reversed(steps))
 
 
-def _through_view(op: Op, lid: IterDomain, steps: tuple):
-    """The output logical ID a device split of input ID ``lid`` lands on through a reshape /
-    slice, and the split to replay there (nvFuser: outer splits only, checked by theorem)."""
-    out = op.output
-    root = dict((a.id, b) for a, b in _pairs(op))[lid.id]
-    if steps and (len(steps) != 1 or steps[0][1:] != (False, "outer")):
-        raise DomainError(f"{out.name}: {op.inputs[0].name}'s device ID comes from {lid} by {steps}; only an outer "
-                          "split (or the whole ID) carries a device through a reshape: outer_split it instead")
-    n = steps[0][0] if steps else lid.extent
+def _down_to_logical(out: TensorDomain, root: IterDomain, n, lid: IterDomain) -> IterDomain:
+    """The logical ID of view output ``out`` that an outer split by ``n`` of its root ID ``root``
+    (tied to the input's ``lid``) lands on: the outer side of each split, the output of a merge
+    entered by its outer input; raises (with the failed theorem) when the split does not survive."""
     consumer = {i.id: e for e in out.logical_exprs for i in e.inputs}
     logical = {i.id for i in out.logical}
     cur = root
@@ -811,6 +866,42 @@ def _through_view(op: Op, lid: IterDomain, steps: tuple):
             cur = e.output
         else:
             cur = e.output
+    return cur
+
+
+def _up_to_root(td: TensorDomain, lid: IterDomain, n) -> IterDomain:
+    """The root ID of view output ``td`` whose outer split by ``n`` is the outer split by ``n`` of
+    its logical ID ``lid`` (backward through a reshape: a split's outer side goes to the split
+    input, a merge to its outer input, each by the theorem); raises when there is none."""
+    producer = {o.id: e for e in td.logical_exprs for o in e.outputs}
+    root = {i.id for i in td.root}
+    cur = lid
+    while cur.id not in root:
+        e = producer[cur.id]
+        if isinstance(e, Resize):
+            cur = e.input
+            continue
+        if isinstance(e, Split) and cur.id != e.outer.id:
+            raise DomainError(f"{td.name}: the sharded {lid} is the inner part of split({e.input}) of a reshape; "
+                              "only the outer reshaped ID carries a split back: shard the outer one")
+        j = outer_split_of_merge(e.outer.extent, e.inner.extent, n)  # a split is a merge read backwards
+        if j.holds is not True:
+            raise DomainError(f"{td.name}: a split by {n} of {lid} is no split of the reshape's input: {j.reason}; "
+                              f"make {n} divide {e.outer.extent}")
+        cur = e.input if isinstance(e, Split) else e.outer
+    return cur
+
+
+def _through_view(op: Op, lid: IterDomain, steps: tuple):
+    """The output logical ID a device split of input ID ``lid`` lands on through a reshape /
+    slice, and the split to replay there (nvFuser: outer splits only, checked by theorem)."""
+    out = op.output
+    root = dict((a.id, b) for a, b in _pairs(op))[lid.id]
+    if steps and (len(steps) != 1 or steps[0][1:] != (False, "outer")):
+        raise DomainError(f"{out.name}: {op.inputs[0].name}'s device ID comes from {lid} by {steps}; only an outer "
+                          "split (or the whole ID) carries a device through a reshape: outer_split it instead")
+    n = steps[0][0] if steps else lid.extent
+    cur = _down_to_logical(out, root, n, lid)
     if not steps and equal(cur.extent, n) is True:
         return cur, ()
     return cur, ((n, False, "outer"),)
