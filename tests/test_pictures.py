@@ -181,3 +181,27 @@ def test_progress_bar_only_when_turned_on_and_transient():
 def test_commands_print_no_bar_when_not_a_terminal(capsys):
     assert main(["plan", "--layers", "1", "--verify"]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_plan_timeline_of_stream_overlaps(tmp_path, capsys):
+    """``--timeline`` draws each overlap serial and chunked; the chunked schedule ends at the
+    pipelined estimate; a plan where no stream pays is refused with one line."""
+    pytest.importorskip("matplotlib")
+    from shardlayout.plan import plan
+    from shardlayout.plan.stream import stream_plan
+    from shardlayout.program.models import llama, style_pins
+    from shardlayout.report.figure import stream_schedule
+
+    size = "dim=4096,seq=4096,batch=1,heads=32,ffn=11008"
+    out = tmp_path / "t.svg"
+    assert main(["plan", "--model", "llama", "--layers", "1", "--size", size, "--mesh", "tp=8", "--style",
+                 "megatron-sp", "--timeline", str(out)]) == 0
+    assert out.read_text().lstrip().startswith("<?xml") and f"picture written to {out}" in capsys.readouterr().out
+    prog, m = llama(layers=1, dim=4096, seq=4096, batch=1, heads=32, ffn=11008), Mesh.parse("tp=8")
+    for c in stream_plan(plan(prog, m, style_pins(prog, m, "megatron"))).choices:
+        serial, streamed = stream_schedule(c)
+        assert serial[-1][0] + serial[-1][1] == pytest.approx(c.serial)
+        assert max(s + w for s, w, _ in streamed) == pytest.approx(c.overlapped)
+    assert main(["plan", "--model", "llama", "--mesh", "tp=2", "--style", "megatron", "--timeline",
+                 str(tmp_path / "none.png")]) == 2
+    assert "no stream pays" in capsys.readouterr().err

@@ -309,6 +309,11 @@ def cmd_plan(args) -> int:
     with _report("progress").task(f"verifying ({args.verify})"):
         v = p.verify(mode=args.verify) if args.verify else None
     pictures = _figures(args, lambda path, fmt: _report("figure").plan_figure(p, path, fmt, _plan_title(p, args)))
+    if getattr(args, "timeline", None):
+        from .plan.stream import stream_plan
+
+        drawn = _report("figure").stream_figure(stream_plan(p), args.timeline, None, _plan_title(p, args))
+        pictures.setdefault("pictures", []).append(drawn)
     if args.json:
         print(p.to_json())
         return 0 if v is None or v.ok else 1
@@ -554,6 +559,8 @@ def _add_model_args(pl) -> None:
     pl.add_argument("--module", help="pkg.mod:factory returning (torch module, example args); via torch.export")
     pl.add_argument("--export", help="a torch.export .pt2 file")
     pl.add_argument("--layers", type=int, default=2)
+    pl.add_argument("--timeline", metavar="FILE", help="also draw the stream overlaps' timeline (serial vs "
+                    "chunked) as PNG or SVG, by the file's extension (needs matplotlib)")
     pl.add_argument("--size", metavar="KEY=N,...", help="a built-in model's sizes, e.g. dim=4096,seq=4096,batch=1,"
                     "heads=32,ffn=11008 (llama) or tokens=...,experts=... (moe)")
     pl.add_argument("--mesh", default="dp=2,tp=4")

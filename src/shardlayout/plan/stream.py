@@ -62,6 +62,7 @@ class StreamChoice:
     compute_seconds: float
     serial: float
     overlapped: float
+    chunk_seconds: float = 0.0  # one chunk's collectives
 
     @property
     def text(self) -> str:
@@ -72,7 +73,8 @@ class StreamChoice:
         """JSON-able form."""
         return {"ops": list(self.ops), "tensor": self.tensor, "side": self.side, "dim": self.dim, "chunks": self.chunks,
                 "sharding": self.text, "collective_seconds": self.collective_seconds,
-                "compute_seconds": self.compute_seconds, "serial_seconds": self.serial,
+                "compute_seconds": self.compute_seconds, "chunk_collective_seconds": self.chunk_seconds,
+                "serial_seconds": self.serial,
                 "overlapped_seconds": self.overlapped}
 
 
@@ -338,12 +340,12 @@ def _candidates(plan, rate: float):
                 a = sum(cm.seconds(replace(c, bytes=math.ceil(c.bytes / k))) for c in cs)
                 t = pipelined(a, comp / k, k)
                 if best is None or t < best[0] - 1e-15:
-                    best = (t, k)
+                    best = (t, k, a)
             if best is None or best[0] >= whole + comp - 1e-15:
                 continue
             names = tuple(prog.ops[i].name for i in sites)
             yield (whole + comp - best[0], StreamChoice(names, name, side, d, best[1], shown, whole, comp,
-                                                        whole + comp, best[0]))
+                                                        whole + comp, best[0], best[2]))
             break  # the outermost dim that works
 
 

@@ -385,3 +385,60 @@ def plan_figure(p, path: str, fmt: str | None = None, title: str | None = None) 
 
 
 __all__ = ["FORMATS", "plan_figure", "plan_rows", "sharding_figure"]
+
+
+def stream_schedule(c) -> tuple:
+    """``(serial, streamed)`` bars of one ``plan.stream.StreamChoice``: lists of ``(start, width,
+    what)`` in seconds, ``what`` "comm" or "compute"; the streamed one chunk by chunk as the
+    two-stage pipeline runs (a collective chunk, then its matmul chunk, or the reverse after).
+    ``stream_schedule(choice)[1][-1][0] + stream_schedule(choice)[1][-1][1] == choice.overlapped``"""
+    a_all, m_all, k = c.collective_seconds, c.compute_seconds, c.chunks
+    first, second = ("comm", "compute") if c.side == "before" else ("compute", "comm")
+    widths = {"comm": a_all, "compute": m_all}
+    serial = [(0.0, widths[first], first), (widths[first], widths[second], second)]
+    per = {"compute": m_all / k, "comm": c.chunk_seconds}
+    streamed, done1, free2 = [], 0.0, 0.0
+    for _ in range(k):
+        streamed.append((done1, per[first], first))
+        done1 += per[first]
+        start = max(done1, free2)
+        streamed.append((start, per[second], second))
+        free2 = start + per[second]
+    return serial, streamed
+
+
+def stream_figure(sp, path: str, fmt: str | None = None, title: str | None = None, max_rows: int = 8) -> str:
+    """Write the timeline of a plan's stream overlaps (``plan.stream.stream_plan``) to ``path``:
+    per overlap, the serial collective then matmul, and below it the ``k`` chunks pipelined."""
+    from matplotlib.patches import Patch
+
+    fmt = _format(path, fmt)
+    if not sp.choices:
+        raise ShardingError("--timeline: no stream pays on this plan (each collective is cheaper whole, e.g. on a "
+                            "small model); nothing to draw")
+    plt = _pyplot()
+    choices = sp.choices[:max_rows]
+    rows = len(choices) * 2
+    fig, ax = plt.subplots(figsize=(12, 1.2 + 0.42 * rows))
+    colours = {"comm": "#1f77b4", "compute": "#2ca02c"}
+    labels = []
+    for i, c in enumerate(choices):
+        serial, streamed = stream_schedule(c)
+        for row, bars in ((2 * i, serial), (2 * i + 1, streamed)):
+            for start, width, what in bars:  # collectives in the upper lane, matmuls in the lower
+                ax.barh(row + (-0.19 if what == "comm" else 0.19), width * 1e6, left=start * 1e6, height=0.36,
+                        color=colours[what], edgecolor="white", linewidth=0.6)
+        labels += [f"{c.tensor} -> {c.ops[0]}{' ...' if len(c.ops) > 1 else ''}  serial",
+                   f"{c.text}  {c.chunks} chunks"]
+    ax.set_yticks(range(rows))
+    ax.set_yticklabels(labels, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("µs (cost model; compute at the default FLOP rate)")
+    ax.legend(handles=[Patch(color=colours["comm"], label="collective"),
+                       Patch(color=colours["compute"], label="matmul")], loc="lower right", fontsize=8)
+    saved = sp.serial_seconds - sp.overlapped_seconds
+    ax.set_title((title + "\n" if title else "") + f"forward step ~{sp.serial_seconds * 1e6:.0f} µs serial, "
+                 f"~{sp.overlapped_seconds * 1e6:.0f} µs with streams ({saved * 1e6:.0f} µs overlapped)"
+                 + (f"; {len(sp.choices) - len(choices)} more overlaps not drawn" if len(sp.choices) > len(choices)
+                    else ""), fontsize=9)
+    return _save(fig, path, fmt)
