@@ -318,3 +318,44 @@ def test_cut_agrees_with_the_split_theorems():
                     theorem = bool(outer_split_slice(n, d, a, b, even=False).holds)
                     in_first_shard = b <= k  # also comm-free: [L*tp of L], all on the first rank
                     assert ours == (theorem or in_first_shard), (d, k, a, b, ours)
+
+
+def _random_parts(rng, m):
+    devs = [Factor(n, a) for a, n in zip(m.names, m.shape)]
+    parts = []
+    for _ in range(rng.randint(2, 3)):
+        fs = []
+        for d in [d for d in devs if rng.random() < 0.8] or devs[-1:]:
+            if rng.random() < 0.5:
+                fs.append(Factor(rng.choice([2, 3])))
+            fs.append(d)
+        if rng.random() < 0.6:
+            fs.append(Factor(rng.choice([2, 3])))
+        n = int(np.prod([f.size for f in fs]))
+        if rng.random() < 0.2 and fs[-1].axis is None:
+            n, fs = max(1, n - rng.randint(1, fs[-1].size - 1)), fs[:-1]
+        parts.append(Sharding(m, (n,), [fs]))
+    return parts
+
+
+def test_cat_comm_free_whenever_possible():
+    """Random cats (even and uneven parts, 1-D and 2-D meshes): exact on every rank, and
+    comm-free whenever some output sharding makes every rank's local cat its shard."""
+    rng = random.Random(5)
+    meshes = [Mesh.parse("tp=2"), Mesh.parse("tp=4"), Mesh.parse("dp=2,tp=2")]
+    free = 0
+    for _ in range(150):
+        m = rng.choice(meshes)
+        parts = _random_parts(rng, m)
+        p = propagate("cat", parts, dim=0)
+        vals = [np.arange(float(s.shape[0])) + 100 * i for i, s in enumerate(parts)]
+        assert_exact(p, vals, {"dim": 0}, [np.concatenate(vals)])
+        total = sum(s.shape[0] for s in parts)
+        offs = np.cumsum([0] + [s.shape[0] for s in parts[:-1]])
+        local = {r: [o + i for s, o in zip(parts, offs) for i in s.indices(r)[0].tolist()] for r in m.ranks()}
+        exists = any(all(c.indices(r)[0].tolist() == local[r] for r in m.ranks())
+                     for c in _candidates(m, parts[0].dims[0], total))
+        if exists:
+            assert not p.collectives, [str(s) for s in parts]
+            free += 1
+    assert free >= 20

@@ -226,28 +226,47 @@ def _stepped(f: Factor, rest, c: int, j0: int, j1: int, step: int, groups: int, 
     return Cut(((Factor(m),) if m > 1 else ()) + inner, groups * f.size * per, first, first + m * per, step)
 
 
+def _strip(fs) -> tuple:
+    """``fs`` without its trailing local factors (they do not change who holds what)."""
+    fs = tuple(fs)
+    while fs and fs[-1].axis is None:
+        fs = fs[:-1]
+    return fs
+
+
 def join(parts) -> tuple | str:
     """The factors of the cat of dims ``parts`` (``(factors, size)`` each) when every rank's local
-    cat is its shard of the result, or the reason there are none.
+    cat is its shard of the result, or the reason there are none: the parts, each cut into the
+    chunks of its outermost local factor, must be the torch.chunk pieces of the total (equal
+    chunks, the last one possibly short) with the same shards inside every chunk.
 
-    ``join([((Factor(2, "tp"), Factor(4)), 8)] * 2)`` -> ``(Factor(2), Factor(2, "tp"), Factor(4))``
+    ``join([((Factor(2, "tp"), Factor(4)), 8)] * 2)`` -> ``(Factor(2), Factor(2, "tp"), Factor(4))``;
+    ``[2*tp*2]`` ++ ``[tp]`` (8 + 2 on tp=2) -> ``[3*tp*2 of 10]``
     """
-    split = []
+    chunks = []  # (size, rest) of every top-level chunk, in order
     for k, (fs, n) in enumerate(parts):
         if type(fs) is ChunkProgram:
             return f"input {k}'s dim is cut by DTensor's uneven chunks (no factor layout)"
         fs = tuple(fs)
-        if fs and fs[0].axis is None and n % fs[0].size == 0:
-            split.append((fs[0].size, fs[1:], n // fs[0].size))
+        if fs and fs[0].axis is None:  # the torch.chunk pieces of its outermost local factor
+            chunks += [(chunk_length(n, fs[0].size, i), fs[1:]) for i in range(fs[0].size)]
         else:
-            split.append((1, fs, n))
-    _, rest, c = split[0]
-    for k, (_, r, ck) in enumerate(split[1:], 1):
-        if r != rest or ck != c:
-            return (f"input {k}'s dim is not input 0's shards repeated (its chunks of {ck} are cut as "
-                    f"{list(map(_describe, r))}, input 0's chunks of {c} as {list(map(_describe, rest))})")
-    total = sum(m for m, _, _ in split)
-    return ((Factor(total),) if total > 1 else ()) + tuple(rest)
+            chunks.append((n, fs))
+    chunks = [(c, r) for c, r in chunks if c > 0]
+    sizes = [c for c, _ in chunks]
+    total, m = sum(sizes), len(chunks)
+    want = [chunk_length(total, m, i) for i in range(m)]
+    if sizes != want:
+        return (f"the inputs' chunks {sizes} are not the pieces torch.chunk cuts {total} into ({want}): the "
+                "shards would not line up")
+    rests = {_strip(r) for _, r in chunks}
+    if len(rests) > 1:
+        cuts = " vs ".join(sorted("*".join(map(_describe, r)) or "local" for r in rests))
+        return f"the inputs' chunks are cut differently ({cuts})"
+    rest = chunks[0][1]
+    if any(r != rest for _, r in chunks) or _product(f.size for f in rest) != sizes[0]:
+        rest = _strip(rest)  # ownership is the same; the trailing local factors are left implicit
+    return ((Factor(m),) if m > 1 else ()) + tuple(rest)
 
 
 def pad(fs, m: int, n: int, start: int) -> Cut | str:
