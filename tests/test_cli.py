@@ -265,3 +265,17 @@ def test_auto_only_options_without_style_auto_are_refused(extra, capsys):
     assert main(["plan", "--style", "dp", *extra]) == 2
     err = capsys.readouterr().err
     assert err.startswith("shardlayout: error:") and "only for --style auto" in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("argv", [["plan", "--model", "llama", "--size", "dim=64,dim=32", "--mesh", "tp=2"],
+                                  ["plan", "--model", "llama", "--size", ",,", "--mesh", "tp=2"],
+                                  ["export", "--model", "llama", "--mesh", "tp=2", "--style", "megatron",
+                                   "--to", "dtensor", "--timeline", "x.png"]])
+def test_size_and_timeline_misuse_is_one_line(argv, capsys):
+    try:
+        code = main(argv)
+    except SystemExit as e:  # a usage error (an option the command does not take)
+        code = e.code
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(("shardlayout: error:", "usage:", "shardlayout"))

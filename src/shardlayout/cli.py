@@ -309,11 +309,9 @@ def cmd_plan(args) -> int:
     with _report("progress").task(f"verifying ({args.verify})"):
         v = p.verify(mode=args.verify) if args.verify else None
     pictures = _figures(args, lambda path, fmt: _report("figure").plan_figure(p, path, fmt, _plan_title(p, args)))
-    if getattr(args, "timeline", None):
-        from .plan.stream import stream_plan
-
-        drawn = _report("figure").stream_figure(stream_plan(p), args.timeline, None, _plan_title(p, args))
-        pictures.setdefault("pictures", []).append(drawn)
+    pictures.setdefault("pictures", []).extend(_timeline(p, args))
+    if not pictures["pictures"]:
+        del pictures["pictures"]
     if args.json:
         print(p.to_json())
         return 0 if v is None or v.ok else 1
@@ -330,6 +328,7 @@ def _plan_auto(args) -> int:
     p = a.plan
     with _report("progress").task(f"verifying ({args.verify})"):
         v = p.verify(mode=args.verify) if args.verify else None
+    _timeline(p, args)
     if args.json:
         data = json.loads(p.to_json())
         data["auto"] = a.to_json()
@@ -339,6 +338,15 @@ def _plan_auto(args) -> int:
         print()
         print(a.text())
     return 0 if v is None or v.ok else 1
+
+
+def _timeline(p, args) -> list:
+    """``--timeline FILE``: the stream overlaps' picture, written; its path in a list (or [])."""
+    if not getattr(args, "timeline", None):
+        return []
+    from .plan.stream import stream_plan
+
+    return [_report("figure").stream_figure(stream_plan(p), args.timeline, None, _plan_title(p, args))]
 
 
 def _report(name: str):
@@ -372,9 +380,7 @@ def _print_streams(p) -> None:
     print(f"step (forward, at {DEFAULT_FLOP_RATE / 1e12:.0f} TFLOP/s): ~{sp.serial_seconds * 1e6:.1f} µs serial, "
           f"~{sp.overlapped_seconds * 1e6:.1f} µs with {len(sp.choices)} stream overlap(s):")
     for c in sp.choices:
-        kinds = "+".join(sorted({x.kind.value for x in p.moves.get((c.tensor, c.sharding), ())} |
-                                {x.kind.value for (t, _), cs in p.moves.items() if t == c.tensor for x in cs
-                                 if x.kind.communicates})) or "move"
+        kinds = "+".join(c.kinds) or "move"
         what = "feeds" if c.side == "before" else "takes the output of"
         print(f"  {c.chunks:>2} chunks {c.text}: the {kinds} of {c.tensor} {what} {', '.join(c.ops)} "
               f"({c.serial * 1e6:.1f} -> {c.overlapped * 1e6:.1f} µs)")
@@ -559,8 +565,6 @@ def _add_model_args(pl) -> None:
     pl.add_argument("--module", help="pkg.mod:factory returning (torch module, example args); via torch.export")
     pl.add_argument("--export", help="a torch.export .pt2 file")
     pl.add_argument("--layers", type=int, default=2)
-    pl.add_argument("--timeline", metavar="FILE", help="also draw the stream overlaps' timeline (serial vs "
-                    "chunked) as PNG or SVG, by the file's extension (needs matplotlib)")
     pl.add_argument("--size", metavar="KEY=N,...", help="a built-in model's sizes, e.g. dim=4096,seq=4096,batch=1,"
                     "heads=32,ffn=11008 (llama) or tokens=...,experts=... (moe)")
     pl.add_argument("--mesh", default="dp=2,tp=4")
@@ -645,6 +649,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--json", action="store_true")
     pl.add_argument("--max-rows", type=int, default=40, help="tensor rows to print")
     _add_picture_args(pl, "a per-layer diagram of shardings and collectives")
+    pl.add_argument("--timeline", metavar="FILE", help="also draw the stream overlaps' timeline (serial vs "
+                    "chunked) as PNG or SVG, by the file's extension (needs matplotlib)")
     pl.set_defaults(func=cmd_plan)
     rn = sub.add_parser("run", help="run the plan on torch.distributed (forward) and compare with the unsharded run")
     _add_model_args(rn)

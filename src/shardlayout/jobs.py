@@ -92,6 +92,9 @@ def model_sizes(model: str, text: str | None) -> dict:
     fn = {"llama": llama, "moe": moe}[model]
     known = [p for p in inspect.signature(fn).parameters if p != "layers"]
     out = {}
+    if not text.strip(" ,"):
+        raise ShardingError(f"--size '': give KEY=N pairs, e.g. --size dim=64 ({model} takes "
+                            f"{', '.join(known)})")
     for item in (x.strip() for x in text.split(",") if x.strip()):
         key, eq, value = item.partition("=")
         key = key.strip()
@@ -99,6 +102,8 @@ def model_sizes(model: str, text: str | None) -> dict:
             raise ShardingError(f"--size {item!r}: {model} takes {', '.join(f'{k}=N' for k in known)}")
         if not value.strip().isascii() or not value.strip().isdigit() or int(value) < 1 or int(value) > 1 << 40:
             raise ShardingError(f"--size {key}={value.strip()!r}: give a positive whole number (at most 2**40)")
+        if key in out:
+            raise ShardingError(f"--size {key} is given twice ({out[key]} and {int(value)}); give it once")
         out[key] = int(value)
     return out
 

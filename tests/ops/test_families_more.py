@@ -347,3 +347,27 @@ def test_chunk_unbind_log_softmax_by_simulation():
             return a - m - np.log(np.exp(a - m).sum(axis=d, keepdims=True))
 
         simulate_all(propagate("_log_softmax", [t], dim=d), [x], log_softmax)
+
+
+def test_vocab_parallel_embedding_is_a_partial_sum_and_proven():
+    """A table cut on its rows (Megatron's VocabParallelEmbedding): each rank looks up the tokens
+    in its rows, zeros elsewhere; the output is partial(sum), nothing moves; exact on every rank,
+    proven by the index-level check, refused without the local run; a table whose gather is
+    cheaper than reducing the output later is gathered."""
+    from shardlayout.execute import NumpySimulator
+    from shardlayout.execute.indexmap import index_map
+    from shardlayout.execute.proof import check_op
+    from shardlayout.ops import get_op
+
+    m = Mesh.parse("dp=2,tp=4")
+    w, i = Sharding.parse("[tp*64, 8]", m), Sharding.parse("[dp, 3]", m)
+    p = propagate("embedding", [w, i])
+    assert str(p.outputs[0]) == "[dp, 3, 8] +sum(tp)" and not p.collectives
+    rng = np.random.default_rng(0)
+    W, idx = rng.standard_normal((256, 8)), rng.integers(0, 256, (2, 3))
+    outs = NumpySimulator(m).op(get_op("embedding"), [w.shard(W), i.shard(idx)], dict(p.local), p.outputs)
+    assert np.allclose(p.outputs[0].unshard(outs[0]), W[idx])
+    assert check_op(m, index_map("embedding", (w, i), dict(p.local)), (w, i), p.outputs).status == "proven"
+    assert check_op(m, index_map("embedding", (w, i), {}), (w, i), p.outputs).failed
+    small = propagate("embedding", [Sharding.parse("[tp*2, 8]", m), Sharding.parse("[64, 32]", m)])
+    assert small.collectives and any("gathered" in n for n in small.notes)  # 8 rows vs 2048 lookups

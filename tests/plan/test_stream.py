@@ -121,3 +121,32 @@ def test_cli_prints_both_estimates(capsys):
     out = capsys.readouterr().out
     assert "µs serial" in out and "stream overlap(s)" in out and "[1, tp*~8*64, 4096]" in out
     assert main(["plan", "--model", "llama", "--size", "dim=x", "--mesh", "tp=2"]) == 2
+
+
+def test_only_the_matmuls_that_read_the_moved_tensor_count():
+    """x is gathered for mm1 only; mm2 reads x as it is (no move): its compute is not overlapped."""
+    from shardlayout.program import ProgramBuilder
+
+    m = Mesh.parse("tp=8")
+    b = ProgramBuilder()
+    x = b.input("x", (8192, 4096))
+    w1, w2 = b.param("w1", (4096, 8192)), b.param("w2", (4096, 8192))
+    b.output(b.op("mm", [x, w1], name="mm1"))
+    b.output(b.op("mm", [x, w2], name="mm2"))
+    p = plan(b.build(), m, {"x": "[tp*1024, 4096]", "w1": "[4096, tp*1024]", "w2": "[4096, 8192]",
+                            "mm1": "[8192, tp*1024]", "mm2": "[tp*1024, 8192]"})
+    sp = stream_plan(p)
+    assert [c.ops for c in sp.choices] == [("mm1",)] and sp.choices[0].kinds == ("all_gather",)
+
+
+def test_a_move_cut_on_both_sides_is_not_streamed():
+    m = Mesh.parse("tp=2")
+    src, dst = Sharding.parse("[tp*4]", m), Sharding.parse("[2*tp*2]", m)
+    with pytest.raises(ValueError, match="both"):
+        run_streamed_move(src, dst, 0, 2, src.shard(np.arange(8.0)))
+
+
+def test_a_pinned_outputs_move_is_shown_from_what_the_op_made():
+    p = _plan("megatron-sp", mesh="dp=2,tp=2", layers=1, dim=512, seq=1024, batch=1, heads=8, ffn=1376)
+    for c in stream_plan(p).choices:
+        assert "tp*~" in c.text  # cut after the tp axis the moved tensor is sequence-sharded on

@@ -220,10 +220,15 @@ def test_tp_plan_megatron():
 
 
 def test_tp_plan_sequence_parallel():
-    """torchtitan's plan: a rowwise embedding shards the vocabulary (the lookup needs whole rows:
-    the table is gathered once), each block gathers its input once and reduce-scatters its output."""
+    """torchtitan's plan: a rowwise embedding shards the vocabulary (each rank looks up its rows,
+    zeros elsewhere: the output is a partial sum, reduce-scattered to sequence shards as torchtitan's
+    ``output_layouts=Shard(1)``), each block gathers its input once and reduce-scatters its output;
+    the head gathers its input once. Proven for every rank."""
     p, _ = _tp("titan_llama", TITAN_SP)
-    assert p.counts() == {("all_gather", TP): 2 * L + 2, ("reduce_scatter", TP): 2 * L}
+    assert p.counts() == {("all_gather", TP): 2 * L + 1, ("reduce_scatter", TP): 2 * L + 1}
+    emb = next(op for op in p.ops if op.target.startswith("aten.embedding"))
+    assert str(emb.outputs[0]).endswith("+sum(tp)") and emb.local
+    assert p.verify().proven
     assert str(p.shardings["tok_embeddings.weight"]) == "[tp*16, 16]"
     assert str(p.shardings["output.weight"]) == "[tp*16, 16]"
 

@@ -194,18 +194,18 @@ def _resized(name, inputs, params) -> IndexMap | None:
     if name == "cat":
         if not any(sharded):
             return None
-        return IndexMap(tuple(lx[:d] + z + lx[d + 1:] for _ in tensors), (lx[:d] + z + lx[d + 1:],), linear="sum",
+        return IndexMap(tuple(lx[:d] + z + lx[d + 1:] for _ in tensors), (lx[:d] + z + lx[d + 1:],), linear="any",
                         free=frozenset(z), kind="resize", resize=("cat", d, 0, 1, ()))
     local = params.get("local")
     if local is None:
         return None
     n = s.shape[d]
     if name in ("split_with_sizes", "split", "chunk"):
-        return IndexMap((lx[:d] + z + lx[d + 1:],), tuple(lx[:d] + z + lx[d + 1:] for _ in local), linear="sum",
+        return IndexMap((lx[:d] + z + lx[d + 1:],), tuple(lx[:d] + z + lx[d + 1:] for _ in local), linear="any",
                         free=frozenset(z), kind="resize", resize=("split", d, 0, 1, tuple(local)))
     if name == "slice_backward":
         a = slice_bounds(params["input_sizes"][d], params.get("start"), params.get("end"), 1)[0]
-        return IndexMap((lx,), (lx,), linear="sum", free=frozenset(lx[d]), kind="resize",
+        return IndexMap((lx,), (lx,), linear="any", free=frozenset(lx[d]), kind="resize",
                         resize=("pad", d, a, 1, (tuple(local),)))
     if name == "narrow":
         start = params["start"] + n if params["start"] < 0 else params["start"]
@@ -213,7 +213,7 @@ def _resized(name, inputs, params) -> IndexMap | None:
     else:
         step = params.get("step", 1)
         a, _, count = slice_bounds(n, params.get("start"), params.get("end"), step)
-    return IndexMap((lx,), (lx,), linear="sum", free=frozenset(lx[d]), kind="resize",
+    return IndexMap((lx,), (lx,), linear="any", free=frozenset(lx[d]), kind="resize",
                     resize=("slice", d, a, step if count > 1 else 1, (tuple(local),)))
 
 
@@ -236,6 +236,8 @@ def _indexing(name, inputs, params):
     if name == "embedding":
         idx = inputs[1]
         li = LETTERS[: idx.ndim]
+        if params.get("local") is not None:  # vocab-parallel: a lookup is a one-hot matmul, V contracted
+            return IndexMap(("VD", li), (li + "D",), linear="first", values=(None, ("index", x.shape[0])))
         return IndexMap(("VD", li), (li + "D",), whole=frozenset("V"), values=(None, ("index", x.shape[0])))
     if name == "index_select":
         return IndexMap((lx, "Z"), (lx[:d] + "Z" + lx[d + 1:],), whole=frozenset(lx[d]),

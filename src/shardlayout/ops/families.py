@@ -19,6 +19,7 @@ import numpy as np
 
 from ..errors import OpError
 from ..sharding import Sharding
+from ..sharding.core import ChunkProgram, _product
 from ..sharding.cost import DEFAULT_COST_MODEL
 from .registry import register_op
 from .result import Propagation
@@ -665,13 +666,40 @@ register_op("topk", "x ; k: int[0..], dim: dim = -1, largest: bool = True, sorte
 def _index_rule(name, inputs, dim=0, cost_model=None, tensor_dtype="float32", out_pins=(), **_):
     """Indexed dims are whole in the indexed tensor; the index tensor's dims shard freely.
 
-    embedding(weight, indices): vocab rows whole, the embedding dim free (tp on hidden).
+    embedding(weight, indices): vocab rows whole, the embedding dim free (tp on hidden) — unless
+    the table arrives vocab-parallel (``vocab_parallel``): then each rank looks up the tokens in
+    its rows and writes zeros for the others, a partial sum, and nothing moves.
     """
     args = (cost_model, tensor_dtype, out_pins)
     if name == "embedding":
         w, idx = inputs[0], inputs[1]
         li = LETTERS[: idx.ndim]
-        return _whole(name, [w, idx], ["VD", li], li + "D", {"V"}, [idx.shape + (w.shape[1],)], *args)
+
+        def gather(why=()):
+            p = _whole(name, [w, idx], ["VD", li], li + "D", {"V"}, [idx.shape + (w.shape[1],)], *args)
+            return replace(p, notes=tuple(why) + p.notes)
+
+        got = vocab_parallel(w, idx)
+        if isinstance(got, str):
+            return gather(() if got == "" else (f"vocab: {got}",))
+        out, local = got
+        cm = cost_model or DEFAULT_COST_MODEL
+        later = _reduction_seconds(out, local[0], tensor_dtype, cm)
+        table = gather()
+        if table.cost <= later:  # reducing the partial output later would move more than the table
+            return replace(table, notes=(f"vocab: a vocab-parallel lookup's partial output would cost "
+                                         f"{later * 1e6:.2f} µs to reduce, the table's gather "
+                                         f"{table.cost * 1e6:.2f} µs; the table is gathered",) + table.notes)
+        pins = tuple(out_pins or ())[:1]
+        moves = input_moves(out, pins[0], tensor_dtype, cm) if pins and pins[0] is not None and pins[0] != out \
+            else ()
+        moves = tuple(c.attributed("output 0") for c in moves)
+        p = Propagation(name, (w, idx), (w, idx), (out,), moves,
+                        (f"vocab on {local[0].axis}: each rank looks up the tokens in its {local[1]} rows, zeros "
+                         "elsewhere: a partial sum, no data moves",), (), cm, local=(("local", local),))
+        if moves and table.cost < p.cost:
+            return table
+        return p
     s = inputs[0]
     lx = LETTERS[: s.ndim]
     d = dim
@@ -704,6 +732,63 @@ def _index_rule(name, inputs, dim=0, cost_model=None, tensor_dtype="float32", ou
     letters = [lx] + [LETTERS[: o.ndim].upper() for o in others]
     whole = set(lx[d]) | {ch for lt in letters[1:] for ch in lt}
     return _whole(name, [s] + others, letters, lx, whole, None, *args)
+
+
+def vocab_parallel(w: Sharding, idx: Sharding):
+    """``(output sharding, local params)`` of a vocab-parallel lookup when the table ``w`` is cut
+    on its rows by one mesh-axis factor, outermost and even (Megatron's VocabParallelEmbedding,
+    torchtitan's rowwise embedding), the indices not on that axis; else a reason ("" when the
+    rows are not sharded at all). The local params: the rank's first row (by its coordinate on
+    the axis piece) and its row count.
+    ``vocab_parallel(Sharding.parse("[tp*16, 8]", m), Sharding.parse("[2, 5]", m))[0]`` -> ``[2, 5, 8] +sum(tp)``"""
+    from .result import ByCoord
+
+    fs = tuple(w.dims[0]) if type(w.dims[0]) is not ChunkProgram else None
+    if fs is not None and not any(f.axis is not None for f in fs):
+        return ""
+    if fs is None or fs[0].axis is None or any(f.axis is not None for f in fs[1:]) or \
+            _product(f.size for f in fs) != w.shape[0]:
+        return "rows not cut by one mesh axis outermost and evenly; the table is gathered"
+    f = fs[0]
+    used = {g.axis for d in idx.dims if type(d) is not ChunkProgram for g in d if g.axis is not None}
+    if f.axis in used or f.axis in dict(idx.partial) or f.axis in dict(w.partial) or \
+            any(g.axis == f.axis for g in w.dims[1]) or w.partial:
+        return f"the indices or the embedding dim also use {f.axis}; the table is gathered"
+    rows = w.shape[0] // f.size
+    out = Sharding(w.mesh, idx.shape + (w.shape[1],), list(idx.dims) + [list(w.dims[1])],
+                   sorted(set(idx.partial) | {(f.axis, "sum")}, key=lambda p: w.mesh.names.index(p[0])))
+    return out, (ByCoord(f.axis, f.pre, f.size, tuple(c * rows for c in range(f.size))), rows)
+
+
+def _reduction_seconds(out: Sharding, piece, tensor_dtype: str, cm) -> float:
+    """Seconds of the cheapest reduction a vocab-parallel lookup's partial output will need: a
+    reduce-scatter of it over the table's axis piece (the cost model's price)."""
+    from ..sharding.collective import AxisPiece, Collective, CollectiveKind
+    from ..sharding.cost import itemsize
+
+    n = 1
+    for k, fs in enumerate(out.dims):
+        n *= -(-out.shape[k] // max(1, _product(f.size for f in fs if f.axis is not None)))
+    axes = (AxisPiece(piece.axis, piece.size, piece.pre),)
+    from .strategy import dtype_of
+
+    dtype = dtype_of(tensor_dtype, 2)  # the output's element type
+    return cm.seconds(Collective(CollectiveKind.REDUCE_SCATTER, axes, (), n * itemsize(dtype), out, out, "sum"))
+
+
+def local_lookup(w, i, start: int, rows: int, xp):
+    """A vocab-parallel lookup on one rank: rows ``[start, start + rows)`` of the table are ``w``;
+    tokens outside them give zeros (numpy or torch: ``xp`` is the module).
+    ``local_lookup(np.eye(2), np.array([0, 3]), 2, 2, np)`` -> rows ``[0, 0]`` and ``[0, 1]``"""
+    j = i - start
+    inside = (j >= 0) & (j < rows)
+    j = xp.where(inside, j, xp.zeros_like(j))
+    return w[j] * inside[..., None]
+
+
+def _np_embedding(w, i, local=None, **_):
+    i = np.asarray(i).astype(int)
+    return w[i] if local is None else local_lookup(w, i, local[0], local[1], np)
 
 
 def _np_scatter(a, i, src=None, dim=0, add=False, value=None, reduce=None):
@@ -752,7 +837,7 @@ register_op("scatter_add", "x, index, src ; dim: dim", _index_rule,
 register_op("index_add", "x, index, source ; dim: dim, alpha: scalar = 1", _index_rule, _np_index_add,
             check=_check_indexing)
 register_op("embedding", "weight, indices ; padding_idx: int = -1, scale_grad_by_freq: bool = False, "
-            "sparse: bool = False", _index_rule, lambda w, i, **_: w[np.asarray(i).astype(int)],
+            "sparse: bool = False", _index_rule, _np_embedding,
             check=lambda n, i, p: _check_ranks(n, i, p, (2, None)))
 
 

@@ -19,7 +19,8 @@ collective overlaps chunk ``i-1``'s matmul: a two-stage pipeline of ``k`` chunks
 
 (``a`` from the same cost model at ``bytes / k``: each chunk pays the latency again), against
 ``A + M`` serially (``k = 1``). For every such pair the smallest ``T(k)`` over
-``k`` in ``CHUNKS`` dividing the dim is chosen (ties: fewer chunks); each collective and each
+``k`` in ``CHUNKS`` dividing the dim is chosen (ties: fewer chunks) when it saves at least
+``MIN_SAVING`` of the pair's time; each collective and each
 matmul overlaps at most once (the largest saving first). ``stream_plan(plan)`` returns the
 choices and both estimates; ``plan`` prints them beside each other.
 
@@ -44,6 +45,10 @@ from .estimate import MATMULS, check_flop_rate, compute_seconds, op_flops
 CHUNKS = (2, 4, 8, 16)
 """The stream chunk counts tried (1: no stream)."""
 
+MIN_SAVING = 0.01
+"""A stream is chosen only when it saves at least this share of its pair's serial time (chunking
+has costs the model does not price: kernel launches, smaller matmuls)."""
+
 
 @dataclass(frozen=True)
 class StreamChoice:
@@ -63,6 +68,7 @@ class StreamChoice:
     serial: float
     overlapped: float
     chunk_seconds: float = 0.0  # one chunk's collectives
+    kinds: tuple = ()  # the collective kinds of the move, e.g. ("all_gather",)
 
     @property
     def text(self) -> str:
@@ -71,7 +77,8 @@ class StreamChoice:
 
     def to_json(self) -> dict:
         """JSON-able form."""
-        return {"ops": list(self.ops), "tensor": self.tensor, "side": self.side, "dim": self.dim, "chunks": self.chunks,
+        return {"ops": list(self.ops), "kinds": list(self.kinds), "tensor": self.tensor, "side": self.side,
+                "dim": self.dim, "chunks": self.chunks,
                 "sharding": self.text, "collective_seconds": self.collective_seconds,
                 "compute_seconds": self.compute_seconds, "chunk_collective_seconds": self.chunk_seconds,
                 "serial_seconds": self.serial,
@@ -172,6 +179,9 @@ def run_streamed_move(src: Sharding, dst: Sharding, dim: int, k: int, pieces: di
     from ..execute.simulator import run_moves
     from ..sharding.move import plan_move
 
+    if any(f.axis is not None for f in src.dims[dim]) and any(f.axis is not None for f in dst.dims[dim]):
+        raise ValueError(f"dim {dim} is cut by mesh axes in both {src} and {dst}: stream chunks of one are not "
+                         "chunks of the other; stream a move that gathers or scatters that dim")
     sharded = src if any(f.axis is not None for f in src.dims[dim]) else dst
     if chunk_layout(sharded.dims[dim], sharded.shape[dim], k) is None:
         raise ValueError(f"dim {dim} of {sharded} has no local factor after its mesh axes divisible by {k}")
@@ -244,18 +254,22 @@ def _through(op, d: int, in_shape: tuple, out_shape: tuple) -> int | None:
     return d + lead if lead >= 0 and out_shape[d + lead] == in_shape[d] else None
 
 
-def _downstream(plan, ops_of, tensor: str, d: int, hops: int = 6):
+def _downstream(plan, ops_of, tensor: str, d: int, target, hops: int = 6):
     """``(op index, input position, dim)`` of the matmuls ``tensor``'s dim ``d`` reaches through
-    views and pointwise ops (one hop per op)."""
+    views and pointwise ops (one hop per op): only the consumers that read it at ``target`` (the
+    move's result), and after that ones that read each result as it is (no other move)."""
     from ..ops.result import canonical_op_name
 
     prog = plan.program
     stack, seen = [(tensor, d, 0)], set()
     while stack:
         name, dim, n = stack.pop()
+        want = target if n == 0 else plan.shardings[name]
         for i in ops_of.get(name, ()):
             op = prog.ops[i]
             pos = op.inputs.index(name)
+            if plan.ops[i].input_targets[pos] != want:
+                continue
             if canonical_op_name(op.target) in MATMULS:
                 yield i, pos, dim
                 continue
@@ -308,7 +322,7 @@ def _candidates(plan, rate: float):
         cs = [c for c in moves if c.kind.communicates]
         if not cs:
             continue
-        src = plan.shardings[name]
+        src = _source(plan, producer, name, tgt)
         dims = {d for c in cs for d in c.dims}
         reduces = all(c.kind.value == "all_reduce" for c in cs)
         if reduces:
@@ -318,8 +332,10 @@ def _candidates(plan, rate: float):
         gathers = all(c.kind.value in ("all_gather", "all_to_all") for c in cs)
         whole = sum(cm.seconds(c) for c in cs)
         for d in sorted(dims):
+            if any(f.axis is not None for f in src.dims[d]) and any(f.axis is not None for f in tgt.dims[d]):
+                continue  # both sides cut along d: a stream chunk of one is not a chunk of the other
             if gathers:  # the gathered input of matmuls: collective matmul
-                sites = sorted({i for i, pos, dd in _downstream(plan, ops_of, name, d)
+                sites = sorted({i for i, pos, dd in _downstream(plan, ops_of, name, d, tgt)
                                 if _passes(plan, i, pos, dd, True)})
                 side = "before"
             else:  # a reduction of a matmul's partial output
@@ -341,12 +357,22 @@ def _candidates(plan, rate: float):
                 t = pipelined(a, comp / k, k)
                 if best is None or t < best[0] - 1e-15:
                     best = (t, k, a)
-            if best is None or best[0] >= whole + comp - 1e-15:
+            if best is None or best[0] > (whole + comp) * (1 - MIN_SAVING):
                 continue
             names = tuple(prog.ops[i].name for i in sites)
             yield (whole + comp - best[0], StreamChoice(names, name, side, d, best[1], shown, whole, comp,
-                                                        whole + comp, best[0], best[2]))
+                                                        whole + comp, best[0], best[2],
+                                                        tuple(sorted({c.kind.value for c in cs}))))
             break  # the outermost dim that works
+
+
+def _source(plan, producer: dict, name: str, target) -> Sharding:
+    """Where the move of ``name`` to ``target`` starts: the tensor's sharding, or — for the move
+    of an op's output to its pinned sharding — what the op made."""
+    if target == plan.shardings[name] and name in producer:
+        i = producer[name]
+        return plan.ops[i].outputs[plan.program.ops[i].outputs.index(name)]
+    return plan.shardings[name]
 
 
 def _passes(plan, i: int, pos: int, d: int, is_input: bool) -> bool:
@@ -381,5 +407,5 @@ def stream_plan(plan, flop_rate: float | None = None) -> StreamPlan:
     return StreamPlan(tuple(c for _, c in chosen), serial, serial - math.fsum(s for s, _ in chosen))
 
 
-__all__ = ["CHUNKS", "StreamChoice", "StreamPlan", "chunk_layout", "chunk_positions", "pipelined", "run_streamed_move",
-           "stream_plan", "stream_text"]
+__all__ = ["CHUNKS", "MIN_SAVING", "StreamChoice", "StreamPlan", "chunk_layout", "chunk_positions", "pipelined",
+           "run_streamed_move", "stream_plan", "stream_text"]

@@ -7,8 +7,9 @@ modules are the prefixes of the program's parameter and buffer names. Values, on
 - ``"colwise"``: a Linear's output features on tp (a fused q|k|v or gate|up weight strided, so a
   split leaves each rank its slice of every part), its bias likewise; an Embedding's embedding dim.
 - ``"rowwise"``: a Linear's input features on tp, its bias added once; an Embedding's vocabulary
-  (the lookup needs whole rows: the planner gathers the table — a masked vocab-parallel lookup is
-  not modelled).
+  (a vocab-parallel lookup: each rank looks up the tokens in its rows, zeros elsewhere — a
+  partial sum, reduced where the next op needs it: an all_reduce, or a reduce_scatter to sequence
+  shards under ``sequence_parallel``).
 - ``"sequence_parallel"``: a norm runs on sequence shards (its input on tp along dim 1); its
   output is gathered once if every Linear reading it is colwise, else stays sequence-sharded.
 - ``"replicate"``: the module's parameters replicated.

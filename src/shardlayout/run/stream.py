@@ -34,7 +34,7 @@ def _gather(part, world: int, group, async_op: bool):
     import torch
     import torch.distributed as dist
 
-    out = torch.empty((world * part.shape[0],) + tuple(part.shape[1:]), dtype=part.dtype)
+    out = torch.empty((world * part.shape[0],) + tuple(part.shape[1:]), dtype=part.dtype, device=part.device)
     gather = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)  # the newer name where it exists
     work = gather(out, part.contiguous(), group=group, async_op=async_op)
     return out, work
@@ -44,7 +44,7 @@ def _reduce_scatter(full, world: int, group, async_op: bool):
     import torch
     import torch.distributed as dist
 
-    out = torch.empty((full.shape[0] // world,) + tuple(full.shape[1:]), dtype=full.dtype)
+    out = torch.empty((full.shape[0] // world,) + tuple(full.shape[1:]), dtype=full.dtype, device=full.device)
     scatter = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
     work = scatter(out, full.contiguous(), group=group, async_op=async_op)
     return out, work
@@ -119,6 +119,8 @@ def compute_reduce_scatter(h, fn, group, k: int = 1):
         out, _ = _reduce_scatter(fn(h), world, group, False)
         return out
     rows = h.shape[0] // world
+    if k < 1 or rows % k:
+        raise RunError(f"streams: {rows} rows per rank do not cut into {k} equal chunks; give k dividing {rows}")
     per = h.reshape(world, rows, *h.shape[1:])
     sent = []
     for idx in torch.arange(rows).reshape(k, rows // k) if rows % k == 0 else ():

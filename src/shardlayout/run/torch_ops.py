@@ -139,6 +139,10 @@ def torch_op(opdef, args: list, params: dict, out_shapes: list) -> list:
             return [local_slice(args[0], kw.get("dim", 0), *g, size=s[kw.get("dim", 0)])
                     for g, s in zip(local, out_shapes)]
         return list(args[0].split([s[kw.get("dim", 0)] for s in out_shapes], dim=kw.get("dim", 0)))
+    if opdef.name == "embedding" and local is not None:  # vocab-parallel: this rank's rows, zeros elsewhere
+        from ..ops.families import local_lookup
+
+        return [local_lookup(args[0], args[1].long(), local[0], local[1], torch)]
     if opdef.name in ("slice", "narrow") and local is not None:
         return [local_slice(args[0], kw["dim"], *local, size=out_shapes[0][kw["dim"]]).contiguous()]
     if opdef.name == "slice_backward":
