@@ -153,3 +153,31 @@ def test_the_order_is_chosen_under_the_given_cost_model():
         got = plan_move(a, b, cost_model=cm)
         assert cost(got, cm) <= cost(plan_move(a, b), cm) + 1e-15
         check_plan(a, b)
+
+
+@pytest.mark.parametrize("n,text", [(6, "[2, tp of 6, 16]"), (5, "[2, tp of 5, 16]"), (8, "[2, tp*2, 16]"),
+                                    (7, "[2, tp*2 of 7, 16]")])
+def test_a_partial_whole_dim_reduce_scatters_to_uneven_shards(n, text):
+    """torch.chunk-uneven targets are reduce-scattered too (not all-reduced and sliced): exact on
+    every rank, half the bytes of an all-reduce's two passes."""
+    import numpy as np
+
+    from shardlayout.execute.simulator import run_moves
+
+    m = Mesh.parse("tp=4")
+    a, b = Sharding.parse(f"[2, {n}, 16] +sum(tp)", m), Sharding.parse(text, m)
+    cs = plan_move(a, b)
+    assert [c.kind.value for c in cs] == ["reduce_scatter"]
+    vals = {r: np.random.default_rng(r).standard_normal(a.shape) for r in m.ranks()}
+    got, want = run_moves(cs, vals), sum(vals.values())
+    assert all(np.allclose(got[r], b.shard(want)[r]) for r in m.ranks())
+
+
+def test_megatron_sp_on_an_uneven_sequence_reduce_scatters():
+    from shardlayout.plan import plan
+    from shardlayout.program.models import llama, style_pins
+
+    prog, m = llama(layers=1, seq=6), Mesh.parse("tp=4")
+    p = plan(prog, m, style_pins(prog, m, "megatron-sp"))
+    assert p.counts() == {("all_gather", ("tp",)): 2, ("reduce_scatter", ("tp",)): 2}
+    assert p.verify().proven

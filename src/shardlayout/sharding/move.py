@@ -225,6 +225,12 @@ def _add_piece(cur: Sharding, dst: Sharding, axis: str, pre: int, size: int):
     if where is None:
         return None
     d, p = where
+    tgt = dst.dims[d]
+    whole = type(cur.dims[d]) is not ChunkProgram and all(f.axis is None for f in cur.dims[d])
+    if whole and type(tgt) is not ChunkProgram and tgt and tgt[0] == Factor(size, axis, pre) and \
+            all(f.axis is None for f in tgt[1:]):  # a whole dim cut by the piece alone: even or torch.chunk-uneven
+        return Sharding._trusted(cur.mesh, cur.shape, [tgt if i == d else fs for i, fs in enumerate(cur.dims)],
+                                 cur.partial)
     if type(cur.dims[d]) is ChunkProgram or not cur.is_even(d):
         return None
     out, pos, done = [], 1, False
