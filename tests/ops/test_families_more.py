@@ -371,3 +371,25 @@ def test_vocab_parallel_embedding_is_a_partial_sum_and_proven():
     assert check_op(m, index_map("embedding", (w, i), {}), (w, i), p.outputs).failed
     small = propagate("embedding", [Sharding.parse("[tp*2, 8]", m), Sharding.parse("[64, 32]", m)])
     assert small.collectives and any("gathered" in n for n in small.notes)  # 8 rows vs 2048 lookups
+
+
+@pytest.mark.parametrize("table,idx,params", [
+    ("[tp:(1)2*64, 8]", "[2, 3]", {}),  # a sub-axis: a partial sum needs a whole axis
+    ("[tp*64, 8]", "[4, 3] +sum(dp)", {}),  # partial indices: a lookup is not linear in them
+    ("[tp*64, 8]", "[2, 3]", {"scale_grad_by_freq": True}),  # needs every token's count
+])
+def test_vocab_parallel_lookup_is_refused_where_it_would_be_wrong(table, idx, params):
+    m = Mesh.parse("dp=2,tp=4")
+    p = propagate("embedding", [Sharding.parse(table, m), Sharding.parse(idx, m)], **params)
+    assert not p.local and "tp" not in dict(p.outputs[0].partial)
+
+
+def test_a_replicated_operand_of_a_partial_one_gets_its_gradient_summed():
+    """``partial * w``: w's gradient is a partial sum over the partial input's axis (the vocab-
+    parallel embedding's output meeting a norm weight); the partial input's own is not."""
+    from shardlayout.plan.backward import op_reductions
+
+    m = Mesh.parse("tp=2")
+    x, w = Sharding.parse("[4, 8] +sum(tp)", m), Sharding.parse("[8]", m)
+    got = op_reductions(("x", "w"), (x, w), (x,), {"x", "w"})
+    assert got == (("w", w, frozenset({"tp"})),)

@@ -29,6 +29,11 @@ def run(*args, env=None):
     (["--model", "moe", "--mesh", "ep=4", "--style", "ep"], None),
     (["--mesh", "dp=2,tp=2", "--style", "fsdp", "--layers", "1"], None),  # gathered weights: gradients summed on dp
     (["--mesh", "dp=4", "--style", "dp", "--layers", "1"], None),  # batch 2 on 4 ranks: two hold nothing
+    # torchtitan's sequence-parallel plan: a vocab-parallel embedding whose partial output meets
+    # replicated norm weights (their gradients arrive partial and are summed), an uneven sequence
+    (["--module", "tests/program/zoo.py:make_titan_llama", "--tp-plan", "examples/titan_sp_tp.json", "--mesh",
+      "tp=2"], None),
+    (["--mesh", "tp=4", "--style", "megatron-sp", "--layers", "1", "--size", "seq=6"], None),
 ])
 def test_training_step_equals_the_unsharded_run_and_executes_the_planned_collectives(args, planned):
     r = run(*args, "--json", "--dtype", "float64", "--train")

@@ -679,7 +679,7 @@ def _index_rule(name, inputs, dim=0, cost_model=None, tensor_dtype="float32", ou
             p = _whole(name, [w, idx], ["VD", li], li + "D", {"V"}, [idx.shape + (w.shape[1],)], *args)
             return replace(p, notes=tuple(why) + p.notes)
 
-        got = vocab_parallel(w, idx)
+        got = vocab_parallel(w, idx) if not params_scale_grad(_) else "scale_grad_by_freq counts every token"
         if isinstance(got, str):
             return gather(() if got == "" else (f"vocab: {got}",))
         out, local = got
@@ -750,6 +750,11 @@ def vocab_parallel(w: Sharding, idx: Sharding):
             _product(f.size for f in fs) != w.shape[0]:
         return "rows not cut by one mesh axis outermost and evenly; the table is gathered"
     f = fs[0]
+    if f.pre != 1 or f.size != w.mesh.axis_size(f.axis):
+        return (f"rows cut by the sub-axis {_describe_piece(f)} (a partial sum needs a whole axis); the table is "
+                "gathered")
+    if idx.partial:
+        return "the indices are partial (a lookup is not linear in them); the table is gathered"
     used = {g.axis for d in idx.dims if type(d) is not ChunkProgram for g in d if g.axis is not None}
     if f.axis in used or f.axis in dict(idx.partial) or f.axis in dict(w.partial) or \
             any(g.axis == f.axis for g in w.dims[1]) or w.partial:
@@ -774,6 +779,16 @@ def _reduction_seconds(out: Sharding, piece, tensor_dtype: str, cm) -> float:
 
     dtype = dtype_of(tensor_dtype, 2)  # the output's element type
     return cm.seconds(Collective(CollectiveKind.REDUCE_SCATTER, axes, (), n * itemsize(dtype), out, out, "sum"))
+
+
+def params_scale_grad(params: dict) -> bool:
+    """Does an embedding call scale its gradient by token frequency (needs every token: no
+    vocab-parallel lookup)?"""
+    return bool(params.get("scale_grad_by_freq", False))
+
+
+def _describe_piece(f) -> str:
+    return f"{f.axis}:({f.pre}){f.size}"
 
 
 def local_lookup(w, i, start: int, rows: int, xp):

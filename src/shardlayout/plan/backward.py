@@ -79,14 +79,15 @@ def gradient_reductions(plan, needs=None) -> dict:
 def op_reductions(inputs, input_targets, outputs, needs) -> tuple:
     """One op's share of ``gradient_reductions``: ``(tensor, target, axes)`` for every input in
     ``needs`` whose gradient this op leaves partial over ``axes`` (a frozenset of axis names):
-    the axes that shard the op's other operands or outputs but not that input.
+    the axes that shard the op's other operands or outputs, or hold them partial (a replicated
+    operand of a partial one — ``partial * w`` — gets a partial gradient), but not that input.
     ``op_reductions(("x",), (s,), (s,), {"x"}) -> ()`` when nothing else is sharded."""
     shards = set()
     for t in input_targets:
         if hasattr(t, "dims"):
-            shards |= {f.axis for fs in t.dims for f in fs if getattr(f, "axis", None)}
+            shards |= _axes_of(t)
     for o in outputs:
-        shards |= {f.axis for fs in o.dims for f in fs if getattr(f, "axis", None)}
+        shards |= _axes_of(o)
     out = []
     for name, t in zip(inputs, input_targets):
         if isinstance(name, str) and name in needs:

@@ -140,9 +140,14 @@ def torch_op(opdef, args: list, params: dict, out_shapes: list) -> list:
                     for g, s in zip(local, out_shapes)]
         return list(args[0].split([s[kw.get("dim", 0)] for s in out_shapes], dim=kw.get("dim", 0)))
     if opdef.name == "embedding" and local is not None:  # vocab-parallel: this rank's rows, zeros elsewhere
-        from ..ops.families import local_lookup
-
-        return [local_lookup(args[0], args[1].long(), local[0], local[1], torch)]
+        start, rows = local
+        j = args[1].long() - start
+        inside = (j >= 0) & (j < rows)
+        pad = kw.get("padding_idx", -1)  # a global row (aten: -1 for none); its gradient stays zero
+        local_pad_row = pad - start if pad is not None and pad >= 0 and start <= pad < start + rows else None
+        out = torch.nn.functional.embedding(torch.where(inside, j, torch.zeros_like(j)), args[0],
+                                            padding_idx=local_pad_row)
+        return [out * inside.unsqueeze(-1).to(out.dtype)]
     if opdef.name in ("slice", "narrow") and local is not None:
         return [local_slice(args[0], kw["dim"], *local, size=out_shapes[0][kw["dim"]]).contiguous()]
     if opdef.name == "slice_backward":
