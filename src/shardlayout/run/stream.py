@@ -60,6 +60,19 @@ def _interleave(parts, world: int):
     return stacked.reshape(k, world, c, *stacked.shape[2:]).transpose(0, 1).reshape(world * k * c, *stacked.shape[2:])
 
 
+def _gathered(x, world: int, group, k: int):
+    """The all_gathered chunks of ``x``'s rows, in order: chunk ``j+1``'s gather is issued
+    (asynchronously) before chunk ``j`` is handed out, so it runs while the caller computes."""
+    parts = _chunks(x, k)
+    pending = _gather(parts[0], world, group, True)
+    for j in range(k):
+        got, work = pending
+        work.wait()
+        if j + 1 < k:
+            pending = _gather(parts[j + 1], world, group, True)
+        yield got
+
+
 def gather_compute(x, fn, group, k: int = 1):
     """``fn`` of the all_gather of every rank's rows ``x`` (row-wise: ``fn`` must treat rows
     independently), the gather cut into ``k`` chunks overlapped with ``fn`` on the previous one.
@@ -70,15 +83,7 @@ def gather_compute(x, fn, group, k: int = 1):
     if k == 1:
         full, _ = _gather(x, world, group, False)
         return fn(full)
-    parts = _chunks(x, k)
-    outs, pending = [], _gather(parts[0], world, group, True)
-    for j in range(k):
-        got, work = pending
-        work.wait()
-        if j + 1 < k:
-            pending = _gather(parts[j + 1], world, group, True)
-        outs.append(fn(got))
-    return _interleave(outs, world)
+    return _interleave([fn(got) for got in _gathered(x, world, group, k)], world)
 
 
 def gather_compute_reduce_scatter(x, fn, group, k: int = 1):
@@ -94,14 +99,7 @@ def gather_compute_reduce_scatter(x, fn, group, k: int = 1):
         full, _ = _gather(x, world, group, False)
         out, _ = _reduce_scatter(fn(full), world, group, False)
         return out
-    parts = _chunks(x, k)
-    sent, pending = [], _gather(parts[0], world, group, True)
-    for j in range(k):
-        got, work = pending
-        work.wait()
-        if j + 1 < k:
-            pending = _gather(parts[j + 1], world, group, True)
-        sent.append(_reduce_scatter(fn(got), world, group, True))
+    sent = [_reduce_scatter(fn(got), world, group, True) for got in _gathered(x, world, group, k)]
     for _, work in sent:
         work.wait()
     return torch.cat([out for out, _ in sent])
