@@ -183,7 +183,7 @@ def _resized(name, inputs, params) -> IndexMap | None:
     against the planned local run (``params["local"]``, ``Propagation.local``; a cat needs none:
     its local run is a plain cat), every other dim a pass-through letter. None otherwise (the
     op reads its dim whole: the letters say so)."""
-    from ..ops.resize import slice_bounds
+    from ..ops.resize import slice_bounds, slice_range
 
     tensors = _tensors(inputs)
     d = params.get("dim", 0)
@@ -207,12 +207,8 @@ def _resized(name, inputs, params) -> IndexMap | None:
         a = slice_bounds(params["input_sizes"][d], params.get("start"), params.get("end"), 1)[0]
         return IndexMap((lx,), (lx,), linear="any", free=frozenset(lx[d]), kind="resize",
                         resize=("pad", d, a, 1, (tuple(local),)))
-    if name == "narrow":
-        start = params["start"] + n if params["start"] < 0 else params["start"]
-        a, step, count = start, 1, params["length"]
-    else:
-        step = params.get("step", 1)
-        a, _, count = slice_bounds(n, params.get("start"), params.get("end"), step)
+    a, b, step = slice_range(name, n, params)
+    count = len(range(a, b, step))
     return IndexMap((lx,), (lx,), linear="any", free=frozenset(lx[d]), kind="resize",
                     resize=("slice", d, a, step if count > 1 else 1, (tuple(local),)))
 

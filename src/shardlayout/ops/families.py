@@ -21,6 +21,7 @@ from ..errors import OpError
 from ..sharding import Sharding
 from ..sharding.core import ChunkProgram, _product
 from ..sharding.cost import DEFAULT_COST_MODEL
+from ..sharding.factors import _fmt_factor
 from .registry import register_op
 from .result import Propagation
 from .strategy import (
@@ -30,6 +31,7 @@ from .strategy import (
     factor_rule,
     fmt_option,
     input_moves,
+    move_collectives,
 )
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
@@ -679,7 +681,7 @@ def _index_rule(name, inputs, dim=0, cost_model=None, tensor_dtype="float32", ou
             p = _whole(name, [w, idx], ["VD", li], li + "D", {"V"}, [idx.shape + (w.shape[1],)], *args)
             return replace(p, notes=tuple(why) + p.notes)
 
-        got = vocab_parallel(w, idx) if not params_scale_grad(_) else "scale_grad_by_freq counts every token"
+        got = "scale_grad_by_freq counts every token" if _.get("scale_grad_by_freq") else vocab_parallel(w, idx)
         if isinstance(got, str):
             return gather(() if got == "" else (f"vocab: {got}",))
         out, local = got
@@ -690,16 +692,9 @@ def _index_rule(name, inputs, dim=0, cost_model=None, tensor_dtype="float32", ou
             return replace(table, notes=(f"vocab: a vocab-parallel lookup's partial output would cost "
                                          f"{later * 1e6:.2f} µs to reduce, the table's gather "
                                          f"{table.cost * 1e6:.2f} µs; the table is gathered",) + table.notes)
-        pins = tuple(out_pins or ())[:1]
-        moves = input_moves(out, pins[0], tensor_dtype, cm) if pins and pins[0] is not None and pins[0] != out \
-            else ()
-        moves = tuple(c.attributed("output 0") for c in moves)
-        p = Propagation(name, (w, idx), (w, idx), (out,), moves,
-                        (f"vocab on {local[0].axis}: each rank looks up the tokens in its {local[1]} rows, zeros "
-                         "elsewhere: a partial sum, no data moves",), (), cm, local=(("local", local),))
-        if moves and table.cost < p.cost:
-            return table
-        return p
+        return local_propagation(name, (w, idx), (out,), f"vocab on {local[0].axis}: each rank looks up the "
+                                 f"tokens in its {local[1]} rows, zeros elsewhere: a partial sum, no data moves",
+                                 cm, tensor_dtype, out_pins, lambda: table, (("local", local),))
     s = inputs[0]
     lx = LETTERS[: s.ndim]
     d = dim
@@ -751,7 +746,7 @@ def vocab_parallel(w: Sharding, idx: Sharding):
         return "rows not cut by one mesh axis outermost and evenly; the table is gathered"
     f = fs[0]
     if f.pre != 1 or f.size != w.mesh.axis_size(f.axis):
-        return (f"rows cut by the sub-axis {_describe_piece(f)} (a partial sum needs a whole axis); the table is "
+        return (f"rows cut by the sub-axis {_fmt_factor(f, w.mesh)} (a partial sum needs a whole axis); the table is "
                 "gathered")
     if idx.partial:
         return "the indices are partial (a lookup is not linear in them); the table is gathered"
@@ -767,28 +762,28 @@ def vocab_parallel(w: Sharding, idx: Sharding):
 
 def _reduction_seconds(out: Sharding, piece, tensor_dtype: str, cm) -> float:
     """Seconds of the cheapest reduction a vocab-parallel lookup's partial output will need: a
-    reduce-scatter of it over the table's axis piece (the cost model's price)."""
+    reduce-scatter of its largest piece (rank 0's) over the table's axis piece."""
     from ..sharding.collective import AxisPiece, Collective, CollectiveKind
     from ..sharding.cost import itemsize
-
-    n = 1
-    for k, fs in enumerate(out.dims):
-        n *= -(-out.shape[k] // max(1, _product(f.size for f in fs if f.axis is not None)))
-    axes = (AxisPiece(piece.axis, piece.size, piece.pre),)
     from .strategy import dtype_of
 
-    dtype = dtype_of(tensor_dtype, 2)  # the output's element type
-    return cm.seconds(Collective(CollectiveKind.REDUCE_SCATTER, axes, (), n * itemsize(dtype), out, out, "sum"))
+    nbytes = math.prod(out.local_shape(0)) * itemsize(dtype_of(tensor_dtype, 2))  # the output's element type
+    axes = (AxisPiece(piece.axis, piece.size, piece.pre),)
+    return cm.seconds(Collective(CollectiveKind.REDUCE_SCATTER, axes, (), nbytes, out, out, "sum"))
 
 
-def params_scale_grad(params: dict) -> bool:
-    """Does an embedding call scale its gradient by token frequency (needs every token: no
-    vocab-parallel lookup)?"""
-    return bool(params.get("scale_grad_by_freq", False))
-
-
-def _describe_piece(f) -> str:
-    return f"{f.axis}:({f.pre}){f.size}"
+def local_propagation(name, inputs, outputs, note, cm, tensor_dtype, out_pins, fallback, local=()) -> Propagation:
+    """A rule's comm-free answer (each rank runs on its own shards, ``local`` its params) — unless
+    moving a pinned output costs more than ``fallback()`` (the answer that moves inputs first).
+    Shared by the resize ops (``ops.resize``) and the vocab-parallel lookup."""
+    moves = move_collectives(inputs, inputs, outputs, tuple(out_pins or ()) + (None,) * len(outputs), tensor_dtype,
+                             cm)
+    p = Propagation(name, tuple(inputs), tuple(inputs), tuple(outputs), moves, (note,), (), cm, local=tuple(local))
+    if moves and fallback is not None:
+        alt = fallback()
+        if alt.cost < p.cost:
+            return alt
+    return p
 
 
 def local_lookup(w, i, start: int, rows: int, xp):

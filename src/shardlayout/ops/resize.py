@@ -37,10 +37,9 @@ from ..sharding import Factor, Sharding
 from ..sharding.core import ChunkProgram, _product
 from ..sharding.cost import DEFAULT_COST_MODEL
 from ..sharding.factors import chunk_length
-from .families import LETTERS, _whole
+from .families import LETTERS, _whole, local_propagation
 from .registry import register_op
 from .result import ByCoord, Propagation
-from .strategy import move_collectives
 
 
 class Cut(NamedTuple):
@@ -323,21 +322,20 @@ def slice_bounds(n: int, start, end, step) -> tuple:
     return a, b, max(0, -(-(b - a) // step))
 
 
+def slice_range(name: str, n: int, params: dict) -> tuple:
+    """``(start, stop, step)`` of a ``slice`` or ``narrow`` call on a dim of ``n``, clamped as torch
+    does. ``slice_range("narrow", 10, {"start": -4, "length": 2}) -> (6, 8, 1)``"""
+    if name == "narrow":
+        start = params["start"] + n if params["start"] < 0 else params["start"]
+        return start, start + params["length"], 1
+    step = params.get("step", 1)
+    a, b, _ = slice_bounds(n, params.get("start"), params.get("end"), step)
+    return a, b, step
+
+
 def _with_dim(s: Sharding, d: int, size: int, factors) -> Sharding:
     return Sharding._trusted(s.mesh, s.shape[:d] + (size,) + s.shape[d + 1:],
                              tuple(s.dims[:d]) + (tuple(factors),) + tuple(s.dims[d + 1:]), s.partial)
-
-
-def _local(name, inputs, outputs, note, cm, tensor_dtype, out_pins, fallback, local=()):
-    """A comm-free Propagation — unless a pinned output makes the gather-first fallback cheaper."""
-    moves = move_collectives(inputs, inputs, outputs, tuple(out_pins or ()) + (None,) * len(outputs), tensor_dtype,
-                             cm)
-    p = Propagation(name, tuple(inputs), tuple(inputs), tuple(outputs), moves, (note,), (), cm, local=tuple(local))
-    if moves and fallback is not None:
-        alt = fallback()
-        if alt.cost < p.cost:
-            return alt
-    return p
 
 
 def _slice_rule(name, inputs, dim=0, start=None, end=None, step=1, length=None, cost_model=None,
@@ -346,10 +344,8 @@ def _slice_rule(name, inputs, dim=0, start=None, end=None, step=1, length=None, 
     is gathered and the others shard freely."""
     s = inputs[0]
     n = s.shape[dim]
-    if name == "narrow":
-        start = start + n if start < 0 else start
-        start, end, step = start, start + length, 1
-    a, b, size = slice_bounds(n, start, end, step)
+    a, b, step = slice_range(name, n, {"start": start, "end": end, "step": step, "length": length})
+    size = len(range(a, b, step))
     shape = s.shape[:dim] + (size,) + s.shape[dim + 1:]
     lx = LETTERS[: s.ndim]
     cm = cost_model or DEFAULT_COST_MODEL
@@ -366,7 +362,7 @@ def _slice_rule(name, inputs, dim=0, start=None, end=None, step=1, length=None, 
         return gather((f"dim {dim}: not comm-free: {got}",))
     out = _with_dim(s, dim, size, got.factors)
     note = f"dim {dim}: [{a}:{b}" + (f":{step}" if step != 1 else "") + f"] falls on the shards: {local_run(got)}"
-    return _local(name, (s,), (out,), note, cm, tensor_dtype, out_pins, gather,
+    return local_propagation(name, (s,), (out,), note, cm, tensor_dtype, out_pins, gather,
                   (("local", tuple(got[1:])),))
 
 
@@ -425,7 +421,7 @@ def _cat_rule(name, inputs, dim=0, cost_model=None, tensor_dtype="float32", out_
         return gather((f"dim {dim}: not comm-free: {got}",))
     out = _with_dim(ref, dim, shape[dim], got)
     note = f"dim {dim}: the inputs' shards line up: each rank concatenates its own, no data moves"
-    return _local(name, tuple(inputs), (out,), note, cm, tensor_dtype, out_pins, gather)
+    return local_propagation(name, tuple(inputs), (out,), note, cm, tensor_dtype, out_pins, gather)
 
 
 def _check_cat(name, inputs, params):
@@ -538,7 +534,7 @@ def _slice_backward_rule(name, inputs, input_sizes=None, dim=0, start=0, end=Non
         return gather((f"dim {dim}: not comm-free: {got}",))
     out = _with_dim(g, dim, shape[dim], got.factors)
     note = f"dim {dim}: each rank places its own shard at groups {got.start}:{got.stop} of {got.groups}"
-    return _local(name, (g,), (out,), note, cm, tensor_dtype, out_pins, gather,
+    return local_propagation(name, (g,), (out,), note, cm, tensor_dtype, out_pins, gather,
                   (("local", (got.groups, got.start)),))
 
 
@@ -558,4 +554,4 @@ register_op("slice_backward", "grad ; input_sizes: ints, dim: dim, start: int, e
 
 
 __all__ = ["Cut", "carve", "cut", "join", "local_pad", "local_run", "local_slice", "pad", "slice_bounds",
-           "split_sizes_of"]
+           "slice_range", "split_sizes_of"]

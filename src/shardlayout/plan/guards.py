@@ -225,7 +225,7 @@ def carry(s: Sharding, shape: tuple, name: str = "") -> Sharding:
     try:
         return Sharding.from_placements(s.mesh, shape, s.to_placements())
     except NotRepresentable:
-        pass
+        pass  # no DTensor placements for it: a PartitionSpec may still carry it
     try:
         return Sharding.from_partition_spec(s.mesh, shape, s.to_partition_spec()).with_partial(dict(s.partial))
     except NotRepresentable:
