@@ -118,15 +118,22 @@ def test_nvfuser_case17_column_and_sequence_parallel_linear():
 
 @pytest.mark.parametrize("mesh", ["ep=4", "dp=2,tp=2", "ep=2,dp=2,tp=2"])
 def test_moe_expert_parallel_dispatches_and_combines(mesh):
+    # routed MoE: one all_to_all from token sources to expert owners and its inverse, each of the
+    # ideal size (tokens/ep) * top_k * dim * itemsize; no all_gather of tokens or weights
     from shardlayout.program.models import moe
 
-    prog = moe()
+    tokens, dim, top_k = 256, 64, 2
+    prog = moe(tokens=tokens, dim=dim, experts=8, ffn=128, top_k=top_k)
     m = Mesh.parse(mesh)
     p = plan(prog, m, style_pins(prog, m, "ep"))
     axis = "ep" if "ep" in m.names else "dp"
-    assert p.counts() == {("all_gather", (axis,)): 1, ("all_to_all", (axis,)): 1}  # dispatch, combine
+    assert p.counts() == {("all_to_all", (axis,)): 2}  # dispatch, combine
+    ideal = tokens // m.axis_size(axis) * top_k * dim * 4
+    assert [c.bytes for c in p.collectives] == [ideal, ideal]
+    assert [c.tensor for c in p.collectives] == ["dispatch", "expert_out"]
     assert p.shardings["experts.w1"].dims[0][0].axis == axis
-    assert p.verify().ok
+    v = p.verify()
+    assert v.ok and any("real routing" in n for n in v.notes)
 
 
 def test_nvfuser_case13_forward_from_a_sharded_weight():

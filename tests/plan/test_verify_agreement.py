@@ -19,7 +19,9 @@ from shardlayout.program.models import MODELS, STYLES, style_pins
 from .test_random_programs import programs
 
 # styles that find none of the blocks they shard in a model (refused, UnmatchedStyle)
-NOT_APPLICABLE = {("llama", "ep"), ("moe", "megatron"), ("moe", "megatron-sp")}
+NOT_APPLICABLE = {("llama", "ep"), ("moe", "megatron"), ("moe", "megatron-sp"), ("moe-dense", "megatron"),
+                  ("moe-dense", "megatron-sp")}
+RAGGED = {"moe"}  # rows per expert depend on the routing: simulated with real routing, not proven
 CASES = [(model, style, mesh) for model in sorted(MODELS) for style in STYLES
          if (model, style) not in NOT_APPLICABLE
          for mesh in ("dp=2,tp=4", "dp=3,tp=5")] + [("llama", "megatron-sp", "dp=4,tp=16"), ("moe", "ep", "ep=8,tp=8")]
@@ -36,7 +38,9 @@ def test_scalable_verification_agrees_with_the_full_simulation(model, style, tex
     prog, m = MODELS[model](layers=1), Mesh.parse(text)
     p = plan(prog, m, style_pins(prog, m, style))
     fast, full = p.verify(), p.verify(mode="full")
-    assert fast.ok and full.ok and fast.proven, (fast, full)
+    assert fast.ok and full.ok and (fast.proven or model in RAGGED), (fast, full)
+    if model in RAGGED:
+        assert not fast.proven and any("real routing" in n for n in fast.notes)
     assert (fast.mode, full.mode, fast.checked) == ("classes", "full", full.checked)
 
 

@@ -20,7 +20,10 @@ import numpy as np
 
 from ..errors import ShardMismatch
 from ..mesh import Mesh
+from ..ops.ragged import RAGGED_OPS, run_nested
 from ..ops.result import at_rank
+from ..sharding.nested import Nested
+from ..sharding.ragged import ragged_collective_piece
 from .classes import group_ranks
 
 _REDUCE = {"sum": np.sum, "avg": np.mean, "max": np.max, "min": np.min}
@@ -104,6 +107,10 @@ def run_moves(moves, pieces: dict) -> dict:
     return pieces
 
 
+def _run_dense(opdef, args, params, shapes):
+    return opdef.run_numpy(args, params, shapes)
+
+
 class NumpySimulator:
     """Every rank of ``mesh`` in one process, in numpy; a local value is ``{rank: array}``."""
 
@@ -115,11 +122,17 @@ class NumpySimulator:
         per_rank = {}
         for r in self.mesh.ranks():
             args = [x[r] if isinstance(x, dict) else x for x in inputs]
-            per_rank[r] = opdef.run_numpy(args, at_rank(params, self.mesh, r), [s.local_shape(r) for s in outputs])
+            shapes = [s.local_shape(r) for s in outputs]
+            if opdef.name in RAGGED_OPS or any(isinstance(a, Nested) for a in args):
+                per_rank[r] = run_nested(opdef, args, at_rank(params, self.mesh, r), shapes, _run_dense, np)
+                continue
+            per_rank[r] = opdef.run_numpy(args, at_rank(params, self.mesh, r), shapes)
         return [{r: per_rank[r][k] for r in self.mesh.ranks()} for k in range(len(outputs))]
 
     def collective(self, c, value: dict) -> dict:
-        """Run one collective on every rank's piece."""
+        """Run one collective on every rank's piece (nested pieces: ``ragged_collective_piece``)."""
+        if isinstance(next(iter(value.values())), Nested):
+            return {r: ragged_collective_piece(c, r, value) for r in self.mesh.ranks()}
         return run_collective(c, value)
 
     def use(self, tensor: str, target, value: dict) -> dict:

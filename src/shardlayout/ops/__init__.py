@@ -5,7 +5,7 @@
     'a, b ; out_dtype: dtype? = None'
 """
 
-from . import families, resize, view  # noqa: F401  (each family declares its ops)
+from . import families, ragged, resize, view  # noqa: F401  (each family declares its ops)
 from .registry import OpDef, get_op, parse_signature, register_op, registered
 from .result import Propagation, canonical_op_name
 from .strategy import FactorMap, factor_rule

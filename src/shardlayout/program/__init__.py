@@ -42,12 +42,15 @@ from . import symbols as _sy  # noqa: E402 - after ProgramError, which its error
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """A named tensor: shape, dtype and kind ("input", "param", "buffer" or "value")."""
+    """A named tensor: shape, dtype and kind ("input", "param", "buffer" or "value"); ``ragged``
+    (a :class:`~shardlayout.sharding.ragged.Ragged`) when one dim's extent differs per component
+    (the shape then holds the expected extent; set from the ops, ``program.ragged``)."""
 
     name: str
     shape: tuple
     dtype: str = "float32"
     kind: str = "value"
+    ragged: object = None
 
 
 @dataclass(frozen=True)
@@ -149,6 +152,7 @@ class Program:
                                        f"{sym[n][bad[0]]} = {shape[bad[0]]} < 0; give larger sizes")
                 t = TensorSpec(n, shape, t.dtype, t.kind)
             tensors[n] = t
+        tensors = _ragged_tensors(tensors, self.ops)
         ops = []
         for op in self.ops:
             if op.sym_params:
@@ -177,6 +181,8 @@ class Program:
             entry = {"name": t.name, "shape": list(t.shape), "dtype": t.dtype, "kind": t.kind}
             if t.name in sym:
                 entry["sym_shape"] = _sy.shape_text(sym[t.name])
+            if t.ragged is not None:
+                entry["ragged"] = t.ragged.to_json()
             tensors.append(entry)
         ops = []
         for op in self.ops:
@@ -236,6 +242,11 @@ class Program:
         if not data["outputs"]:
             raise ProgramError("program JSON: 'outputs' is empty; name the tensors the program computes")
         prog = b.build()
+        for t in data["tensors"]:
+            if "ragged" in t and (prog.tensors[t["name"]].ragged is None
+                                  or prog.tensors[t["name"]].ragged.to_json() != t["ragged"]):
+                raise ProgramError(f"program JSON: tensor {t['name']!r}: ragged {t['ragged']!r} is not what its ops "
+                                   "make; drop the key (it is derived from the ops) or fix it")
         _check_kinds(prog, {t["name"]: t["kind"] for t in data["tensors"] if "kind" in t})
         _check_dataflow(prog)
         return prog
@@ -328,7 +339,7 @@ def _tensor_entry(t, symbols=None) -> tuple:
                                           for x in shape):
         raise ProgramError(f"program JSON: tensor {name!r}: shape {shape!r} must be a list of ints >= 1 "
                            "(at most 2**63-1)")
-    unknown = set(t) - {"name", "shape", "dtype", "kind", "sym_shape"}
+    unknown = set(t) - {"name", "shape", "dtype", "kind", "sym_shape", "ragged"}
     if unknown:
         raise ProgramError(f"program JSON: tensor {name!r}: unknown key(s) {', '.join(sorted(unknown))}; "
                            "a tensor has name, shape, sym_shape, dtype and kind")
@@ -573,9 +584,21 @@ class ProgramBuilder:
     def build(self) -> Program:
         """The immutable Program."""
         sym_shapes = tuple((n, self._sym[n]) for n in self._tensors if n in self._sym)
-        return Program(dict(self._tensors), tuple(self._ops), tuple(self._outputs),
+        return Program(_ragged_tensors(dict(self._tensors), self._ops), tuple(self._ops), tuple(self._outputs),
                        tuple(sorted(self._symbols.items())), sym_shapes, FactBase(tuple(self._facts)).guards,
                        tuple(dict.fromkeys(self._notes)))
+
+
+def _ragged_tensors(tensors: dict, ops) -> dict:
+    """Tensors with their ragged dims set from the ops (``program.ragged``); a RaggedError (an op
+    not defined on a ragged operand) is a ProgramError naming it."""
+    from ..sharding.nested import RaggedError
+    from .ragged import with_ragged
+
+    try:
+        return with_ragged(tensors, ops)
+    except RaggedError as e:
+        raise ProgramError(str(e)) from None
 
 
 __all__ = ["Op", "Program", "ProgramBuilder", "ProgramError", "TensorSpec"]

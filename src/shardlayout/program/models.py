@@ -78,9 +78,30 @@ def llama(layers: int = 2, batch: int = 2, seq: int = 8, dim: int = 16, heads: i
 
 
 def moe(tokens: int = 16, dim: int = 16, experts: int = 4, ffn: int = 32, top_k: int = 2) -> Program:
-    """A mixture-of-experts layer: router, top-k gates, SiLU experts, weighted combine. Experts are
-    stacked ``(E, D, F)`` weights applied with einsum (dense routing: every expert sees every token
-    it is sharded with; the gate zeroes the others)."""
+    """A mixture-of-experts layer with token-choice top-k routing: router, top-k, tokens sorted by
+    expert into a nested tensor (``route``: experts x ragged rows), SiLU experts applied per
+    expert (einsum over the stacked ``(E, D, F)`` weights), weighted combine back to the tokens
+    (``unroute``). Each expert computes only the tokens routed to it."""
+    b = ProgramBuilder()
+    x = b.input("x", (tokens, dim))
+    wr = b.param("router", (dim, experts))
+    w1 = b.param("experts.w1", (experts, dim, ffn))
+    w2 = b.param("experts.w2", (experts, ffn, dim))
+    logits = b.op("mm", [x, wr], name="router_logits")
+    probs = b.op("_softmax", [logits], name="router_probs", dim=1)
+    scores, idx = b.op("topk", [probs], name="topk", n_out=2, dtypes=("float32", "int64"), k=top_k, dim=1)
+    xs = b.op("route", [x, idx], name="dispatch", experts=experts)
+    h = b.op("einsum", [xs, w1], name="expert_in", equation="erd,edf->erf")
+    a = b.op("silu", [h], name="expert_act")
+    o = b.op("einsum", [a, w2], name="expert_out", equation="erf,efd->erd")
+    b.output(b.op("unroute", [o, idx, scores], name="combine"))
+    return b.build()
+
+
+def moe_dense(tokens: int = 16, dim: int = 16, experts: int = 4, ffn: int = 32, top_k: int = 2) -> Program:
+    """The dense form of :func:`moe`, for comparison: every expert computes every token (an
+    ``(experts, tokens, dim)`` tensor) and the top-k gate zeroes the ones it did not choose:
+    ``experts / top_k`` times the FLOPs of the routed layer."""
     b = ProgramBuilder()
     x = b.input("x", (tokens, dim))
     wr = b.param("router", (dim, experts))
@@ -100,4 +121,5 @@ def moe(tokens: int = 16, dim: int = 16, experts: int = 4, ffn: int = 32, top_k:
     return b.build()
 
 
-MODELS = {"llama": llama, "moe": lambda layers=1, **sizes: moe(**sizes)}
+MODELS = {"llama": llama, "moe": lambda layers=1, **sizes: moe(**sizes),
+          "moe-dense": lambda layers=1, **sizes: moe_dense(**sizes)}

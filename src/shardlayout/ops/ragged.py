@@ -1,0 +1,375 @@
+"""Ops with a ragged dim: token routing for mixture-of-experts, and how any op runs on nested values.
+
+``route(x, index; experts)`` is token-choice dispatch: ``x`` is ``(T, *D)`` tokens,
+``index`` ``(T, k)`` the experts each token chose; the result is the nested tensor
+``(experts, ragged, *D)`` whose component ``e`` holds ``x[t]`` for every pair ``(t, j)``
+with ``index[t, j] == e``, in ``(t, j)`` order (torch's stable argsort of the flattened
+indices, as torchtitan and Megatron sort tokens by expert). Its shape holds the *expected*
+rows per expert, ``ceil(T*k / experts)`` (``sharding.ragged``). ``unroute(y, index,
+weights)`` is the combine: ``out[t] = sum_j weights[t, j] * y[index[t, j]][row of (t, j)]``.
+
+Sharding rules: routing is local to a token shard. Tokens cut by mesh axes give a nested
+tensor whose ragged dim carries the same axes (each rank holds its own *source* block of
+every expert); ``unroute`` takes it back to tokens on those axes. Between them an op that
+needs experts on a mesh axis (the expert weights of a grouped matmul on ``ep``) gets the
+nested tensor moved from sources to components — one ``all_to_all`` whose split sizes come
+from the routing counts at run time (``sharding.ragged.ragged_collective_piece``), priced at
+the expected size like any move.
+
+    >>> import numpy as np
+    >>> x = np.arange(8.0).reshape(4, 2); idx = np.array([[1, 0], [1, 2], [0, 1], [2, 1]])
+    >>> n = route_values(x, idx, 3, np)
+    >>> n.extents.tolist(), n.component(0)[:, 0].tolist(), n.component(1)[:, 0].tolist()
+    ([[2, 4, 2]], [0.0, 4.0], [0.0, 2.0, 4.0, 6.0])
+    >>> y = unroute_values(n, idx, np.ones((4, 2)), np)
+    >>> np.array_equal(y, 2 * x)
+    True
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..errors import OpError
+from ..sharding import Sharding
+from ..sharding.cost import DEFAULT_COST_MODEL
+from ..sharding.factors import ChunkProgram, Factor
+from ..sharding.nested import Nested, RaggedError, from_blocks, unwrap
+from ..sharding.ragged import _digits
+from .registry import register_op
+from .result import Propagation
+from .strategy import move_collectives
+
+RAGGED_OPS = ("route", "unroute")
+
+
+# -- values ---------------------------------------------------------------------------------------
+def _flat_ids(index, xp):
+    flat = index.reshape(-1)
+    return flat.long() if xp is not np else np.asarray(flat).astype(np.int64)
+
+
+def _check_ids(ids, experts: int, xp) -> None:
+    if ids.shape[0] and (int(ids.min()) < 0 or int(ids.max()) >= experts):
+        raise RaggedError(f"route: expert index {int(ids.min()) if int(ids.min()) < 0 else int(ids.max())} is out "
+                          f"of range for {experts} experts; the index must hold expert ids in [0, {experts})")
+
+
+def _sorted_pairs(ids, experts: int, xp):
+    """(order of the pairs sorted by expert, stably; rows per expert)."""
+    if xp is np:
+        return np.argsort(ids, kind="stable"), np.bincount(ids, minlength=experts)
+    return xp.argsort(ids, stable=True), xp.bincount(ids, minlength=experts)
+
+
+def _blocks_of(index, sources) -> tuple:
+    t = index.shape[0]
+    blocks = tuple(int(b) for b in sources) if sources else (t,)
+    if sum(blocks) != t:
+        raise RaggedError(f"route: source blocks {list(blocks)} cover {sum(blocks)} tokens, the index has {t}")
+    return blocks
+
+
+def route_values(x, index, experts: int, xp=np, sources=None) -> Nested:
+    """Token-choice dispatch on values (numpy or torch: ``xp`` is the module): the nested tensor
+    of ``x``'s rows by expert. ``sources``: token counts of consecutive source blocks (the
+    token shards of a whole tensor, for a reference run); default one block."""
+    t, k = index.shape[0], index.shape[1]
+    if x.shape[0] != t:
+        raise RaggedError(f"route: x has {x.shape[0]} tokens, the index {t}; give one index row per token")
+    ids_all = _flat_ids(index, xp)
+    _check_ids(ids_all, experts, xp)
+    blocks, start = {}, 0
+    for s, n in enumerate(_blocks_of(index, sources)):
+        ids = ids_all[start * k:(start + n) * k]
+        order, counts = _sorted_pairs(ids, experts, xp)
+        rows = x[order // k + start] if xp is np else x.index_select(0, order // k + start)
+        off = 0
+        for e in range(experts):
+            c = int(counts[e])
+            blocks[(e, s)] = rows[off:off + c]
+            off += c
+        start += n
+    return from_blocks(blocks, experts, len(_blocks_of(index, sources)), 0, x)
+
+
+def unroute_values(y: Nested, index, weights, xp=np, sources=None):
+    """Combine on values: each token's rows of ``y`` weighted and summed back into ``(T, *D)``."""
+    if not isinstance(y, Nested):
+        raise RaggedError("unroute: the first operand must be a nested tensor (the output of route and of ops on "
+                          "it); it is dense")
+    t, k = index.shape[0], index.shape[1]
+    blocks = _blocks_of(index, sources)
+    if y.sources != len(blocks):
+        raise RaggedError(f"unroute: the nested tensor holds {y.sources} source blocks per expert, the tokens "
+                          f"here {len(blocks)}; combine where the tokens were routed (move it back to its sources)")
+    ids_all = _flat_ids(index, xp)
+    w_all = weights.reshape(-1)
+    dense = tuple(y.data.shape[1:])
+    out = xp.zeros((t,) + dense, dtype=y.data.dtype) if xp is not np else np.zeros((t,) + dense,
+                                                                                  dtype=np.result_type(y.data, float))
+    start = 0
+    for s, n in enumerate(blocks):
+        ids = ids_all[start * k:(start + n) * k]
+        order, counts = _sorted_pairs(ids, y.components, xp)
+        if [int(c) for c in counts] != [int(c) for c in y.extents[s]]:
+            raise RaggedError(f"unroute: the routing gives {[int(c) for c in counts]} rows per expert for source "
+                              f"{s}, the nested tensor holds {y.extents[s].tolist()}; route and unroute must use "
+                              "the same indices")
+        rows = xp.cat([y.block(e, s) for e in range(y.components)]) if xp is not np else \
+            np.concatenate([y.block(e, s) for e in range(y.components)])
+        w = w_all[start * k:(start + n) * k][order]
+        w = w.reshape((-1,) + (1,) * len(dense))
+        tok = order // k + start
+        if xp is np:
+            np.add.at(out, tok, rows * w)
+        else:
+            out = out.index_add(0, tok, rows * w.to(rows.dtype))
+        start += n
+    return out
+
+
+# -- any op on nested values ------------------------------------------------------------------------
+def _einsum_terms(equation: str):
+    lhs, out = equation.replace(" ", "").split("->")
+    return lhs.split(","), out
+
+
+def _nested_einsum(args, equation: str, xp, out_shape=None):
+    """An einsum whose nested operands keep their component and ragged letters, adjacent and in
+    that order, in the output: one einsum per component (the component letter dropped)."""
+    terms, out = _einsum_terms(equation)
+    nested = [(a, t) for a, t in zip(args, terms) if isinstance(a, Nested)]
+    first, term = nested[0]
+    e, r = term[first.dim], term[first.dim + 1]
+    for a, t in nested:
+        if t[a.dim] != e or t[a.dim + 1] != r:
+            raise RaggedError(f"einsum {equation}: nested operands must share their component and ragged letters "
+                              f"({e}{r})")
+    if e + r not in out:
+        raise RaggedError(f"einsum {equation}: the output must keep the component and ragged dims adjacent ({e}{r}); "
+                          "contracting or moving apart a ragged dim is not defined")
+    if any(r in t for a, t in zip(args, terms) if not isinstance(a, Nested)):
+        raise RaggedError(f"einsum {equation}: a dense operand spans the ragged dim {r!r}; ragged and dense rows "
+                          "cannot mix in one dim")
+    ext = nested[0][0].extents
+    eq = ",".join(t.replace(e, "") for t in terms) + "->" + out.replace(e, "")
+    pos = out.index(e)
+    parts, blocks = [], {}
+    for c in range(first.components):
+        ops = []
+        for a, t in zip(args, terms):
+            if isinstance(a, Nested):
+                ops.append(a.component(c))
+            elif e in t:
+                d = t.index(e)
+                ops.append(a[(slice(None),) * d + (c,)])
+            else:
+                ops.append(a)
+        got = xp.einsum(eq, *ops)
+        parts.append(got)
+    for c in range(first.components):  # split each component's rows back into its source blocks
+        off = 0
+        for s in range(first.sources):
+            n = int(ext[s, c])
+            blocks[(c, s)] = parts[c][(slice(None),) * pos + (slice(off, off + n),)]
+            off += n
+    storage = None if out_shape is None else tuple(out_shape[:pos]) + (0,) + tuple(out_shape[pos + 2:])
+    return from_blocks(blocks, first.components, first.sources, pos, first.data, storage)
+
+
+def _broadcastable(a, ndim_logical: int, comp: int):
+    """A dense operand of a row-wise op on nested values, as it broadcasts against the storage
+    (the component and ragged dims are one); raises when it spans them."""
+    m = len(getattr(a, "shape", ()))
+    covers_ragged = m >= ndim_logical - (comp + 1)
+    covers_comp = m >= ndim_logical - comp
+    if not covers_ragged:
+        return a
+    at_r = m - (ndim_logical - (comp + 1))
+    if a.shape[at_r] != 1:
+        raise RaggedError(f"a dense operand of shape {tuple(a.shape)} spans the ragged dim with size "
+                          f"{a.shape[at_r]}; ragged and dense rows cannot mix in one dim (give size 1 there)")
+    if covers_comp:
+        if a.shape[at_r - 1] != 1:
+            raise RaggedError(f"a dense operand of shape {tuple(a.shape)} varies along the component dim; "
+                              "give it per row (a nested operand) or size 1 there")
+        return a.reshape(tuple(a.shape[:at_r - 1]) + tuple(a.shape[at_r:]))
+    return a
+
+
+def run_nested(opdef, args: list, params: dict, out_shapes: list, run, xp) -> list:
+    """Run ``opdef`` where a value is nested (or the op makes one): route / unroute directly;
+    einsum and bmm per component; any other op row-wise on the stored rows (pointwise ops:
+    every nested operand with the same extents, dense ones broadcasting without spanning the
+    ragged dim). ``run(opdef, args, params, out_shapes)`` is the executor's dense run."""
+    name = opdef.name
+    src = params.get("sources")
+    if name == "route":
+        return [route_values(args[0], args[1], params["experts"], xp, src)]
+    if name == "unroute":
+        return [unroute_values(args[0], args[1], args[2], xp, src)]
+    shape = out_shapes[0] if out_shapes else None
+    if name == "einsum":
+        return [_nested_einsum(args, params["equation"], xp, shape)]
+    if name == "bmm":
+        return [_nested_einsum(args, "erk,ekn->ern", xp, shape)]
+    if name not in ROWWISE:
+        raise RaggedError(f"op {name} on a ragged tensor is not defined here; ragged tensors go through route, "
+                          f"einsum/bmm over their components, row-wise ops ({', '.join(sorted(ROWWISE))}) and "
+                          "unroute")
+    nested = next(a for a in args if isinstance(a, Nested))
+    ndim = len(nested.data.shape) + 1
+    plain, ext, dim = unwrap([a if isinstance(a, Nested) else _broadcastable(a, ndim, nested.dim)
+                              if hasattr(a, "shape") else a for a in args])
+    outs = run(opdef, plain, params, [tuple(nested.data.shape)] * len(out_shapes))
+    return [Nested(o, ext, dim) for o in outs]
+
+
+ROWWISE = frozenset({
+    "rsqrt", "sqrt", "exp", "log", "abs", "sigmoid", "silu", "relu", "tanh", "cos", "sin", "erf", "reciprocal",
+    "sign", "floor", "ceil", "neg", "detach", "_to_copy", "gelu", "round", "add", "sub", "mul", "div", "pow",
+    "maximum", "minimum", "clamp", "where", "clone",
+})
+
+
+# -- sharding rules --------------------------------------------------------------------------------
+def _plain_tokens(fs) -> tuple | None:
+    """The mesh factors of a token dim cut by mesh factors outermost (then local), or None."""
+    if type(fs) is ChunkProgram:
+        return None
+    fs = tuple(fs)
+    mesh_fs = tuple(f for f in fs if f.axis is not None)
+    if fs[: len(mesh_fs)] != mesh_fs:
+        return None
+    return mesh_fs
+
+
+def _ragged_factors(mesh_fs: tuple, expected: int) -> tuple:
+    n = math.prod(f.size for f in mesh_fs)
+    rest = (Factor(expected // n),) if mesh_fs and expected % n == 0 else ()
+    return tuple(mesh_fs) + rest if mesh_fs else ()
+
+
+def _token_factors(mesh_fs: tuple, tokens: int) -> tuple:
+    n = math.prod(f.size for f in mesh_fs)
+    return tuple(mesh_fs) + ((Factor(tokens // n),) if mesh_fs and tokens % n == 0 else ())
+
+
+def _candidates(shardings, token_dims) -> list:
+    """Distinct plain token cuts (their mesh factors) offered by the operands, then none."""
+    out = []
+    for s, d in zip(shardings, token_dims):
+        fs = _plain_tokens(s.dims[d]) if s is not None else None
+        if fs is not None and fs not in out:
+            out.append(fs)
+    if () not in out:
+        out.append(())
+    return out
+
+
+def _best(name, inputs, options, cm, tensor_dtype, out_pins, note) -> Propagation:
+    best = None
+    for targets, outputs in options:
+        moves = move_collectives(inputs, targets, outputs, tuple(out_pins or ()) + (None,) * len(outputs),
+                                 tensor_dtype, cm)
+        p = Propagation(name, tuple(inputs), tuple(targets), tuple(outputs), moves, (note,), (), cm)
+        if best is None or p.cost < best.cost:
+            best = p
+    return best
+
+
+def expected_rows(tokens: int, k: int, experts: int) -> int:
+    """Expected rows per expert of ``tokens`` routed to ``k`` experts each: ``ceil(T*k / E)``."""
+    return -(-tokens * k // experts)
+
+
+def _route_rule(name, inputs, experts=1, cost_model=None, tensor_dtype="float32", out_pins=(), **_):
+    """Routing is local to a token shard: x and index share a plain token cut (mesh factors
+    outermost); the nested output carries those factors on its ragged dim (its sources), the
+    expert dim whole, x's other dims as they are."""
+    x, idx = inputs[0], inputs[1]
+    mesh = x.mesh
+    t, k = idx.shape
+    rows = expected_rows(t, k, experts)
+    options = []
+    for mesh_fs in _candidates([x, idx], [0, 0]):
+        tf = _token_factors(mesh_fs, t)
+        try:
+            xt = Sharding(mesh, x.shape, [tf] + list(x.dims[1:]))
+            it = Sharding(mesh, idx.shape, [tf, ()])
+            out = Sharding(mesh, (experts, rows) + x.shape[1:], [(), _ragged_factors(mesh_fs, rows)] + list(x.dims[1:]))
+        except Exception:  # noqa: BLE001 - a cut whose axes x's other dims already use
+            continue
+        options.append(((xt, it), (out,)))
+    return _best(name, inputs, options, cost_model or DEFAULT_COST_MODEL, tensor_dtype, out_pins,
+                 "route: each rank sorts its own tokens by expert (its source block of every expert); nothing moves")
+
+
+def _unroute_rule(name, inputs, cost_model=None, tensor_dtype="float32", out_pins=(), **_):
+    """The combine: the nested input's sources on the same mesh factors as the tokens (its
+    expert dim whole), so each rank sums its own tokens' rows; partial values stay partial."""
+    y, idx, w = inputs[0], inputs[1], inputs[2]
+    mesh = y.mesh
+    t = idx.shape[0]
+    options = []
+    offered = _candidates([idx, w], [0, 0])
+    ragged_fs = _plain_tokens(y.dims[1])
+    if ragged_fs is not None and ragged_fs not in offered:
+        offered.insert(0, ragged_fs)
+    for mesh_fs in offered:
+        tf = _token_factors(mesh_fs, t)
+        try:
+            yt = Sharding(mesh, y.shape, [(), _ragged_factors(mesh_fs, y.shape[1])] + list(y.dims[2:]), y.partial)
+            it = Sharding(mesh, idx.shape, [tf, ()])
+            wt = Sharding(mesh, w.shape, [tf, ()])
+            out = Sharding(mesh, (t,) + y.shape[2:], [tf] + list(y.dims[2:]), y.partial)
+        except Exception:  # noqa: BLE001 - a cut whose axes y's other dims already use
+            continue
+        options.append(((yt, it, wt), (out,)))
+    return _best(name, inputs, options, cost_model or DEFAULT_COST_MODEL, tensor_dtype, out_pins,
+                 "unroute: each rank sums its own tokens' rows of every expert; nothing moves")
+
+
+def _check_route(name, inputs, params):
+    x, idx = inputs[0], inputs[1]
+    if idx.ndim != 2 or idx.shape[0] != x.shape[0]:
+        raise OpError(f"op route: index of shape {idx.shape} must be (tokens, k) with x's {x.shape[0]} tokens")
+
+
+def _check_unroute(name, inputs, params):
+    y, idx, w = inputs[0], inputs[1], inputs[2]
+    if idx.ndim != 2 or w.shape != idx.shape:
+        raise OpError(f"op unroute: index {idx.shape} and weights {w.shape} must both be (tokens, k)")
+    if y.ndim < 2:
+        raise OpError(f"op unroute: y of shape {y.shape} must be (experts, ragged, ...)")
+
+
+def _no_numpy(*_a, **_k):
+    raise RaggedError("route / unroute run through ops.ragged.run_nested (their values are nested tensors)")
+
+
+register_op("route", "x, index ; experts: int[1..]", _route_rule, _no_numpy, check=_check_route)
+register_op("unroute", "y, index, weights", _unroute_rule, _no_numpy, check=_check_unroute)
+
+
+def reference_params(po) -> dict:
+    """Params of a whole-tensor (reference) run of planned op ``po`` that reproduce the sources
+    the plan routes from: the token blocks of ``route``'s input (``unroute``'s index) as the
+    plan cuts them. Other ops: their params."""
+    if po.target not in RAGGED_OPS:
+        return po.params
+    tokens = po.input_targets[0 if po.target == "route" else 1]
+    fs = _plain_tokens(tokens.dims[0]) or ()
+    if not fs:
+        return po.params
+    blocks = {}
+    for rank in tokens.mesh.ranks():  # source order: by the ranks' coordinates on the token cut
+        blocks.setdefault(_digits(tokens, rank, fs), len(tokens.indices(rank)[0]))
+    return {**po.params, "sources": tuple(blocks[k] for k in sorted(blocks))}
+
+
+__all__ = ["RAGGED_OPS", "ROWWISE", "expected_rows", "reference_params", "route_values", "run_nested",
+           "unroute_values"]

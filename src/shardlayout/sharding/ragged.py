@@ -1,0 +1,261 @@
+"""The ragged dim of a Sharding: which components and which sources each rank holds.
+
+A tensor with a ragged dim (``Ragged``: dim ``dim`` ragged over its component dim
+``dim - 1``, per-component extents known only at run time) keeps an ordinary
+:class:`Sharding` over its *expected* shape: the ragged dim's entry is the expected rows per
+component, so every cost and memory figure is the expected one, and a move between two
+shardings is planned and priced by ``plan_move`` like any other. What the factors mean:
+
+- the **component dim**'s factors say which components a rank holds (experts on ``ep``:
+  ``[ep*2, ...]``), exactly as for a dense dim;
+- the **ragged dim**'s mesh factors say which *source* blocks of each component a rank
+  holds: a ragged tensor made by routing token-sharded rows (``ops.ragged.route``) has one
+  block per token shard, and ``[4, ep*2, 16]`` holds this rank's own block of every
+  component; with no mesh factor on the ragged dim a rank holds every source's block.
+
+The local value is a :class:`~shardlayout.sharding.nested.Nested` piece; ``nested_piece``
+cuts a rank's piece out of a whole nested tensor, ``ragged_collective_piece`` runs a planned
+collective on nested pieces (an ``all_to_all`` from sources to components is the token
+dispatch of expert parallelism, its inverse the combine).
+
+    >>> from shardlayout.mesh import Mesh
+    >>> from shardlayout.sharding import Sharding
+    >>> m = Mesh.parse("ep=2")
+    >>> r = Ragged(dim=1, components=4, expected=4, maximum=8, total=16)
+    >>> held(Sharding.parse("[4, ep*2, 3]", m), r, 1), held(Sharding.parse("[ep*2, 4, 3]", m), r, 1)
+    (((0, 1, 2, 3), (1,)), ((2, 3), None))
+    >>> ragged_text(Sharding.parse("[4, ep*2, 3]", m), r)
+    '[4, ragged(ep*2), 3]'
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import ShardMismatch
+from .core import ChunkProgram, Sharding, format_dim
+from .nested import Nested, RaggedError, from_blocks
+
+
+@dataclass(frozen=True)
+class Ragged:
+    """Dim ``dim`` of a tensor is ragged over its component dim ``dim - 1``: ``components``
+    components whose row counts are known at run time. ``expected`` rows per component (the
+    tensor's shape holds it: costs are expected costs), ``maximum`` rows one component can
+    get (memory), ``total`` rows over all components when static (routing ``T`` tokens to
+    ``k`` experts each: ``T*k``), ``counts`` what gives the extents, as text."""
+
+    dim: int
+    components: int
+    expected: int
+    maximum: int
+    total: int | None = None
+    counts: str = ""
+
+    def __post_init__(self):
+        if self.dim < 1:
+            raise RaggedError(f"a ragged dim needs its component dim before it: dim {self.dim} has none; the ragged "
+                              "dim comes right after its component dim (the RFC's [component, ragged, ...])")
+        if self.components < 1 or self.expected < 0 or self.maximum < self.expected:
+            raise RaggedError(f"ragged dim {self.dim}: components={self.components}, expected={self.expected}, "
+                              f"maximum={self.maximum}; give components >= 1 and 0 <= expected <= maximum")
+
+    def to_json(self) -> dict:
+        """JSON-able form. ``Ragged.from_json(r.to_json()) == r``"""
+        return {"dim": self.dim, "components": self.components, "expected": self.expected,
+                "maximum": self.maximum, "total": self.total, "counts": self.counts}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Ragged":
+        """The inverse of :meth:`to_json`."""
+        try:
+            return cls(int(d["dim"]), int(d["components"]), int(d["expected"]), int(d["maximum"]),
+                       None if d.get("total") is None else int(d["total"]), str(d.get("counts", "")))
+        except (KeyError, TypeError, ValueError) as e:
+            raise RaggedError(f"ragged: {d!r} is not a ragged dim ({e}); give dim, components, expected, maximum")
+
+    def at_dim(self, dim: int) -> "Ragged":
+        """The same ragged dim at another position (an op that moved it)."""
+        return Ragged(dim, self.components, self.expected, self.maximum, self.total, self.counts)
+
+
+def source_factors(s: Sharding, r: Ragged) -> tuple:
+    """The mesh factors on the ragged dim: the sources a rank's piece is cut by."""
+    d = s.dims[r.dim]
+    if type(d) is ChunkProgram:
+        raise RaggedError(f"the ragged dim {r.dim} of {s} is cut by a DTensor chunk program; a ragged dim is cut "
+                          "only by its sources' mesh axes, outermost")
+    return tuple(f for f in d if f.axis is not None)
+
+
+def check_ragged(s: Sharding, r: Ragged, tensor: str = "tensor") -> None:
+    """Raise RaggedError unless ``s`` can hold a ragged dim ``r``: the component dim cut by
+    factors (evenly or as torch.chunk cuts: a rank may hold no component), the ragged dim cut
+    only by mesh factors outermost (its sources).
+    ``check_ragged(Sharding.parse("[4, ep*2, 3]", m), r)``"""
+    if s.ndim <= r.dim:
+        raise RaggedError(f"{tensor}: sharding {s} has {s.ndim} dims; its ragged dim is {r.dim}")
+    if type(s.dims[r.dim - 1]) is ChunkProgram:
+        raise RaggedError(f"{tensor}: the component dim {r.dim - 1} of {s} is cut by a DTensor chunk program; cut "
+                          "components by mesh factors")
+    fs = tuple(s.dims[r.dim])
+    seen_local = False
+    for f in fs:
+        if f.axis is None:
+            seen_local = True
+        elif seen_local:
+            raise RaggedError(f"{tensor}: the ragged dim {r.dim} of {s} has a mesh factor inside a local one; a "
+                              "ragged dim is cut only by its sources (mesh factors outermost)")
+
+
+def _digits(s: Sharding, rank: int, factors: tuple) -> int:
+    """The mixed-radix number of ``rank``'s coordinates on ``factors`` (outermost first)."""
+    mesh = s.mesh
+    coord = mesh.coord(rank)
+    v = 0
+    for f in factors:
+        n = mesh.axis_size(f.axis)
+        c = coord[mesh.axis_index(f.axis)]
+        v = v * f.size + (c // (n // (f.pre * f.size))) % f.size
+    return v
+
+
+def held(s: Sharding, r: Ragged, rank: int) -> tuple:
+    """``(components, source)``: the global component ids ``rank`` holds and its source block
+    (None: every source's block)."""
+    comps = tuple(int(c) for c in s.indices(rank)[r.dim - 1])
+    fs = source_factors(s, r)
+    return comps, (_digits(s, rank, fs),) if fs else None
+
+
+def sources_of(s: Sharding, r: Ragged) -> int:
+    """How many source blocks a sharding with sources on the ragged dim splits each component
+    into (1 without)."""
+    return int(np.prod([f.size for f in source_factors(s, r)], dtype=np.int64))
+
+
+def _dense_axes(r: Ragged, ndim: int) -> tuple:
+    """The logical dims other than the component and ragged dims."""
+    return tuple(d for d in range(ndim) if d not in (r.dim - 1, r.dim))
+
+
+def _dense_slice(data, r: Ragged, ndim: int, picks: dict):
+    """``data`` (storage: the flat dim at ``r.dim - 1``) indexed on the dense logical dims by
+    ``picks`` ({logical dim: positions})."""
+    for d, pos in picks.items():
+        axis = d if d < r.dim - 1 else d - 1
+        data = data[(slice(None),) * axis + (pos,)] if not hasattr(data, "index_select") else \
+            data.index_select(axis, _torch_index(data, pos))
+    return data
+
+
+def _torch_index(like, pos):
+    import torch
+
+    return torch.as_tensor(np.asarray(pos, dtype=np.int64), device=like.device)
+
+
+def _where(held_idx, want_idx) -> np.ndarray:
+    at = {int(v): k for k, v in enumerate(held_idx)}
+    try:
+        return np.asarray([at[int(v)] for v in want_idx], dtype=np.int64)
+    except KeyError as e:
+        raise ShardMismatch(f"a nested piece does not hold dense index {e}") from None
+
+
+def nested_piece(s: Sharding, r: Ragged, whole: Nested, rank: int) -> Nested:
+    """``rank``'s piece of the whole nested tensor ``whole`` (its extents ``(sources,
+    components)``: the sources as routed) under ``s``."""
+    comps, src = held(s, r, rank)
+    n_src = whole.sources
+    if src is not None and sources_of(s, r) != n_src:
+        raise RaggedError(f"{s} cuts the ragged dim into {sources_of(s, r)} source blocks but the tensor was routed "
+                          f"from {n_src}; a ragged dim keeps the sources it was routed from")
+    sources = src if src is not None else tuple(range(n_src))
+    idx = s.indices(rank)
+    picks = {d: idx[d] for d in _dense_axes(r, s.ndim) if len(idx[d]) != s.shape[d]}
+    blocks = {(i, j): _dense_slice(whole.block(c, q), r, s.ndim, picks)
+              for i, c in enumerate(comps) for j, q in enumerate(sources)}
+    return from_blocks(blocks, len(comps), len(sources), whole.dim, whole.data, _storage(s, r, rank))
+
+
+def ragged_of(s: Sharding, piece: Nested) -> Ragged:
+    """The ragged dim a nested piece under ``s`` stores (from where its flat dim sits)."""
+    n = s.shape[piece.dim + 1]
+    return Ragged(piece.dim + 1, s.shape[piece.dim], n, n)
+
+
+def ragged_collective_piece(c, rank: int, pieces: dict) -> Nested:
+    """``rank``'s nested piece after collective ``c`` from its group's pieces (``pieces`` maps
+    every rank of the mesh to its Nested piece under ``c.src``): every (component, source)
+    block it needs is taken from a member that holds it (summed over the members for a
+    reduction), then cut to its dense indices."""
+    from ..execute.simulator import group_of
+
+    src, dst = c.src, c.dst
+    r = ragged_of(src, next(iter(pieces.values())))
+    group = group_of(src.mesh, rank, c.axes)
+    ndim = src.ndim
+    n_src = sources_of(src, r) if source_factors(src, r) else pieces[group[0]].sources
+    if source_factors(dst, r) and sources_of(dst, r) != n_src:
+        raise RaggedError(f"{c.kind.value} {src} -> {dst}: the target cuts the ragged dim into {sources_of(dst, r)} "
+                          f"source blocks, the tensor has {n_src}; a ragged dim keeps its sources")
+    comps, want_src = held(dst, r, rank)
+    want_src = want_src if want_src is not None else tuple(range(n_src))
+    want_idx = dst.indices(rank)
+    have = {}
+    for q in group:
+        qc, qs = held(src, r, q)
+        qs = qs if qs is not None else tuple(range(n_src))
+        for i, comp in enumerate(qc):
+            for j, so in enumerate(qs):
+                have.setdefault((comp, so), []).append((q, i, j))
+    blocks = {}
+    for i, comp in enumerate(comps):
+        for j, so in enumerate(want_src):
+            holders = have.get((comp, so))
+            if not holders:
+                raise ShardMismatch(f"{c.kind.value} over {c.axes_text()}: rank {rank} needs component {comp}, source "
+                                    f"{so} that its group {group} does not hold ({src} -> {dst})")
+            parts = []
+            for q, qi, qj in (holders if c.reduce_op else holders[:1]):
+                piece = pieces[q]
+                q_idx = src.indices(q)
+                picks = {d: _where(q_idx[d], want_idx[d]) for d in _dense_axes(r, ndim)}
+                parts.append(_dense_slice(piece.block(qi, qj), r, ndim, picks))
+            if c.reduce_op and len(parts) != len(group):
+                raise ShardMismatch(f"{c.kind.value}: a reduction needs block ({comp}, {so}) from every member of "
+                                    f"{group}")
+            blocks[(i, j)] = _reduce(parts, c.reduce_op) if c.reduce_op else parts[0]
+    like = pieces[group[0]]
+    return from_blocks(blocks, len(comps), len(want_src), like.dim, like.data, _storage(dst, r, rank))
+
+
+def _storage(s: Sharding, r: Ragged, rank: int) -> tuple:
+    """The storage shape of ``rank``'s piece with the flat dim's length left at 0."""
+    shape = s.local_shape(rank)
+    return tuple(shape[: r.dim - 1]) + (0,) + tuple(shape[r.dim + 1:])
+
+
+def _reduce(parts: list, op: str):
+    if op != "sum":
+        raise RaggedError(f"a {op} reduction of a ragged tensor is not supported; only sums of partial values")
+    out = parts[0]
+    for p in parts[1:]:
+        out = out + p
+    return out
+
+
+def ragged_text(s: Sharding, r: Ragged) -> str:
+    """The sharding's text with the ragged dim marked: ``[ep*2, ragged(4), 16]``."""
+    parts = [format_dim(s, d) for d in range(s.ndim)]
+    parts[r.dim] = f"ragged({parts[r.dim]})"
+    text = "[" + ", ".join(parts) + "]"
+    rest = str(s)
+    return text + rest[rest.rindex("]") + 1:]
+
+
+__all__ = ["Ragged", "RaggedError", "check_ragged", "held", "nested_piece", "ragged_collective_piece",
+           "ragged_of", "ragged_text", "source_factors", "sources_of"]
