@@ -14,6 +14,7 @@ import sys
 
 from . import jobs
 from .errors import ShardingError
+from .sharding.ragged import ragged_text
 
 
 def _layout_ops() -> tuple:
@@ -386,6 +387,20 @@ def _print_streams(p) -> None:
               f"({c.serial * 1e6:.1f} -> {c.overlapped * 1e6:.1f} µs)")
 
 
+def _print_ragged(p) -> None:
+    """One line per routing: its experts, the expected and the most rows per expert, and the
+    largest piece of a tensor of it a device holds."""
+    by_routing: dict = {}
+    for n, info in p.ragged_rows().items():
+        by_routing.setdefault(info["counts"], []).append((n, info))
+    for key, items in by_routing.items():
+        first = items[0][1]
+        n, big = max(items, key=lambda item: item[1]["max_rows_per_device"])
+        print(f"ragged: {first['components']} experts x rows from {key}: expected {first['expected']} rows per "
+              f"expert, at most {first['maximum']}; largest piece {n} {big['sharding']}: expected "
+              f"{big['expected_rows_per_device']} rows per device, at most {big['max_rows_per_device']}")
+
+
 def print_plan(p, v, args) -> None:
     prog = p.program
     shown = [n for n in prog.tensors if prog.tensors[n].kind in ("input", "param")
@@ -402,7 +417,8 @@ def print_plan(p, v, args) -> None:
     sw = max([14] + [len(x) for x in shapes.values()])
     print(f"{'tensor'.ljust(w)}  {'shape':<{sw}} sharding")
     for n in shown[: args.max_rows]:
-        print(f"{n.ljust(w)}  {shapes[n]:<{sw}} {p.shardings[n]}")
+        r = prog.tensors[n].ragged
+        print(f"{n.ljust(w)}  {shapes[n]:<{sw}} {p.shardings[n] if r is None else ragged_text(p.shardings[n], r)}")
     if len(shown) > args.max_rows:
         print(f"... {len(shown) - args.max_rows} more (--json lists every tensor)")
     print()
@@ -417,6 +433,7 @@ def print_plan(p, v, args) -> None:
     print(f"total: {len(p.collectives)} collectives ({counts or 'none'}), {p.total_bytes} bytes, "
           f"~{p.total_seconds * 1e6:.1f} µs estimated; planned in {p.plan_seconds * 1e3:.1f} ms")
     _print_streams(p)
+    _print_ragged(p)
     if prog.symbols:
         print(f"guards: {', '.join(str(g) for g in p.guards) or 'none'}")
     if v is not None:
@@ -427,6 +444,9 @@ def print_plan(p, v, args) -> None:
                 f"proven for every rank except {len(v.unproven)} op(s) checked numerically only"
             print(f"verified: all {v.checked} tensors {how}; {v.simulated} local runs of {v.classes} rank classes "
                   f"({v.ops} distinct ops, {v.collectives} distinct collectives) equal the unsharded values")
+            for note in v.notes:
+                if note.startswith("ragged"):
+                    print(f"  {note}")
         elif getattr(v, "reason", "") in ("decisions", "error"):  # at other sizes (plan.guards.verify_sizes)
             print(f"NOT verified: {v.first_mismatch}")
         else:
@@ -513,7 +533,9 @@ def cmd_run(args) -> int:
         nproc = mesh.size if args.nproc is None else args.nproc
         if nproc != mesh.size:
             raise ShardingError(f"--nproc {nproc}: the mesh {mesh} has {mesh.size} devices; one rank per device")
-        jobs.build_plan(args)  # bad input fails here, once, before any rank starts
+        from .run.launch import check_trainable
+
+        check_trainable(jobs.build_plan(args), args.train)  # bad input fails here, once, before any rank starts
         try:
             with _report("progress").task(f"running on {nproc} ranks"):
                 report = launch(opts, nproc)

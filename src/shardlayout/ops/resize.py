@@ -27,6 +27,7 @@ shown by ``explain``) and gathers the dim as before.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 from typing import NamedTuple
 
@@ -36,7 +37,7 @@ from ..errors import OpError
 from ..sharding import Factor, Sharding
 from ..sharding.core import ChunkProgram, _product
 from ..sharding.cost import DEFAULT_COST_MODEL
-from ..sharding.factors import chunk_length
+from ..sharding.factors import chunk_length, held_length
 from .families import LETTERS, _whole, local_propagation
 from .registry import register_op
 from .result import ByCoord, Propagation
@@ -151,6 +152,9 @@ def _cut(fs, n: int, start: int, stop: int, step: int = 1) -> Cut | str:
                     return Cut((f,), groups, prefix, prefix + 1, 1, True,
                                ByCoord(f.axis, f.pre, f.size, (lo,) + (0,) * (f.size - 1)))
         if ext % f.size:
+            c = -(-ext // f.size)
+            if f.axis is None and lo // c == (lo + (count - 1) * step) // c:  # inside one chunk of f
+                return _in_chunk(f.size, fs[i + 1:], ext, lo // c, lo % c, count, step, groups, prefix)
             return (f"factor {_describe(f)} cuts a chunk of {ext} unevenly, so the ranks' local pieces of its "
                     f"chunks differ in length")
         c = ext // f.size
@@ -179,6 +183,50 @@ def _cut(fs, n: int, start: int, stop: int, step: int = 1) -> Cut | str:
                 f"chunks (multiples of {c} within a chunk of {ext})")
 
 
+def _in_chunk(k: int, rest, ext: int, j: int, lo: int, count: int, step: int, groups: int,
+              prefix: int) -> Cut | str:
+    """A range inside chunk ``j`` (from ``lo`` in it) of a local factor ``k`` that cuts a chunk of
+    ``ext`` unevenly, the chunks cut by ``rest``: the cut of that chunk alone (``cut``), run on
+    each rank's piece of it. The ranks' pieces of the chunks differ in length, so groups do not
+    line up; but a rank's piece of chunk ``j`` follows its pieces of chunks ``0..j-1`` in its
+    shard (group ``prefix`` of ``groups``), and the cut keeps a contiguous run of it: each rank
+    keeps its output's length from an offset, counted by lengths (``held_length``) for every
+    digit of the mesh-axis factors in ``rest``; comm-free when that offset is the same on every
+    rank or depends on one factor's digit only (``ByCoord``). ``[2*a*2 of 5]`` sliced ``[0:2]``:
+    ``a``'s first rank keeps the head of its shard, the other nothing."""
+    cj = chunk_length(ext, k, j)
+    sub = cut(rest, cj, lo, lo + (count - 1) * step + 1, step)
+    if isinstance(sub, str):
+        return sub
+    if sub.step != 1:
+        return f"a step of {step} inside one of factor {k}'s uneven chunks of {ext}"
+    axes = [g for g in rest if g.axis is not None]
+    offsets = {}  # digits of ``axes`` -> where that rank's output begins in its group's piece
+    for ds in itertools.product(*(range(g.size) for g in axes)):
+        digit = dict(zip(axes, ds))
+        digits = [digit.get(g) for g in rest]
+        if not held_length(count, sub.factors, [digit.get(g) for g in sub.factors]):
+            continue  # this rank keeps nothing: any offset
+        held = held_length(cj, rest, digits)
+        if held % sub.groups:
+            return f"the ranks' pieces of chunk {j} of factor {k} do not split into {sub.groups} groups"
+        off = sub.offset
+        if type(off) is ByCoord:
+            off = off.values[digit[next(g for g in axes if (g.axis, g.pre, g.size) == off[:3])]]
+        offsets[ds] = (sum(held_length(chunk_length(ext, k, i), rest, digits) for i in range(j))
+                       + sub.start * (held // sub.groups) + off)
+    values = set(offsets.values()) or {0}
+    if len(values) == 1:
+        return Cut(sub.factors, groups, prefix, prefix + 1, 1, True, values.pop())
+    for a, g in enumerate(axes):  # the offset as a function of one factor's digit
+        by = {}
+        if all(by.setdefault(ds[a], v) == v for ds, v in offsets.items()):
+            return Cut(sub.factors, groups, prefix, prefix + 1, 1, True,
+                       ByCoord(g.axis, g.pre, g.size, tuple(by.get(d, 0) for d in range(g.size))))
+    return (f"the ranks' pieces of chunk {j} of factor {k} (a chunk of {ext} cut unevenly) begin at offsets "
+            f"that depend on several mesh axes")
+
+
 def _short(f: Factor, rest, c: int, j0: int, count: int, groups: int, prefix: int) -> Cut | None:
     """Chunks of ``f`` from ``j0``, the last one cut short, as a chunk tree of ``count`` whose
     trailing shards are short (``Cut.head``), or None when the shards would not line up."""
@@ -201,8 +249,8 @@ def local_run(c: Cut) -> str:
     keep = f"groups {c.start}:{c.stop}" + (f":{c.step}" if c.step != 1 else "") + f" of the {c.groups} in its shard"
     if type(c.offset) is ByCoord:
         who = c.offset.axis if c.offset.pre == 1 else f"{c.offset.axis}:({c.offset.pre}){c.offset.size}"
-        return (f"the first rank on {who} keeps the tail of its shard from element {c.offset.values[0]}, the next "
-                f"the head of its shard, the others nothing; no data moves")
+        return (f"each rank keeps {keep} from element {', '.join(map(str, c.offset.values))} (by its coordinate "
+                f"on {who}), cut to the length of its shard of the result; no data moves")
     if c.head:
         return f"each rank keeps {keep}, cut to the length of its shard of the result (short or empty at the end); " \
                "no data moves"

@@ -124,7 +124,21 @@ class Plan:
 
         data["streams"] = stream_plan(self).to_json()
         data.update(self._symbolic_json())
+        data["ragged"] = self.ragged_rows()
         return json.dumps(data, indent=1, sort_keys=True)
+
+    def ragged_rows(self) -> dict:
+        """Per tensor with a ragged dim: its ragged dim (``Ragged.to_json``) and the rows of it in
+        the largest piece a device holds, expected and at most (``sharding.ragged.piece_rows``)."""
+        from ..sharding.ragged import piece_rows, ragged_text
+
+        out = {}
+        for n, t in sorted(self.program.tensors.items()):
+            if t.ragged is not None:
+                exp, most = piece_rows(self.shardings[n], t.ragged)
+                out[n] = {**t.ragged.to_json(), "sharding": ragged_text(self.shardings[n], t.ragged),
+                          "expected_rows_per_device": exp, "max_rows_per_device": most}
+        return out
 
     def _symbolic_json(self) -> dict:
         """``guards`` (text), ``symbols`` ({name: example}), ``shapes`` (every tensor: ints, and each

@@ -79,7 +79,7 @@ def output_ragged(op, ins: list, out_shapes: list) -> list:
     raises RaggedError for an op that is not defined on a ragged operand."""
     name = canonical_op_name(op.target)
     if name == "route":
-        x, idx = ins[0], ins[1]
+        idx = ins[1]
         t, k = idx.shape
         experts = int(dict(op.params)["experts"])
         return [Ragged(1, experts, out_shapes[0][1], t if k <= experts else t * k, t * k,

@@ -17,8 +17,11 @@ import numpy as np
 from ..caches import memo
 from ..errors import RunError
 from ..execute.simulator import group_of
+from ..ops.ragged import RAGGED_OPS, run_nested
 from ..ops.result import at_rank
 from ..sharding.collective import CollectiveKind
+from ..sharding.nested import Nested
+from .ragged import ragged_exchange
 from .torch_ops import torch_op
 
 
@@ -73,6 +76,10 @@ class TorchRankExecutor:
     def op(self, opdef, inputs: list, params: dict, outputs: tuple) -> list:
         """Run the op's aten implementation on this rank's local tensors."""
         shapes = [s.local_shape(self.rank) for s in outputs]
+        if opdef.name in RAGGED_OPS or any(isinstance(a, Nested) for a in inputs):
+            import torch
+
+            return run_nested(opdef, inputs, at_rank(params, self.mesh, self.rank), shapes, torch_op, torch)
         return torch_op(opdef, inputs, at_rank(params, self.mesh, self.rank), shapes)
 
     def collective(self, c, x):
@@ -81,6 +88,11 @@ class TorchRankExecutor:
 
         if c.kind.communicates:
             self.counts[c.kind.value] = self.counts.get(c.kind.value, 0) + 1
+        if isinstance(x, Nested):  # a ragged tensor: blocks sized by the routing counts
+            out = ragged_exchange(self, c, x)
+            if self.after_collective is not None and c.kind.communicates:
+                self.after_collective(c)
+            return out
         if c.reduce_op is not None:
             out = _Reduce.apply(x, self, c)
         elif c.kind is CollectiveKind.LOCAL:

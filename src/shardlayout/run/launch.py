@@ -26,16 +26,14 @@ def _free_port() -> int:
 
 
 def _reference(plan, inputs: dict) -> dict:
-    """The unsharded program in one process, on torch (the oracle every rank compares with)."""
-    from ..ops.registry import get_op
+    """The unsharded program in one process, on torch (the oracle every rank compares with);
+    ragged tensors routed from the plan's sources (``execute.verify.reference_run``)."""
+    import torch
+
+    from ..execute.verify import reference_run
     from .torch_ops import torch_op
 
-    prog, ref = plan.program, dict(inputs)
-    for op, po in zip(prog.ops, plan.ops):
-        args = [ref[i] if isinstance(i, str) else i for i in op.inputs]
-        ref.update(zip(op.outputs, torch_op(get_op(op.target), args, po.params,
-                                            [prog.tensors[o].shape for o in op.outputs])))
-    return ref
+    return reference_run(plan, inputs, torch_op, torch)
 
 
 def _global_inputs(plan, seed: int, dtype: str = "float32") -> dict:
@@ -86,12 +84,28 @@ class _Compare:
                 self.ok = False
         self.count += 1
 
+    def add_nested(self, name: str, value, want) -> None:
+        """A nested piece: the same extents, then the rows compared as ``add`` does."""
+        if not np.array_equal(value.extents, want.extents):
+            self.ok, self.err = False, float("inf")
+            self.first_bad = self.first_bad or name
+            return
+        self.add(name, value.data, want.data)
+
     def worst(self, torch, dist):
         """(max abs error, any mismatch, max relative error) over every rank."""
         t = torch.tensor([self.err if self.err == self.err else float("inf"), 0.0 if self.ok else 1.0, self.rel],
                          dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return t[0].item(), t[1].item() == 0.0, t[2].item()
+
+
+def check_trainable(plan, train: bool) -> None:
+    """Raise RunError when ``train`` is asked of a plan this runner cannot train (ragged tensors)."""
+    ragged = [n for n, t in plan.program.tensors.items() if t.ragged is not None]
+    if train and ragged:
+        raise RunError(f"--train: the plan has ragged tensors ({', '.join(ragged[:3])}); training through routed "
+                       "tokens is not supported yet: run the forward pass (drop --train)")
 
 
 def rank_main(rank: int, world: int, build, options: dict, init_method: str | None = None,
@@ -101,6 +115,7 @@ def rank_main(rank: int, world: int, build, options: dict, init_method: str | No
     import torch
     import torch.distributed as dist
 
+    from ..sharding.ragged import nested_piece
     from .executor import TorchRankExecutor, plan_groups
 
     warnings.filterwarnings("ignore")
@@ -116,6 +131,7 @@ def rank_main(rank: int, world: int, build, options: dict, init_method: str | No
         if plan.mesh.size != world:
             raise RunError(f"the mesh {plan.mesh} has {plan.mesh.size} devices but {world} ranks run; "
                            f"give --nproc {plan.mesh.size} (or a mesh of {world} devices)")
+        check_trainable(plan, train)
         reductions = gradient_reductions(plan) if train else {}
         groups = {}
         for pieces, members in plan_groups(plan, training_pieces(plan, reductions)):
@@ -145,7 +161,12 @@ def rank_main(rank: int, world: int, build, options: dict, init_method: str | No
             for name, value in walk(plan, ex, local):
                 values[name] = value
                 s = plan.shardings[name]
-                if not s.partial:  # a partial sum is compared once reduced, where the plan reduces it
+                if s.partial:  # a partial sum is compared once reduced, where the plan reduces it
+                    continue
+                ragged = prog.tensors[name].ragged
+                if ragged is not None:  # this rank's blocks of the routed reference
+                    forward.add_nested(name, value, nested_piece(s, ragged, ref[name], rank))
+                else:
                     forward.add(name, value, ref[name][_ix(s.indices(rank))])
         grads = None
         if train:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ShardMismatch, ShardingError
+from ..errors import ShardingError, ShardMismatch
 
 
 class RaggedError(ShardingError):

@@ -74,7 +74,8 @@ class Ragged:
             return cls(int(d["dim"]), int(d["components"]), int(d["expected"]), int(d["maximum"]),
                        None if d.get("total") is None else int(d["total"]), str(d.get("counts", "")))
         except (KeyError, TypeError, ValueError) as e:
-            raise RaggedError(f"ragged: {d!r} is not a ragged dim ({e}); give dim, components, expected, maximum")
+            raise RaggedError(f"ragged: {d!r} is not a ragged dim ({e}); give dim, components, expected, "
+                              "maximum") from None
 
     def at_dim(self, dim: int) -> "Ragged":
         """The same ragged dim at another position (an op that moved it)."""
@@ -248,6 +249,21 @@ def _reduce(parts: list, op: str):
     return out
 
 
+def piece_rows(s: Sharding, r: Ragged) -> tuple:
+    """``(expected, maximum)`` rows of the ragged dim in the largest piece a device holds under
+    ``s``: the expected from the expected extents, the maximum when the routing sends every row
+    it can to this piece (each of its components gets at most ``r.maximum`` rows; a source's piece
+    at most its share of ``r.total``). ``piece_rows(Sharding.parse("[ep*2, 4, 3]", m), r) -> (8, 16)``"""
+    cuts = int(np.prod([f.size for f in s.dims[r.dim - 1] if f.axis is not None], dtype=np.int64))
+    comps = -(-s.shape[r.dim - 1] // cuts)  # torch.chunk: the first pieces are the largest
+    n = sources_of(s, r)
+    expected = -(-comps * r.expected // n)
+    most = comps * r.maximum
+    if r.total is not None:
+        most = min(most, r.total)
+    return expected, -(-most // n)
+
+
 def ragged_text(s: Sharding, r: Ragged) -> str:
     """The sharding's text with the ragged dim marked: ``[ep*2, ragged(4), 16]``."""
     parts = [format_dim(s, d) for d in range(s.ndim)]
@@ -258,4 +274,4 @@ def ragged_text(s: Sharding, r: Ragged) -> str:
 
 
 __all__ = ["Ragged", "RaggedError", "check_ragged", "held", "nested_piece", "ragged_collective_piece",
-           "ragged_of", "ragged_text", "source_factors", "sources_of"]
+           "piece_rows", "ragged_of", "ragged_text", "source_factors", "sources_of"]
