@@ -72,20 +72,25 @@ def _blocks_of(index, sources) -> tuple:
     return blocks
 
 
-def route_values(x, index, experts: int, xp=np, sources=None) -> Nested:
+def route_values(x, index, experts: int, xp=np, sources=None, pairs: bool = False) -> Nested:
     """Token-choice dispatch on values (numpy or torch: ``xp`` is the module): the nested tensor
-    of ``x``'s rows by expert. ``sources``: token counts of consecutive source blocks (the
-    token shards of a whole tensor, for a reference run); default one block."""
+    of ``x``'s rows by expert (``pairs``: ``x`` is ``(T, k, *D)``, one row per (token, choice),
+    e.g. the routing scores). ``sources``: token counts of consecutive source blocks (the token
+    shards of a whole tensor, for a reference run); default one block."""
     t, k = index.shape[0], index.shape[1]
-    if x.shape[0] != t:
-        raise RaggedError(f"route: x has {x.shape[0]} tokens, the index {t}; give one index row per token")
+    if x.shape[0] != t or (pairs and (len(x.shape) < 2 or x.shape[1] != k)):
+        raise RaggedError(f"route: x of shape {tuple(x.shape)} does not fit the index {tuple(index.shape)}; give "
+                          "one row per token" + (" and choice (T, k, ...)" if pairs else ""))
+    if pairs:
+        x = x.reshape((t * k,) + tuple(x.shape[2:]))
     ids_all = _flat_ids(index, xp)
     _check_ids(ids_all, experts, xp)
     blocks, start = {}, 0
     for s, n in enumerate(_blocks_of(index, sources)):
         ids = ids_all[start * k:(start + n) * k]
         order, counts = _sorted_pairs(ids, experts, xp)
-        rows = x[order // k + start] if xp is np else x.index_select(0, order // k + start)
+        at = order + start * k if pairs else order // k + start
+        rows = x[at] if xp is np else x.index_select(0, at)
         off = 0
         for e in range(experts):
             c = int(counts[e])
@@ -106,7 +111,7 @@ def unroute_values(y: Nested, index, weights, xp=np, sources=None):
         raise RaggedError(f"unroute: the nested tensor holds {y.sources} source blocks per expert, the tokens "
                           f"here {len(blocks)}; combine where the tokens were routed (move it back to its sources)")
     ids_all = _flat_ids(index, xp)
-    w_all = weights.reshape(-1)
+    w_all = None if weights is None else weights.reshape(-1)
     dense = tuple(y.data.shape[1:])
     out = xp.zeros((t,) + dense, dtype=y.data.dtype) if xp is not np else np.zeros((t,) + dense,
                                                                                   dtype=np.result_type(y.data, float))
@@ -120,13 +125,14 @@ def unroute_values(y: Nested, index, weights, xp=np, sources=None):
                               "the same indices")
         rows = xp.cat([y.block(e, s) for e in range(y.components)]) if xp is not np else \
             np.concatenate([y.block(e, s) for e in range(y.components)])
-        w = w_all[start * k:(start + n) * k][order]
-        w = w.reshape((-1,) + (1,) * len(dense))
         tok = order // k + start
+        if w_all is not None:
+            w = w_all[start * k:(start + n) * k][order].reshape((-1,) + (1,) * len(dense))
+            rows = rows * (w if xp is np else w.to(rows.dtype))
         if xp is np:
-            np.add.at(out, tok, rows * w)
+            np.add.at(out, tok, rows)
         else:
-            out = out.index_add(0, tok, rows * w.to(rows.dtype))
+            out = out.index_add(0, tok, rows)
         start += n
     return out
 
@@ -207,15 +213,29 @@ def run_nested(opdef, args: list, params: dict, out_shapes: list, run, xp) -> li
     ragged dim). ``run(opdef, args, params, out_shapes)`` is the executor's dense run."""
     name = opdef.name
     src = params.get("sources")
+    if name.startswith("_assert"):  # a runtime check of dtype or device: nothing to compute
+        return []
     if name == "route":
-        return [route_values(args[0], args[1], params["experts"], xp, src)]
+        return [route_values(args[0], args[1], params["experts"], xp, src, params.get("pairs", False))]
     if name == "unroute":
-        return [unroute_values(args[0], args[1], args[2], xp, src)]
+        return [unroute_values(args[0], args[1], args[2] if len(args) > 2 else None, xp, src)]
     shape = out_shapes[0] if out_shapes else None
     if name == "einsum":
         return [_nested_einsum(args, params["equation"], xp, shape)]
     if name == "bmm":
         return [_nested_einsum(args, "erk,ekn->ern", xp, shape)]
+    if name in ("unsqueeze", "squeeze"):
+        n = args[0]
+        ndim = len(n.data.shape) + 1 + (name == "unsqueeze")
+        d = params["dim"] + ndim if params["dim"] < 0 else params["dim"]
+        if d <= n.dim + 1:
+            raise RaggedError(f"{name} at dim {d}: only dims after the ragged dim may be added or removed")
+        data = n.data
+        if xp is np:
+            data = np.expand_dims(data, d - 1) if name == "unsqueeze" else np.squeeze(data, d - 1)
+        else:
+            data = data.unsqueeze(d - 1) if name == "unsqueeze" else data.squeeze(d - 1)
+        return [n.with_data(data)]
     if name not in ROWWISE:
         raise RaggedError(f"op {name} on a ragged tensor is not defined here; ragged tensors go through route, "
                           f"einsum/bmm over their components, row-wise ops ({', '.join(sorted(ROWWISE))}) and "
@@ -286,21 +306,23 @@ def expected_rows(tokens: int, k: int, experts: int) -> int:
     return -(-tokens * k // experts)
 
 
-def _route_rule(name, inputs, experts=1, cost_model=None, tensor_dtype="float32", out_pins=(), **_):
+def _route_rule(name, inputs, experts=1, pairs=False, cost_model=None, tensor_dtype="float32", out_pins=(), **_):
     """Routing is local to a token shard: x and index share a plain token cut (mesh factors
     outermost); the nested output carries those factors on its ragged dim (its sources), the
-    expert dim whole, x's other dims as they are."""
+    expert dim whole, x's other dims as they are (``pairs``: x's choice dim whole too)."""
     x, idx = inputs[0], inputs[1]
     mesh = x.mesh
     t, k = idx.shape
     rows = expected_rows(t, k, experts)
+    rest = 2 if pairs else 1
     options = []
     for mesh_fs in _candidates([x, idx], [0, 0]):
         tf = _token_factors(mesh_fs, t)
         try:
-            xt = Sharding(mesh, x.shape, [tf] + list(x.dims[1:]))
+            xt = Sharding(mesh, x.shape, [tf] + [()] * (rest - 1) + list(x.dims[rest:]))
             it = Sharding(mesh, idx.shape, [tf, ()])
-            out = Sharding(mesh, (experts, rows) + x.shape[1:], [(), _ragged_factors(mesh_fs, rows)] + list(x.dims[1:]))
+            out = Sharding(mesh, (experts, rows) + x.shape[rest:],
+                           [(), _ragged_factors(mesh_fs, rows)] + list(x.dims[rest:]))
         except Exception:  # noqa: BLE001 - a cut whose axes x's other dims already use
             continue
         options.append(((xt, it), (out,)))
@@ -311,7 +333,8 @@ def _route_rule(name, inputs, experts=1, cost_model=None, tensor_dtype="float32"
 def _unroute_rule(name, inputs, cost_model=None, tensor_dtype="float32", out_pins=(), **_):
     """The combine: the nested input's sources on the same mesh factors as the tokens (its
     expert dim whole), so each rank sums its own tokens' rows; partial values stay partial."""
-    y, idx, w = inputs[0], inputs[1], inputs[2]
+    y, idx = inputs[0], inputs[1]
+    w = inputs[2] if len(inputs) > 2 and isinstance(inputs[2], Sharding) else None
     mesh = y.mesh
     t = idx.shape[0]
     options = []
@@ -324,11 +347,11 @@ def _unroute_rule(name, inputs, cost_model=None, tensor_dtype="float32", out_pin
         try:
             yt = Sharding(mesh, y.shape, [(), _ragged_factors(mesh_fs, y.shape[1])] + list(y.dims[2:]), y.partial)
             it = Sharding(mesh, idx.shape, [tf, ()])
-            wt = Sharding(mesh, w.shape, [tf, ()])
+            wt = None if w is None else Sharding(mesh, w.shape, [tf, ()])
             out = Sharding(mesh, (t,) + y.shape[2:], [tf] + list(y.dims[2:]), y.partial)
         except Exception:  # noqa: BLE001 - a cut whose axes y's other dims already use
             continue
-        options.append(((yt, it, wt), (out,)))
+        options.append(((yt, it) + ((wt,) if w is not None else ()), (out,)))
     return _best(name, inputs, options, cost_model or DEFAULT_COST_MODEL, tensor_dtype, out_pins,
                  "unroute: each rank sums its own tokens' rows of every expert; nothing moves")
 
@@ -337,12 +360,17 @@ def _check_route(name, inputs, params):
     x, idx = inputs[0], inputs[1]
     if idx.ndim != 2 or idx.shape[0] != x.shape[0]:
         raise OpError(f"op route: index of shape {idx.shape} must be (tokens, k) with x's {x.shape[0]} tokens")
+    if params.get("pairs") and (x.ndim < 2 or x.shape[1] != idx.shape[1]):
+        raise OpError(f"op route: with pairs=True x of shape {x.shape} must be (tokens, k, ...) like the index "
+                      f"{idx.shape}")
 
 
 def _check_unroute(name, inputs, params):
-    y, idx, w = inputs[0], inputs[1], inputs[2]
-    if idx.ndim != 2 or w.shape != idx.shape:
-        raise OpError(f"op unroute: index {idx.shape} and weights {w.shape} must both be (tokens, k)")
+    y, idx = inputs[0], inputs[1]
+    w = inputs[2] if len(inputs) > 2 and isinstance(inputs[2], Sharding) else None
+    if idx.ndim != 2 or (w is not None and w.shape != idx.shape):
+        raise OpError(f"op unroute: index {idx.shape} and weights {None if w is None else w.shape} must both be "
+                      "(tokens, k)")
     if y.ndim < 2:
         raise OpError(f"op unroute: y of shape {y.shape} must be (experts, ragged, ...)")
 
@@ -351,8 +379,9 @@ def _no_numpy(*_a, **_k):
     raise RaggedError("route / unroute run through ops.ragged.run_nested (their values are nested tensors)")
 
 
-register_op("route", "x, index ; experts: int[1..]", _route_rule, _no_numpy, check=_check_route)
-register_op("unroute", "y, index, weights", _unroute_rule, _no_numpy, check=_check_unroute)
+register_op("route", "x, index ; experts: int[1..], pairs: bool = False", _route_rule, _no_numpy,
+            check=_check_route)
+register_op("unroute", "y, index, weights?", _unroute_rule, _no_numpy, check=_check_unroute)
 
 
 def reference_params(po) -> dict:

@@ -35,6 +35,7 @@ from ..execute.verify import DEFAULT_BUDGET, Verification
 from ..execute.verify import verify as verify_plan
 from ..mesh import Mesh
 from ..ops.registry import get_op
+from ..ops.result import canonical_op_name
 from ..program import Program
 from ..sharding import Sharding
 from ..sharding.cost import DEFAULT_COST_MODEL, CostModel, cost
@@ -265,8 +266,59 @@ def _plan(program: Program, mesh: Mesh, user: dict, cost_model, backward: bool, 
             if not new:
                 break
             inferred.update(new)
+        for _ in range(4 if backward else 0):
+            hoisted = _hoist_moves(program, p, set(user) | set(inferred), cm)
+            if not hoisted:
+                break
+            q = _forward(program, mesh, {**inferred, **hoisted, **user}, cm)
+            if q.total_seconds >= p.total_seconds:
+                break
+            inferred.update(hoisted)
+            p = q
     p.plan_seconds = time.perf_counter() - t0
     return p
+
+
+def _hoist_moves(program: Program, p: "Plan", pinned: set, cm: CostModel) -> dict:
+    """Pins that move a value earlier: where a tensor moves for its consumer and it was made by
+    a chain of shape-keeping row-wise ops (casts, activations, products with what already has the
+    target sharding), the cheapest tensor of the chain to move instead — a bf16 expert output
+    moved before its cast to float32 costs half. Tried by ``_plan``, kept only when the whole
+    plan is cheaper."""
+    from ..ops.ragged import ROWWISE
+
+    producer = {o: op for op in program.ops for o in op.outputs}
+    users: dict = {}
+    for op in program.ops:
+        if not op.outputs:  # a runtime assert reads no values
+            continue
+        for i in op.inputs:
+            if isinstance(i, str):
+                users[i] = users.get(i, 0) + 1
+    out = {}
+    for (name, tgt), chain in p.moves.items():
+        if not any(c.kind.communicates for c in chain) or name in pinned or tgt.partial:
+            continue
+        best, best_cost = None, cost(chain, cm)
+        cur = name
+        for _ in range(8):
+            op = producer.get(cur)
+            if op is None or canonical_op_name(op.target) not in ROWWISE or len(op.outputs) != 1:
+                break
+            ups = [i for i in op.inputs if isinstance(i, str) and program.tensors[i].shape == tgt.shape]
+            if len(ups) != 1 or users.get(ups[0], 0) != 1 or ups[0] in pinned:
+                break
+            cur = ups[0]
+            src = p.shardings[cur]
+            if src.partial:
+                break
+            there = Sharding(tgt.mesh, tgt.shape, list(tgt.dims), ())
+            c = cost(plan_move(src, there, program.tensors[cur].dtype, cm), cm)
+            if c < best_cost:
+                best, best_cost = (cur, there), c
+        if best is not None:
+            out[best[0]] = best[1]
+    return out
 
 
 def _check_pins(program: Program, pins: dict) -> None:

@@ -85,7 +85,7 @@ def output_ragged(op, ins: list, out_shapes: list) -> list:
         return [Ragged(1, experts, out_shapes[0][1], t if k <= experts else t * k, t * k,
                        f"bincount({idx.name}, {experts})")]
     ragged_in = [s for s in ins if s.ragged is not None]
-    if not ragged_in:
+    if not ragged_in or (name.startswith("_assert") and not out_shapes):  # a runtime check reads no rows
         return [None] * len(out_shapes)
     if name == "unroute":
         if ins[0].ragged is None or any(s.ragged is not None for s in ins[1:]):
@@ -94,6 +94,15 @@ def output_ragged(op, ins: list, out_shapes: list) -> list:
         return [None]
     if name in ("einsum", "bmm"):
         return [_einsum_ragged(op, ins)]
+    if name in ("unsqueeze", "squeeze") and len(ins) == 1:
+        r = ins[0].ragged
+        d = dict(op.params).get("dim")
+        ndim = len(out_shapes[0]) if name == "unsqueeze" else len(ins[0].shape)
+        d = None if d is None else (d + ndim if d < 0 else d)
+        if d is None or d <= r.dim:
+            raise RaggedError(f"op {op.name} ({name}, dim {d}): only dims after the ragged dim {r.dim} may be added "
+                              "or removed; the component and ragged dims stay together")
+        return [r]
     if name in ROWWISE:
         return [_rowwise_ragged(op, ins, out_shapes[0])] * len(out_shapes)
     names = ", ".join(s.name for s in ragged_in)

@@ -365,7 +365,9 @@ def from_exported(ep, decompose: bool = True, dim_names: dict | None = None) -> 
             else:
                 notes.append(str(g))
     b._notes.extend(notes)
-    return b.build()
+    from .routing import recognise_routing
+
+    return recognise_routing(b.build())
 
 
 def _hint_shape(v, syms: _Symbols) -> tuple:

@@ -1,0 +1,173 @@
+"""Token-choice routing written with aten ops, recognised as ragged ops (``route``, ``unroute``).
+
+torch.export gives a torchtitan- or Megatron-style MoE layer as aten ops whose shapes are all
+static — ``topk`` of the router scores, ``histc``/``bincount`` of the chosen experts,
+``argsort`` of them, ``index``/``gather`` of the tokens by the sorted order, ``cumsum`` offsets
+into ``torch._grouped_mm``, and ``scatter_add``/``index_add`` back to the tokens — while what
+is data-dependent, how many rows each expert gets, hides in the values of the offsets. Planned
+op by op, the offsets read as a partial sum across ranks and every sorted tensor as a global
+permutation, so the tokens are all-gathered. Here the pattern becomes what it means:
+
+    index(x, argsort(idx.view(-1)) // k)     -> route(x, idx)             (experts x ragged rows)
+    index(s.view(-1), argsort(idx.view(-1)))  -> route(s, idx, pairs=True)  (the per-choice scores)
+    _grouped_mm(a, w, offs)                  -> einsum("erd,edf->erf", a, w)  (offs: a's own extents)
+    scatter_add(zeros, 0, order // k, y)     -> unroute(y, idx)           (index_add alike)
+
+and every op between them runs on the nested rows (``program.ragged``); the counting, sorting
+and offsets ops that fed only the pattern are dropped. A program without the pattern is
+returned as it is.
+
+    >>> from shardlayout.program import ProgramBuilder
+    >>> b = ProgramBuilder()
+    >>> x = b.input("x", (8, 4)); p = b.input("p", (8, 3))
+    >>> v, i = b.op("topk", [p], name="topk", n_out=2, dtypes=("float32", "int64"), k=2, dim=1)
+    >>> o = b.op("sort", [b.op("view", [i], size=(-1,))], name="sort", n_out=2, dtypes=("int64", "int64"), stable=True)
+    >>> xs = b.op("index", [x, b.op("div", [o[1], 2], rounding_mode="floor")], name="xs")
+    >>> b.output(xs)
+    >>> [op.target for op in recognise_routing(b.build()).ops]
+    ['topk', 'route']
+"""
+
+from __future__ import annotations
+
+from ..ops.result import canonical_op_name
+from . import Program, ProgramBuilder, ProgramError
+
+_FLATTEN = ("view", "reshape", "_unsafe_view", "flatten")
+
+
+def _flat_of(prog: Program, op, name: str) -> str | None:
+    """The (T, k) tensor ``name`` flattens to (T*k,), or None."""
+    if canonical_op_name(op.target) not in _FLATTEN or len(op.inputs) != 1:
+        return None
+    src = op.inputs[0]
+    s, out = prog.tensors[src].shape, prog.tensors[name].shape
+    return src if len(s) == 2 and out == (s[0] * s[1],) else None
+
+
+def _scan(prog: Program) -> dict:
+    """The routing handles: topk index tensors, their flattened views, sort orders, token ids."""
+    topk, flat, order, token, spread = {}, {}, {}, {}, {}
+    for op in prog.ops:
+        n = canonical_op_name(op.target)
+        ins, outs = op.inputs, op.outputs
+        kw = dict(op.params)
+        if n == "topk" and len(outs) == 2:
+            src = prog.tensors[ins[0]].shape
+            dim = kw.get("dim", -1) % len(src)
+            if len(src) == 2 and dim == 1:
+                t, k = prog.tensors[outs[1]].shape
+                topk[outs[1]] = {"vals": outs[0], "tokens": t, "k": k, "experts": src[1]}
+        elif outs and _flat_of(prog, op, outs[0]) is not None:
+            flat[outs[0]] = _flat_of(prog, op, outs[0])
+        elif n in ("sort", "argsort") and ins and flat.get(ins[0]) in topk and not kw.get("descending"):
+            order[outs[-1]] = flat[ins[0]]  # sort's indices, or argsort's only output
+        elif n in ("div", "floor_divide") and len(ins) == 2 and ins[0] in order and \
+                (n == "floor_divide" or kw.get("rounding_mode") == "floor") and \
+                ins[1] == topk[order[ins[0]]]["k"]:
+            token[outs[0]] = order[ins[0]]
+        elif n == "unsqueeze" and ins and ins[0] in token and kw.get("dim") in (1, -1):
+            spread[outs[0]] = token[ins[0]]
+        elif n == "expand" and ins and ins[0] in spread:
+            spread[outs[0]] = spread[ins[0]]
+    return {"topk": topk, "flat": flat, "order": order, "token": token, "spread": spread}
+
+
+def _is_zeros(prog: Program, name: str, producer: dict) -> bool:
+    op = producer.get(name)
+    if op is None:
+        return False
+    n, kw = canonical_op_name(op.target), dict(op.params)
+    return (n in ("zeros_like", "zeros", "new_zeros") or (n in ("full_like", "full", "new_full", "fill")
+                                                           and kw.get("fill_value", kw.get("value")) == 0))
+
+
+def recognise_routing(prog: Program) -> Program:
+    """``prog`` with token-choice routing written in aten ops rewritten to ragged ops (module
+    docstring); ``prog`` itself when it has none."""
+    h = _scan(prog)
+    if not h["order"] or prog.is_symbolic:
+        return prog
+    producer = {o: op for op in prog.ops for o in op.outputs}
+    b = ProgramBuilder()
+    for name in prog.inputs():
+        t = prog.tensors[name]
+        b._add(t)
+    ragged: set = set()
+    for op in prog.ops:
+        n = canonical_op_name(op.target)
+        ins, kw = op.inputs, op.kwargs()
+        dtypes = [prog.tensors[o].dtype for o in op.outputs]
+        routed = _rewrite(prog, op, n, ins, kw, h, ragged, producer)
+        if routed is not None:
+            target, inputs, params, extra = routed
+            if extra:  # x + unroute(...): the combine first, then the add under the op's own name
+                tmp = b.op(target, inputs, name=f"{op.name}_combine", dtypes=dtypes, **params)
+                b.op("add", [extra, tmp], name=op.name, dtypes=dtypes)
+            else:
+                b.op(target, inputs, name=op.name, dtypes=dtypes, **params)
+            if target != "unroute":
+                ragged.update(op.outputs)
+            continue
+        if any(isinstance(i, str) and i in ragged for i in ins):
+            if n in ("unsqueeze", "squeeze") and isinstance(kw.get("dim"), int) and kw["dim"] >= 0:
+                kw = {**kw, "dim": kw["dim"] + 1}  # a flat dim d >= 1 is nested dim d + 1
+            ragged.update(op.outputs)
+        b._op(op.target, list(ins), op.name, len(op.outputs), dtypes if op.outputs else None, kw)
+    for o in prog.outputs:
+        b.output(o)
+    return _live(b.build())
+
+
+def _rewrite(prog, op, n, ins, kw, h, ragged, producer):
+    """``(target, inputs, params, tensor to add or None)`` of the ragged op replacing ``op``, or None."""
+    token, order, spread, flat, topk = h["token"], h["order"], h["spread"], h["flat"], h["topk"]
+    if n in ("index", "index_select") and len(ins) == 2 and kw.get("dim", 0) == 0:
+        x, i = ins
+        if i in token:
+            t = topk[token[i]]
+            if prog.tensors[x].shape[0] != t["tokens"]:
+                return None
+            return "route", [x, token[i]], {"experts": t["experts"]}, None
+        if i in order and x in flat:
+            t = topk[order[i]]
+            return "route", [flat[x], order[i]], {"experts": t["experts"], "pairs": True}, None
+    if n == "gather" and len(ins) == 2 and kw.get("dim") == 0 and ins[1] in spread:
+        t = topk[spread[ins[1]]]
+        if prog.tensors[ins[0]].shape[0] == t["tokens"]:
+            return "route", [ins[0], spread[ins[1]]], {"experts": t["experts"]}, None
+    if n == "_grouped_mm" and ins and ins[0] in ragged:
+        w = prog.tensors[ins[1]]
+        if len(w.shape) != 3 or len(prog.tensors[ins[0]].shape) != 2:
+            raise ProgramError(f"op {op.name} (_grouped_mm): routed rows {prog.tensors[ins[0]].shape} times weights "
+                               f"{w.shape}: only 2-D rows times stacked (experts, in, out) weights are supported")
+        return "einsum", [ins[0], ins[1]], {"equation": "erd,edf->erf"}, None
+    if n in ("scatter_add", "index_add") and len(ins) == 3 and kw.get("dim") == 0 and ins[2] in ragged:
+        idx = spread.get(ins[1]) if n == "scatter_add" else token.get(ins[1])
+        if idx is None:
+            return None
+        base = ins[0]
+        return "unroute", [ins[2], idx], {}, (None if _is_zeros(prog, base, producer) else base)
+    return None
+
+
+def _live(prog: Program) -> Program:
+    """``prog`` without the ops nothing uses (a runtime assert lives while what it checks does)."""
+    live = set(prog.outputs)
+    keep = []
+    for op in reversed(prog.ops):
+        if op.outputs and not any(o in live for o in op.outputs):
+            continue
+        if not op.outputs and not all(i in live for i in op.inputs if isinstance(i, str)):
+            continue
+        keep.append(op)
+        live.update(i for i in op.inputs if isinstance(i, str))
+    keep.reverse()
+    if len(keep) == len(prog.ops):
+        return prog
+    used = {i for op in keep for i in op.inputs if isinstance(i, str)} | {o for op in keep for o in op.outputs}
+    tensors = {n: t for n, t in prog.tensors.items() if n in used or n in prog.outputs or t.kind != "value"}
+    return Program(tensors, tuple(keep), prog.outputs, prog.symbols, prog.sym_shapes, prog.facts, prog.notes)
+
+
+__all__ = ["recognise_routing"]
