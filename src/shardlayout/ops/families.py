@@ -863,9 +863,13 @@ register_op("one_hot", "x ; num_classes: int = -1", _one_hot_rule,
             lambda a, num_classes: np.eye(num_classes)[np.asarray(a).astype(int)])
 
 
-def _histc_rule(name, inputs, bins=100, min=0, max=0, cost_model=None, tensor_dtype="float32", out_pins=(), **_):
+def _histc_rule(name, inputs, bins=100, min=0, max=0, cost_model=None, tensor_dtype="float32", out_pins=(),
+                minlength=0, **_):
     """Counting is linear: a sharded input gives a partial(sum) histogram — when the bin range
-    is given; with ``min == max`` the range is the data's own, so the input stays whole."""
+    is given; with ``min == max`` the range is the data's own, so the input stays whole.
+    ``bincount`` has ``minlength`` bins (the size torch.export gives it)."""
+    if name == "bincount" and minlength:
+        bins = minlength
     s = inputs[0]
     lx = LETTERS[: s.ndim]
     whole = {"Z"} | (set(lx) if min == max else set())

@@ -11,7 +11,7 @@ permutation, so the tokens are all-gathered. Here the pattern becomes what it me
     index(x, argsort(idx.view(-1)) // k)     -> route(x, idx)             (experts x ragged rows)
     index(s.view(-1), argsort(idx.view(-1)))  -> route(s, idx, pairs=True)  (the per-choice scores)
     _grouped_mm(a, w, offs)                  -> einsum("erd,edf->erf", a, w)  (offs: a's own extents)
-    scatter_add(zeros, 0, order // k, y)     -> unroute(y, idx)           (index_add alike)
+    scatter_add(zeros, 0, order // k, y)     -> unroute(y, idx)   (index_add, index_put(accumulate) alike)
 
 and every op between them runs on the nested rows (``program.ragged``); the counting, sorting
 and offsets ops that fed only the pattern are dropped. A program without the pattern is
@@ -142,6 +142,8 @@ def _rewrite(prog, op, n, ins, kw, h, ragged, producer):
             raise ProgramError(f"op {op.name} (_grouped_mm): routed rows {prog.tensors[ins[0]].shape} times weights "
                                f"{w.shape}: only 2-D rows times stacked (experts, in, out) weights are supported")
         return "einsum", [ins[0], ins[1]], {"equation": "erd,edf->erf"}, None
+    if n == "index_put" and len(ins) == 3 and kw.get("accumulate") and ins[2] in ragged and ins[1] in token:
+        return "unroute", [ins[2], token[ins[1]]], {}, (None if _is_zeros(prog, ins[0], producer) else ins[0])
     if n in ("scatter_add", "index_add") and len(ins) == 3 and kw.get("dim") == 0 and ins[2] in ragged:
         idx = spread.get(ins[1]) if n == "scatter_add" else token.get(ins[1])
         if idx is None:
