@@ -238,6 +238,7 @@ def plan(program: Program, mesh: Mesh, pins: dict | None = None, cost_model: Cos
     """
     user = {k: (Sharding.parse(v, mesh) if isinstance(v, str) else v) for k, v in (pins or {}).items()}
     p = _plan(program, mesh, user, cost_model, backward, style, auto)
+    _check_ragged_plan(p)
     p.uneven = bool(uneven)
     p.options = {"pins": user, "cost_model": cost_model, "backward": backward, "style": style, "auto": dict(auto)}
     if program.symbols:
@@ -245,6 +246,35 @@ def plan(program: Program, mesh: Mesh, pins: dict | None = None, cost_model: Cos
 
         p.guards = plan_guards(p, p.uneven)
     return p
+
+
+def _check_ragged_plan(p: "Plan") -> None:
+    """Every sharding a ragged tensor takes cuts its ragged dim only by the sources it was routed
+    from (or not at all): a ragged dim cannot be cut evenly like a dense one (its rows per
+    expert are known only at run time). Raises RaggedError naming the tensor and the fix."""
+    from ..sharding.nested import RaggedError
+    from ..sharding.ragged import check_ragged, source_factors
+
+    prog = p.program
+    sources = {}
+    for op, po in zip(prog.ops, p.ops):
+        if canonical_op_name(op.target) == "route":
+            r = prog.tensors[op.outputs[0]].ragged
+            sources[r.counts] = source_factors(po.outputs[0], r)
+    seen = [(o, s) for po in p.ops for o, s in zip(po.inputs, po.input_targets) if isinstance(o, str)]
+    seen += [(o, s) for op, po in zip(prog.ops, p.ops) for o, s in zip(op.outputs, po.outputs)]
+    seen += list(p.shardings.items())
+    for name, s in seen:
+        r = prog.tensors[name].ragged
+        if r is None or not isinstance(s, Sharding):
+            continue
+        check_ragged(s, r, name)
+        got, want = source_factors(s, r), sources.get(r.counts, ())
+        if got and got != want:
+            raise RaggedError(f"tensor {name}: sharding {s} cuts its ragged dim {r.dim} by "
+                              f"{', '.join(f.axis for f in got)}, but its rows come from the token shards on "
+                              f"{', '.join(f.axis for f in want) or 'no axis'}; a ragged dim is cut only by its "
+                              "sources. Pin it with the ragged dim whole or on its sources' axes")
 
 
 def _plan(program: Program, mesh: Mesh, user: dict, cost_model, backward: bool, style, auto: dict) -> Plan:
