@@ -582,7 +582,7 @@ def cmd_export(args) -> int:
 
 
 def _add_model_args(pl) -> None:
-    pl.add_argument("--model", default="llama", help="built-in model: llama or moe")
+    pl.add_argument("--model", default="llama", help="built-in model: llama, moe (routed experts) or moe-dense")
     pl.add_argument("--program", help="a program JSON file instead of a built-in model")
     pl.add_argument("--module", help="pkg.mod:factory returning (torch module, example args); via torch.export")
     pl.add_argument("--export", help="a torch.export .pt2 file")

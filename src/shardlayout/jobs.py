@@ -25,7 +25,7 @@ def load_program(args):
 
     if getattr(args, "size", None) and (getattr(args, "module", None) or getattr(args, "export", None)
                                         or getattr(args, "program", None)):
-        raise ShardingError("--size sets a built-in model's sizes (--model llama|moe); a module, program or "
+        raise ShardingError("--size sets a built-in model's sizes (--model llama|moe|moe-dense); a module, program or "
                             "export has its own")
     if getattr(args, "dynamic", None) is not None and not args.dynamic.strip(" ,"):
         raise ShardingError("--dynamic '': name at least one dim, e.g. --dynamic x:0=batch (INPUT:DIM=SYMBOL)")
@@ -85,11 +85,11 @@ def model_sizes(model: str, text: str | None) -> dict:
     ``model_sizes("llama", "dim=64,seq=32") -> {"dim": 64, "seq": 32}``"""
     import inspect
 
-    from .program.models import llama, moe
+    from .program.models import llama, moe, moe_dense
 
     if not text:
         return {}
-    fn = {"llama": llama, "moe": moe}[model]
+    fn = {"llama": llama, "moe": moe, "moe-dense": moe_dense}[model]
     known = [p for p in inspect.signature(fn).parameters if p != "layers"]
     out = {}
     if not text.strip(" ,"):
