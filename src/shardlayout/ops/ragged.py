@@ -34,9 +34,10 @@ import numpy as np
 
 from ..errors import OpError
 from ..sharding import Sharding
+from ..sharding import ragged_ops as rops
 from ..sharding.cost import DEFAULT_COST_MODEL
 from ..sharding.factors import ChunkProgram, Factor
-from ..sharding.nested import Nested, RaggedError, from_blocks, unwrap
+from ..sharding.nested import Nested, RaggedError, from_blocks
 from ..sharding.ragged import _digits
 from .registry import register_op
 from .result import Propagation
@@ -138,79 +139,11 @@ def unroute_values(y: Nested, index, weights, xp=np, sources=None):
 
 
 # -- any op on nested values ------------------------------------------------------------------------
-def _einsum_terms(equation: str):
-    lhs, out = equation.replace(" ", "").split("->")
-    return lhs.split(","), out
-
-
-def _nested_einsum(args, equation: str, xp, out_shape=None):
-    """An einsum whose nested operands keep their component and ragged letters, adjacent and in
-    that order, in the output: one einsum per component (the component letter dropped)."""
-    terms, out = _einsum_terms(equation)
-    nested = [(a, t) for a, t in zip(args, terms) if isinstance(a, Nested)]
-    first, term = nested[0]
-    e, r = term[first.dim], term[first.dim + 1]
-    for a, t in nested:
-        if t[a.dim] != e or t[a.dim + 1] != r:
-            raise RaggedError(f"einsum {equation}: nested operands must share their component and ragged letters "
-                              f"({e}{r})")
-    if e + r not in out:
-        raise RaggedError(f"einsum {equation}: the output must keep the component and ragged dims adjacent ({e}{r}); "
-                          "contracting or moving apart a ragged dim is not defined")
-    if any(r in t for a, t in zip(args, terms) if not isinstance(a, Nested)):
-        raise RaggedError(f"einsum {equation}: a dense operand spans the ragged dim {r!r}; ragged and dense rows "
-                          "cannot mix in one dim")
-    ext = nested[0][0].extents
-    eq = ",".join(t.replace(e, "") for t in terms) + "->" + out.replace(e, "")
-    pos = out.index(e)
-    parts, blocks = [], {}
-    for c in range(first.components):
-        ops = []
-        for a, t in zip(args, terms):
-            if isinstance(a, Nested):
-                ops.append(a.component(c))
-            elif e in t:
-                d = t.index(e)
-                ops.append(a[(slice(None),) * d + (c,)])
-            else:
-                ops.append(a)
-        got = xp.einsum(eq, *ops)
-        parts.append(got)
-    for c in range(first.components):  # split each component's rows back into its source blocks
-        off = 0
-        for s in range(first.sources):
-            n = int(ext[s, c])
-            blocks[(c, s)] = parts[c][(slice(None),) * pos + (slice(off, off + n),)]
-            off += n
-    storage = None if out_shape is None else tuple(out_shape[:pos]) + (0,) + tuple(out_shape[pos + 2:])
-    return from_blocks(blocks, first.components, first.sources, pos, first.data, storage)
-
-
-def _broadcastable(a, ndim_logical: int, comp: int):
-    """A dense operand of a row-wise op on nested values, as it broadcasts against the storage
-    (the component and ragged dims are one); raises when it spans them."""
-    m = len(getattr(a, "shape", ()))
-    covers_ragged = m >= ndim_logical - (comp + 1)
-    covers_comp = m >= ndim_logical - comp
-    if not covers_ragged:
-        return a
-    at_r = m - (ndim_logical - (comp + 1))
-    if a.shape[at_r] != 1:
-        raise RaggedError(f"a dense operand of shape {tuple(a.shape)} spans the ragged dim with size "
-                          f"{a.shape[at_r]}; ragged and dense rows cannot mix in one dim (give size 1 there)")
-    if covers_comp:
-        if a.shape[at_r - 1] != 1:
-            raise RaggedError(f"a dense operand of shape {tuple(a.shape)} varies along the component dim; "
-                              "give it per row (a nested operand) or size 1 there")
-        return a.reshape(tuple(a.shape[:at_r - 1]) + tuple(a.shape[at_r:]))
-    return a
-
-
 def run_nested(opdef, args: list, params: dict, out_shapes: list, run, xp) -> list:
     """Run ``opdef`` where a value is nested (or the op makes one): route / unroute directly;
-    einsum and bmm per component; any other op row-wise on the stored rows (pointwise ops:
-    every nested operand with the same extents, dense ones broadcasting without spanning the
-    ragged dim). ``run(opdef, args, params, out_shapes)`` is the executor's dense run."""
+    einsum and bmm per component, squeeze / unsqueeze of dense dims and row-wise ops on the
+    stored rows by the RFC's rules (``sharding.ragged_ops``); ``run(opdef, args, params,
+    out_shapes)`` is the executor's dense run of the op itself on the rows."""
     name = opdef.name
     src = params.get("sources")
     if name.startswith("_assert"):  # a runtime check of dtype or device: nothing to compute
@@ -220,32 +153,18 @@ def run_nested(opdef, args: list, params: dict, out_shapes: list, run, xp) -> li
     if name == "unroute":
         return [unroute_values(args[0], args[1], args[2] if len(args) > 2 else None, xp, src)]
     shape = out_shapes[0] if out_shapes else None
-    if name == "einsum":
-        return [_nested_einsum(args, params["equation"], xp, shape)]
-    if name == "bmm":
-        return [_nested_einsum(args, "erk,ekn->ern", xp, shape)]
-    if name in ("unsqueeze", "squeeze"):
-        n = args[0]
-        ndim = len(n.data.shape) + 1 + (name == "unsqueeze")
-        d = params["dim"] + ndim if params["dim"] < 0 else params["dim"]
-        if d <= n.dim + 1:
-            raise RaggedError(f"{name} at dim {d}: only dims after the ragged dim may be added or removed")
-        data = n.data
-        if xp is np:
-            data = np.expand_dims(data, d - 1) if name == "unsqueeze" else np.squeeze(data, d - 1)
-        else:
-            data = data.unsqueeze(d - 1) if name == "unsqueeze" else data.squeeze(d - 1)
-        return [n.with_data(data)]
+    if name in ("einsum", "bmm"):
+        return [rops.einsum(params["equation"] if name == "einsum" else "erk,ekn->ern", *args, out_shape=shape)]
+    if name == "unsqueeze":
+        return [rops.unsqueeze(args[0], params["dim"])]
+    if name == "squeeze":
+        return [rops.squeeze(args[0], params["dim"])]
     if name not in ROWWISE:
         raise RaggedError(f"op {name} on a ragged tensor is not defined here; ragged tensors go through route, "
                           f"einsum/bmm over their components, row-wise ops ({', '.join(sorted(ROWWISE))}) and "
                           "unroute")
     nested = next(a for a in args if isinstance(a, Nested))
-    ndim = len(nested.data.shape) + 1
-    plain, ext, dim = unwrap([a if isinstance(a, Nested) else _broadcastable(a, ndim, nested.dim)
-                              if hasattr(a, "shape") else a for a in args])
-    outs = run(opdef, plain, params, [tuple(nested.data.shape)] * len(out_shapes))
-    return [Nested(o, ext, dim) for o in outs]
+    return [rops.pointwise(lambda *plain: run(opdef, list(plain), params, [tuple(nested.data.shape)])[0], *args)]
 
 
 ROWWISE = frozenset({

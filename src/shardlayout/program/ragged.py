@@ -68,9 +68,9 @@ def _rowwise_ragged(op, ins: list, out_shape: tuple) -> Ragged:
         if at_r >= 0 and spec.shape[at_r] != 1:
             raise RaggedError(f"op {op.name}: dense operand {spec.name} of shape {spec.shape} spans the ragged dim "
                               f"with size {spec.shape[at_r]}; give size 1 there (ragged and dense rows cannot mix)")
-        if at_r - 1 >= 0 and spec.shape[at_r - 1] != 1:
-            raise RaggedError(f"op {op.name}: dense operand {spec.name} of shape {spec.shape} varies along the "
-                              "component dim; give size 1 there or make it a ragged operand")
+        if at_r - 1 >= 0 and spec.shape[at_r - 1] not in (1, r.components):
+            raise RaggedError(f"op {op.name}: dense operand {spec.name} of shape {spec.shape} has size "
+                              f"{spec.shape[at_r - 1]} in the component dim; give 1 or {r.components}")
     return r
 
 

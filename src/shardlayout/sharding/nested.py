@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ShardingError, ShardMismatch
+from ..errors import ShardingError
 
 
 class RaggedError(ShardingError):
@@ -172,16 +172,4 @@ def same_extents(values: list) -> np.ndarray:
     return first
 
 
-def unwrap(values: list) -> tuple:
-    """``(plain values, extents, dim)`` for an op whose rows stay put: nested operands give their
-    data (their flat dims line up), others pass. ``extents`` is None without nested operands."""
-    if not any(isinstance(v, Nested) for v in values):
-        return list(values), None, None
-    ext = same_extents(values)
-    dims = {v.dim for v in values if isinstance(v, Nested)}
-    if len(dims) != 1:
-        raise ShardMismatch(f"nested operands store their ragged dims at different positions {sorted(dims)}")
-    return [v.data if isinstance(v, Nested) else v for v in values], ext, dims.pop()
-
-
-__all__ = ["Nested", "RaggedError", "from_blocks", "same_extents", "unwrap"]
+__all__ = ["Nested", "RaggedError", "from_blocks", "same_extents"]

@@ -25,7 +25,7 @@ from numbers import Integral
 
 import numpy as np
 
-from .nested import Nested, RaggedError, _concat, _is_torch, _take, from_blocks, same_extents
+from .nested import Nested, RaggedError, _is_torch, _take, from_blocks, same_extents
 
 REDUCTIONS = ("sum", "mean", "max", "min")
 
@@ -507,6 +507,64 @@ def reduce_ragged(n: Nested, fn: str):
     return _stack(parts, n.dim, n.data)
 
 
+def einsum(equation: str, *operands, out_shape=None) -> Nested:
+    """An einsum over components: the nested operands share their component and ragged letters,
+    which the output keeps adjacent and in that order; a dense operand with the component letter
+    gives each component its slice, one without it is shared; the ragged letter is in no dense
+    operand (contracting or moving apart a ragged dim is undefined). One einsum per component.
+    ``out_shape``: the output's logical shape, for a piece with no component.
+
+    >>> einsum("erd,edf->erf", Nested(np.ones((3, 2)), [[1, 2]]), np.stack([np.eye(2), 2 * np.eye(2)])).data.tolist()
+    [[1.0, 1.0], [2.0, 2.0], [2.0, 2.0]]
+    """
+    eq = str(equation).replace(" ", "")
+    if "->" not in eq or len(eq.split("->")[0].split(",")) != len(operands):
+        raise RaggedError(f"einsum {equation!r}: give one term per operand ({len(operands)}) and an explicit output")
+    terms, out = eq.split("->")[0].split(","), eq.split("->")[1]
+    nested = [(a, t) for a, t in zip(operands, terms) if isinstance(a, Nested)]
+    if not nested:
+        raise RaggedError(f"einsum {equation!r}: no Nested operand; for dense arrays call einsum directly")
+    first, term = nested[0]
+    e, r = term[first.dim], term[first.dim + 1]
+    for a, t in nested:
+        if t[a.dim] != e or t[a.dim + 1] != r:
+            raise RaggedError(f"einsum {equation}: nested operands must share their component and ragged letters "
+                              f"({e}{r})")
+    same_extents([a for a, _ in nested])
+    if e + r not in out:
+        raise RaggedError(f"einsum {equation}: the output must keep the component and ragged dims adjacent ({e}{r}); "
+                          "contracting or moving apart a ragged dim is not defined")
+    if any(r in t for a, t in zip(operands, terms) if not isinstance(a, Nested)):
+        raise RaggedError(f"einsum {equation}: a dense operand spans the ragged dim {r!r}; ragged and dense rows "
+                          "cannot mix in one dim")
+    run = _torch_einsum if _is_torch(first.data) else np.einsum
+    local = ",".join(t.replace(e, "") for t in terms) + "->" + out.replace(e, "")
+    pos = out.index(e)
+    blocks = {}
+    for c in range(first.components):
+        ops = []
+        for a, t in zip(operands, terms):
+            if isinstance(a, Nested):
+                ops.append(a.component(c))
+            elif e in t:
+                ops.append(a[(slice(None),) * t.index(e) + (c,)])
+            else:
+                ops.append(a)
+        got, off = run(local, *ops), 0
+        for s_ in range(first.sources):  # each component's rows back into their source blocks
+            k = int(first.extents[s_, c])
+            blocks[(c, s_)] = got[(slice(None),) * pos + (slice(off, off + k),)]
+            off += k
+    storage = None if out_shape is None else tuple(out_shape[:pos]) + (0,) + tuple(out_shape[pos + 2:])
+    return from_blocks(blocks, first.components, first.sources, pos, first.data, storage)
+
+
+def _torch_einsum(eq, *ops):
+    import torch
+
+    return torch.einsum(eq, *ops)
+
+
 def matmul(n: Nested, w) -> Nested:
     """Grouped matmul (``torch._grouped_mm``'s semantics): ``n`` of logical shape (components,
     ragged, K) times ``w`` of shape (components, K, N) -- component ``c``'s rows times ``w[c]`` --
@@ -529,8 +587,7 @@ def matmul(n: Nested, w) -> Nested:
     if len(wshape) != 3 or wshape[0] != n.components or wshape[1] != k:
         raise RaggedError(f"matmul: w of shape {wshape} does not fit n of logical shape {n.logical_shape}; give "
                           f"w of shape ({n.components}, {k}, N) (one (K, N) matrix per component) or ({k}, N)")
-    parts = [n.component(c) @ w[c] for c in range(n.components)]
-    return Nested(_concat(parts, 0, n.data), n.extents, 0)
+    return einsum("erk,ekn->ern", n, w)
 
 
 __all__ = [
@@ -538,6 +595,7 @@ __all__ = [
     "RaggedError",
     "as_flattened",
     "as_nested",
+    "einsum",
     "matmul",
     "merge",
     "merge_regular",
