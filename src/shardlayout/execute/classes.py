@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from itertools import product
 
 from ..caches import memo
-from ..mesh import Mesh
+from ..mesh import Mesh, group_ranks
 from ..sharding.shards import dim_ranges
 
 
@@ -190,26 +190,6 @@ def class_key(mesh: Mesh, shardings: tuple, rank: int) -> tuple:
 def representatives(classes) -> tuple:
     """Every class's representatives, sorted, without repeats. ``representatives(rank_classes(m, (s,)))``"""
     return tuple(sorted({r for c in classes for r in c.representatives}))
-
-
-def group_ranks(mesh: Mesh, rank: int, pieces) -> tuple:
-    """The ranks that agree with ``rank`` everywhere but in the digits of ``pieces``
-    (``AxisPiece`` values), ascending — enumerated from the pieces, never by scanning the
-    mesh. ``group_ranks(Mesh.parse("dp=2,tp=4"), 5, (AxisPiece("tp", 2, 2),)) -> (4, 5)``"""
-    coord = list(mesh.coord(rank))
-    choices = []
-    for p in pieces:
-        i = mesh.axis_index(p.axis)
-        stride = mesh.shape[i] // (p.pre * p.size)
-        coord[i] -= ((coord[i] // stride) % p.size) * stride
-        choices.append([(i, g * stride) for g in range(p.size)])
-    out = set()
-    for pick in product(*choices):
-        c = list(coord)
-        for i, delta in pick:
-            c[i] += delta
-        out.add(mesh.rank_of(tuple(c)))
-    return tuple(sorted(out))
 
 
 def axis_group(mesh: Mesh, rank: int, axes) -> tuple:

@@ -132,7 +132,7 @@ class NumpySimulator:
     def collective(self, c, value: dict) -> dict:
         """Run one collective on every rank's piece (nested pieces: ``ragged_collective_piece``)."""
         if isinstance(next(iter(value.values())), Nested):
-            return {r: ragged_collective_piece(c, r, value) for r in self.mesh.ranks()}
+            return {r: ragged_collective_piece(c, r, value, group_of(self.mesh, r, c.axes)) for r in self.mesh.ranks()}
         return run_collective(c, value)
 
     def use(self, tensor: str, target, value: dict) -> dict:

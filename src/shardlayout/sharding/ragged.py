@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ShardMismatch
+from ..mesh import group_ranks
 from .core import ChunkProgram, Sharding, format_dim
 from .nested import Nested, RaggedError, from_blocks
 
@@ -188,16 +189,15 @@ def ragged_of(s: Sharding, piece: Nested) -> Ragged:
     return Ragged(piece.dim + 1, s.shape[piece.dim], n, n)
 
 
-def ragged_collective_piece(c, rank: int, pieces: dict) -> Nested:
-    """``rank``'s nested piece after collective ``c`` from its group's pieces (``pieces`` maps
-    every rank of the mesh to its Nested piece under ``c.src``): every (component, source)
-    block it needs is taken from a member that holds it (summed over the members for a
-    reduction), then cut to its dense indices."""
-    from ..execute.simulator import group_of
-
+def ragged_collective_piece(c, rank: int, pieces: dict, group=None) -> Nested:
+    """``rank``'s nested piece after collective ``c`` from the pieces of its ``group`` (the ranks
+    the collective joins it with, by default ``mesh.group_ranks``; ``pieces`` maps each to its
+    Nested piece under ``c.src``):
+    every (component, source) block it needs is taken from a member that holds it (summed over
+    the members for a reduction), then cut to its dense indices."""
     src, dst = c.src, c.dst
+    group = list(group_ranks(src.mesh, rank, c.axes) if group is None else group)
     r = ragged_of(src, next(iter(pieces.values())))
-    group = group_of(src.mesh, rank, c.axes)
     ndim = src.ndim
     n_src = sources_of(src, r) if source_factors(src, r) else pieces[group[0]].sources
     if source_factors(dst, r) and sources_of(dst, r) != n_src:
