@@ -406,9 +406,5 @@ def test_tokens_with_a_sharded_feature_dim():
     _plan_and_compare("tp=2", {"x": "[256, tp*32]"})
 
 
-@pytest.mark.xfail(strict=True, reason="ragged_collective_piece takes each (component, source) block from the "
-                   "first group member holding it, whatever dense indices that member holds: an all_gather of a "
-                   "ragged tensor's dense dim (expert_act [8, 64, tp*64] -> [8, 64, 128]) fails with ShardMismatch, "
-                   "so a valid plan is reported as failing")
 def test_a_plan_gathering_a_dense_dim_of_a_ragged_tensor():
     _plan_and_compare("tp=2", {"experts.w1": "[8, 64, tp*64]", "expert_act": "[8, 64, 128]"})

@@ -120,9 +120,6 @@ def test_a_dense_operand_may_vary_along_the_component_dim():
     assert b.build().tensors["m"].ragged == expected_ragged()
 
 
-@pytest.mark.xfail(strict=True, reason="unroute of a dense tensor builds: output_ragged returns before the unroute "
-                   "check when no operand is ragged, so the error only comes when the plan runs "
-                   "(unroute_values: 'the first operand must be a nested tensor')")
 def test_unroute_of_a_dense_tensor_is_refused_at_build():
     b = ProgramBuilder()
     _, idx, sc, _, _ = routed(b)

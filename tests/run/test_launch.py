@@ -26,7 +26,7 @@ def run(*args, env=None):
      {"all_reduce": 4, "backward_all_reduce": 4}),  # Megatron's own count: f and g per block
     (["--mesh", "dp=2,tp=2", "--style", "megatron-sp", "--layers", "2"], None),
     (["--mesh", "tp=3", "--style", "megatron", "--layers", "1"], None),  # uneven heads and features
-    (["--model", "moe", "--mesh", "ep=4", "--style", "ep"], None),
+    (["--model", "moe-dense", "--mesh", "ep=4", "--style", "ep"], None),  # training: the dense form
     (["--mesh", "dp=2,tp=2", "--style", "fsdp", "--layers", "1"], None),  # gathered weights: gradients summed on dp
     (["--mesh", "dp=4", "--style", "dp", "--layers", "1"], None),  # batch 2 on 4 ranks: two hold nothing
     # torchtitan's sequence-parallel plan: a vocab-parallel embedding whose partial output meets

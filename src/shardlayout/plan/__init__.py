@@ -261,20 +261,23 @@ def _check_ragged_plan(p: "Plan") -> None:
         if canonical_op_name(op.target) == "route":
             r = prog.tensors[op.outputs[0]].ragged
             sources[r.counts] = source_factors(po.outputs[0], r)
-    seen = [(o, s) for po in p.ops for o, s in zip(po.inputs, po.input_targets) if isinstance(o, str)]
-    seen += [(o, s) for op, po in zip(prog.ops, p.ops) for o, s in zip(op.outputs, po.outputs)]
-    seen += list(p.shardings.items())
-    for name, s in seen:
+    seen = [(o, s, po.name) for po in p.ops for o, s in zip(po.inputs, po.input_targets) if isinstance(o, str)]
+    seen += [(o, s, po.name) for op, po in zip(prog.ops, p.ops) for o, s in zip(op.outputs, po.outputs)]
+    seen += [(n, s, None) for n, s in p.shardings.items()]
+    for name, s, opname in seen:
         r = prog.tensors[name].ragged
         if r is None or not isinstance(s, Sharding):
             continue
         check_ragged(s, r, name)
         got, want = source_factors(s, r), sources.get(r.counts, ())
         if got and got != want:
-            raise RaggedError(f"tensor {name}: sharding {s} cuts its ragged dim {r.dim} by "
-                              f"{', '.join(f.axis for f in got)}, but its rows come from the token shards on "
-                              f"{', '.join(f.axis for f in want) or 'no axis'}; a ragged dim is cut only by its "
-                              "sources. Pin it with the ragged dim whole or on its sources' axes")
+            where = f" (op {opname}'s strategy)" if opname else ""
+            raise RaggedError(f"tensor {name}: the plan cuts its ragged dim {r.dim} by "
+                              f"{', '.join(f.axis for f in got)}{where}, but its rows come from the token shards on "
+                              f"{', '.join(f.axis for f in want) or 'no axis'}; routed rows cannot be cut evenly "
+                              "(their counts are known at run time only), and tensor parallelism over routed tokens "
+                              "is not supported yet: shard the tokens on that axis too, or pin the tensor with its "
+                              "ragged dim whole")
 
 
 def _plan(program: Program, mesh: Mesh, user: dict, cost_model, backward: bool, style, auto: dict) -> Plan:

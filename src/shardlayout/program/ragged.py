@@ -85,6 +85,9 @@ def output_ragged(op, ins: list, out_shapes: list) -> list:
         return [Ragged(1, experts, out_shapes[0][1], t if k <= experts else t * k, t * k,
                        f"bincount({idx.name}, {experts})")]
     ragged_in = [s for s in ins if s.ragged is not None]
+    if name == "unroute" and (not ins or ins[0].ragged is None):
+        raise RaggedError(f"op {op.name} (unroute): its first operand {ins[0].name if ins else '?'} is dense; unroute "
+                          "combines a ragged tensor (the output of route, or of ops on it) back into the tokens")
     if not ragged_in or (name.startswith("_assert") and not out_shapes):  # a runtime check reads no rows
         return [None] * len(out_shapes)
     if name == "unroute":

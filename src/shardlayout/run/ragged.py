@@ -18,7 +18,17 @@ import numpy as np
 from ..errors import RunError
 from ..sharding.collective import CollectiveKind
 from ..sharding.nested import Nested, from_blocks
-from ..sharding.ragged import _dense_axes, _dense_slice, _storage, _where, held, ragged_of, source_factors, sources_of
+from ..sharding.ragged import (
+    _box,
+    _dense_axes,
+    _dense_slice,
+    _storage,
+    dense_cover,
+    held,
+    ragged_of,
+    source_factors,
+    sources_of,
+)
 
 
 def _holdings(s, r, rank: int, n_src: int) -> tuple:
@@ -66,44 +76,50 @@ def ragged_exchange(ex, c, piece: Nested) -> Nested:
     hold = {q: _holdings(src, r, q, n_src) for q in members}
     sizes = [len(hold[q][0]) * len(hold[q][1]) for q in members]
     ext = _extents_of_group(ex, group, members, piece, sizes)
-    provider = {}  # (component, source) -> (member, its local component, its local source)
+    holders: dict = {}  # (component, source) -> [(member, its local component, its local source)]
     for q in members:
         qc, qs = hold[q]
         for i, comp in enumerate(qc):
             for j, so in enumerate(qs):
-                provider.setdefault((comp, so), (q, i, j))
+                holders.setdefault((comp, so), []).append((q, i, j))
 
     def rows(q, i, j):
-        qc, qs = hold[q]
-        return int(ext[members.index(q)][j * len(qc) + i])
+        return int(ext[members.index(q)][j * len(hold[q][0]) + i])
+
+    def plan_for(t):  # per block of member t's target piece: its cover (dense parts by member)
+        wc, ws = _holdings(dst, r, t, n_src)
+        want = dst.indices(t)
+        out = []
+        for i, comp in enumerate(wc):
+            for j, so in enumerate(ws):
+                hs = holders.get((comp, so))
+                if not hs:
+                    raise RunError(f"{c.kind.value}: rank {t} needs component {comp}, source {so} that its group "
+                                   f"{list(members)} does not hold ({src} -> {dst})")
+                cover = dense_cover(src, r, want, hs) or [(hs[0][0], hs[0][1], hs[0][2],
+                                                          {d: np.zeros(0, dtype=np.int64) for d in dense}, {})]
+                out.append(((i, j), cover))
+        return out
 
     ndim = src.ndim
     dense = _dense_axes(r, ndim)
-    my_idx = src.indices(rank)
     send = []
-    for q in members:
-        wc, ws = _holdings(dst, r, q, n_src)
-        q_idx = dst.indices(q)
+    for t in members:
         parts = []
-        for comp in wc:
-            for so in ws:
-                p = provider.get((comp, so))
-                if p is None:
-                    raise RunError(f"{c.kind.value}: rank {q} needs component {comp}, source {so} that its group "
-                                   f"{list(members)} does not hold ({src} -> {dst})")
-                if p[0] == rank:
-                    picks = {d: _where(my_idx[d], q_idx[d]) for d in dense}
-                    parts.append(_dense_slice(piece.block(p[1], p[2]), r, ndim, picks).reshape(-1))
+        for _, cover in plan_for(t):
+            for q, qi, qj, qpos, _ in cover:
+                if q == rank:
+                    parts.append(_dense_slice(piece.block(qi, qj), r, ndim, qpos).reshape(-1))
         send.append(torch.cat(parts) if parts else piece.data.new_zeros(0))
-    my_c, my_s = _holdings(dst, r, rank, n_src)
     storage = _storage(dst, r, rank)
-    per_row = int(np.prod([n for k, n in enumerate(storage) if k != piece.dim]))
-    expect = {q: [] for q in members}  # per member, the blocks it sends me, in my order
-    for i, comp in enumerate(my_c):
-        for j, so in enumerate(my_s):
-            q, qi, qj = provider[(comp, so)]
-            expect[q].append(((i, j), rows(q, qi, qj)))
-    recv_sizes = [sum(n for _, n in expect[q]) * per_row for q in members]
+    mine = plan_for(rank)
+    recv = {q: [] for q in members}  # per member, (block, its part's positions, rows, elements) in my order
+    for key, cover in mine:
+        for q, qi, qj, _, tpos in cover:
+            n = rows(q, qi, qj)
+            per_row = int(np.prod([len(tpos.get(d, ())) if d in tpos else 0 for d in dense])) if dense else 1
+            recv[q].append((key, tpos, n, n * per_row))
+    recv_sizes = [sum(x[3] for x in recv[q]) for q in members]
     inp = torch.cat(send) if send else piece.data.new_zeros(0)
     got = piece.data.new_empty(sum(recv_sizes))
     ex.ran("all_to_all")
@@ -111,11 +127,29 @@ def ragged_exchange(ex, c, piece: Nested) -> Nested:
                            input_split_sizes=[int(t.numel()) for t in send], group=group)
     blocks, off = {}, 0
     for q in members:
-        for key, n in expect[q]:
-            shape = tuple(storage[: piece.dim]) + (n,) + tuple(storage[piece.dim + 1:])
-            blocks[key] = got[off: off + n * per_row].reshape(shape)
-            off += n * per_row
+        for key, tpos, n, count in recv[q]:
+            shape = list(storage)
+            shape[piece.dim] = n
+            for d in dense:
+                shape[d if d < r.dim - 1 else d - 1] = len(tpos.get(d, ()))
+            part = got[off: off + count].reshape(shape)
+            off += count
+            if key not in blocks:
+                full = list(storage)
+                full[piece.dim] = n
+                blocks[key] = part if shape == full else piece.data.new_zeros(full)
+            if blocks[key] is not part:
+                at = _box(full_shape(storage, piece.dim, n), r, tpos)
+                blocks[key][tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in at)] = part
+    my_c, my_s = _holdings(dst, r, rank, n_src)
     return from_blocks(blocks, len(my_c), len(my_s), piece.dim, piece.data, storage)
+
+
+def full_shape(storage: tuple, dim: int, n: int) -> list:
+    """The storage shape of a block of ``n`` rows."""
+    out = list(storage)
+    out[dim] = n
+    return out
 
 
 __all__ = ["ragged_exchange"]

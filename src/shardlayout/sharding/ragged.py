@@ -71,9 +71,17 @@ class Ragged:
     @classmethod
     def from_json(cls, d: dict) -> "Ragged":
         """The inverse of :meth:`to_json`."""
+        def whole(key):
+            v = d[key]
+            if type(v) is not int:
+                raise ValueError(f"{key} = {v!r} is not a whole number")
+            return v
+
         try:
-            return cls(int(d["dim"]), int(d["components"]), int(d["expected"]), int(d["maximum"]),
-                       None if d.get("total") is None else int(d["total"]), str(d.get("counts", "")))
+            if not isinstance(d, dict):
+                raise TypeError("not an object")
+            return cls(whole("dim"), whole("components"), whole("expected"), whole("maximum"),
+                       None if d.get("total") is None else whole("total"), str(d.get("counts", "")))
         except (KeyError, TypeError, ValueError) as e:
             raise RaggedError(f"ragged: {d!r} is not a ragged dim ({e}); give dim, components, expected, "
                               "maximum") from None
@@ -220,18 +228,81 @@ def ragged_collective_piece(c, rank: int, pieces: dict, group=None) -> Nested:
             if not holders:
                 raise ShardMismatch(f"{c.kind.value} over {c.axes_text()}: rank {rank} needs component {comp}, source "
                                     f"{so} that its group {group} does not hold ({src} -> {dst})")
-            parts = []
-            for q, qi, qj in (holders if c.reduce_op else holders[:1]):
-                piece = pieces[q]
-                q_idx = src.indices(q)
-                picks = {d: _where(q_idx[d], want_idx[d]) for d in _dense_axes(r, ndim)}
-                parts.append(_dense_slice(piece.block(qi, qj), r, ndim, picks))
-            if c.reduce_op and len(parts) != len(group):
-                raise ShardMismatch(f"{c.kind.value}: a reduction needs block ({comp}, {so}) from every member of "
-                                    f"{group}")
-            blocks[(i, j)] = _reduce(parts, c.reduce_op) if c.reduce_op else parts[0]
+            if c.reduce_op:
+                parts = []
+                for q, qi, qj in holders:
+                    q_idx = src.indices(q)
+                    picks = {d: _where(q_idx[d], want_idx[d]) for d in _dense_axes(r, ndim)}
+                    parts.append(_dense_slice(pieces[q].block(qi, qj), r, ndim, picks))
+                if len(parts) != len(group):
+                    raise ShardMismatch(f"{c.kind.value}: a reduction needs block ({comp}, {so}) from every member "
+                                        f"of {group}")
+                blocks[(i, j)] = _reduce(parts, c.reduce_op)
+                continue
+            cover = dense_cover(src, r, want_idx, holders)
+            if not cover:  # the target holds no dense index: the rows, with empty dense dims
+                q, qi, qj = holders[0]
+                picks = {d: _where(src.indices(q)[d], want_idx[d]) for d in _dense_axes(r, ndim)}
+                blocks[(i, j)] = _dense_slice(pieces[q].block(qi, qj), r, ndim, picks)
+                continue
+            if len(cover) == 1 and all(len(t) == len(want_idx[d]) for d, t in cover[0][4].items()):
+                q, qi, qj, qpos, _ = cover[0]
+                blocks[(i, j)] = _dense_slice(pieces[q].block(qi, qj), r, ndim, qpos)
+                continue
+            first = pieces[cover[0][0]].block(cover[0][1], cover[0][2])
+            shape = list(first.shape)
+            for d in _dense_axes(r, ndim):
+                shape[d if d < r.dim - 1 else d - 1] = len(want_idx[d])
+            out = np.zeros(shape, dtype=first.dtype)
+            for q, qi, qj, qpos, tpos in cover:
+                part = _dense_slice(pieces[q].block(qi, qj), r, ndim, qpos)
+                out[_box(shape, r, tpos)] = part
+            blocks[(i, j)] = out
     like = pieces[group[0]]
     return from_blocks(blocks, len(comps), len(want_src), like.dim, like.data, _storage(dst, r, rank))
+
+
+def dense_cover(src: Sharding, r: Ragged, want_idx: tuple, holders: list) -> list:
+    """Which holders of one (component, source) block give which part of its dense dims a
+    target piece wants (``want_idx``: the target's global indices per dim): ``[(member, its
+    component, its source, {dim: positions in the member's piece}, {dim: positions in the
+    target})]`` in member order, each part new (replicas give nothing twice). Static: every
+    rank computes the same answer, so the senders of an exchange know what to send."""
+    dense = _dense_axes(r, src.ndim)
+    have = np.zeros([len(want_idx[d]) for d in dense], dtype=bool)
+    out = []
+    for q, qi, qj in holders:
+        q_idx = src.indices(q)
+        qpos, tpos = {}, {}
+        for d in dense:
+            at = {int(v): k for k, v in enumerate(q_idx[d])}
+            t = [k for k, v in enumerate(want_idx[d]) if int(v) in at]
+            tpos[d] = np.asarray(t, dtype=np.int64)
+            qpos[d] = np.asarray([at[int(want_idx[d][k])] for k in t], dtype=np.int64)
+        if any(len(tpos[d]) == 0 for d in dense):
+            continue
+        box = np.ix_(*[tpos[d] for d in dense]) if dense else ()
+        if have[box].all():
+            continue
+        if have[box].any():
+            raise ShardMismatch(f"the pieces of {src} overlap in part on the dense dims of a ragged block; move the "
+                                "ragged tensor's dense dims whole or by whole pieces")
+        have[box] = True
+        out.append((q, qi, qj, qpos, tpos))
+        if have.all():
+            break
+    if not have.all():
+        raise ShardMismatch(f"the members {[h[0] for h in holders]} do not hold every dense index of a ragged block "
+                            f"a target of {src} needs")
+    return out
+
+
+def _box(shape: list, r: Ragged, tpos: dict) -> tuple:
+    """An index of the storage positions ``tpos`` ({logical dense dim: positions}), every row."""
+    axes = [np.arange(n) for n in shape]
+    for d, pos in tpos.items():
+        axes[d if d < r.dim - 1 else d - 1] = pos
+    return np.ix_(*axes)
 
 
 def _storage(s: Sharding, r: Ragged, rank: int) -> tuple:
@@ -257,11 +328,11 @@ def piece_rows(s: Sharding, r: Ragged) -> tuple:
     cuts = int(np.prod([f.size for f in s.dims[r.dim - 1] if f.axis is not None], dtype=np.int64))
     comps = -(-s.shape[r.dim - 1] // cuts)  # torch.chunk: the first pieces are the largest
     n = sources_of(s, r)
-    expected = -(-comps * r.expected // n)
     most = comps * r.maximum
     if r.total is not None:
         most = min(most, r.total)
-    return expected, -(-most // n)
+    most = -(-most // n)
+    return min(-(-comps * r.expected // n), most), most
 
 
 def ragged_text(s: Sharding, r: Ragged) -> str:
