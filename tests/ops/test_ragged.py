@@ -389,11 +389,6 @@ def _plan_and_compare(mesh, pins, sizes=BIG):
     assert np.allclose(simulate(p, inputs), want, rtol=1e-9, atol=1e-9)
 
 
-@pytest.mark.xfail(strict=True, reason="tokens on two mesh axes (x [dp*ep*64, 64], experts on ep): the planner "
-                   "chooses dispatch -> [ep*4, dp*32, 64] (a 4-source ragged dim cut into 2 source blocks) and then "
-                   "plan() raises RaggedError telling the user to pin a tensor they never pinned; pinning expert_in "
-                   "[ep*4, 64, 128] (every source block on each expert's ranks) fails too, as plan_move gathers the "
-                   "two source axes one at a time through [8, 2*ep*16, 64], which ragged_collective_piece refuses")
 def test_tokens_sharded_on_two_axes_dispatch_to_experts_on_one():
     _plan_and_compare("dp=2,ep=2", {"x": "[dp*ep*64, 64]", "experts.w1": "[ep*4, 64, 128]",
                                     "experts.w2": "[ep*4, 128, 64]"})

@@ -655,7 +655,7 @@ def _nested_mismatch(plan, name: str, got: dict, want, rtol, atol) -> str | None
     for rank in plan.mesh.ranks():
         if s.partial:
             return None  # compared once reduced, where the plan reduces it
-        exp = nested_piece(s, r, want, rank)
+        exp = nested_piece(s, r, want, rank, plan.ragged_sources(name))
         g = got[rank]
         if not np.array_equal(g.extents, exp.extents):
             return f"rank {rank} holds extents {g.extents.tolist()}, the plan names {exp.extents.tolist()}"

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..caches import paused_gc
 from ..errors import NotRepresentable, ShardingError
@@ -40,6 +40,7 @@ from ..program import Program
 from ..sharding import Sharding
 from ..sharding.cost import DEFAULT_COST_MODEL, CostModel, cost
 from ..sharding.move import plan_move
+from ..sharding.ragged import source_factors
 
 
 @dataclass(frozen=True)
@@ -127,6 +128,16 @@ class Plan:
         data.update(self._symbolic_json())
         data["ragged"] = self.ragged_rows()
         return json.dumps(data, indent=1, sort_keys=True)
+
+    def ragged_sources(self, tensor: str) -> tuple:
+        """The mesh factors the rows of ragged ``tensor`` were routed from (its routing's token
+        shards; () when routed whole)."""
+        r = self.program.tensors[tensor].ragged
+        for op, po in zip(self.program.ops, self.ops):
+            mine = self.program.tensors[op.outputs[0]].ragged if op.outputs else None
+            if canonical_op_name(op.target) == "route" and mine.counts == r.counts:
+                return source_factors(po.outputs[0], mine)
+        return ()
 
     def ragged_rows(self) -> dict:
         """Per tensor with a ragged dim: its ragged dim (``Ragged.to_json``) and the rows of it in
@@ -248,6 +259,11 @@ def plan(program: Program, mesh: Mesh, pins: dict | None = None, cost_model: Cos
     return p
 
 
+def _is_subsequence(fs: tuple, of: tuple) -> bool:
+    it = iter(of)
+    return all(any(f == g for g in it) for f in fs)
+
+
 def _check_ragged_plan(p: "Plan") -> None:
     """Every sharding a ragged tensor takes cuts its ragged dim only by the sources it was routed
     from (or not at all): a ragged dim cannot be cut evenly like a dense one (its rows per
@@ -270,7 +286,7 @@ def _check_ragged_plan(p: "Plan") -> None:
             continue
         check_ragged(s, r, name)
         got, want = source_factors(s, r), sources.get(r.counts, ())
-        if got and got != want:
+        if got and not _is_subsequence(got, want):
             where = f" (op {opname}'s strategy)" if opname else ""
             raise RaggedError(f"tensor {name}: the plan cuts its ragged dim {r.dim} by "
                               f"{', '.join(f.axis for f in got)}{where}, but its rows come from the token shards on "
@@ -416,11 +432,16 @@ def _forward(program: Program, mesh: Mesh, pins: dict, cm: CostModel) -> "Plan":
     planned: list = []
     tensors = program.tensors
 
+    routed: dict = {}  # a routing's counts -> the source factors its rows were routed from
+
     def move(tensor, src, dst, opname):
         key = (tensor, dst)
         if key in moves:
             return
         moves[key] = plan_move(src, dst, tensors[tensor].dtype, cm)
+        r = tensors[tensor].ragged
+        if r is not None:  # the executors split its rows by the routing's sources
+            moves[key] = tuple(replace(c, ragged=(r.dim, routed.get(r.counts, ()))) for c in moves[key])
         collectives.extend(c.attributed(tensor, opname) for c in moves[key] if c.kind.communicates)
 
     for op, opdef, kw, typed, dtypes, creation in _op_table(program):
@@ -431,6 +452,9 @@ def _forward(program: Program, mesh: Mesh, pins: dict, cm: CostModel) -> "Plan":
             p, params = opdef.resolve(args, kw, tuple(pins.get(o) for o in op.outputs), cm, dtypes, typed)
         except ShardingError as e:
             raise type(e)(f"op {op.name} ({op.target}): {e}") from None
+        if op.outputs and tensors[op.outputs[0]].ragged is not None and canonical_op_name(op.target) == "route":
+            r = tensors[op.outputs[0]].ragged
+            routed[r.counts] = source_factors(p.outputs[0], r)
         for i, a, tgt in zip(op.inputs, args, p.input_targets):
             if tgt is not a and type(a) is Sharding and tgt != a:
                 move(i, a, tgt, op.name)

@@ -30,6 +30,7 @@ returned as it is.
 
 from __future__ import annotations
 
+from ..errors import ShardingError
 from ..ops.result import canonical_op_name
 from . import Program, ProgramBuilder, ProgramError
 
@@ -84,10 +85,23 @@ def _is_zeros(prog: Program, name: str, producer: dict) -> bool:
 
 def recognise_routing(prog: Program) -> Program:
     """``prog`` with token-choice routing written in aten ops rewritten to ragged ops (module
-    docstring); ``prog`` itself when it has none."""
+    docstring); ``prog`` itself when it has none, or only part of it (all or nothing: a program
+    whose rewrite would leave routed rows meeting an op that is not defined on them, or reaching an
+    output, is returned as it was — planned op by op, exactly, with gathers)."""
     h = _scan(prog)
     if not h["order"] or prog.is_symbolic:
         return prog
+    try:
+        out = _replay(prog, h)
+    except ShardingError:  # part of the pattern only (an op the rewrite left meets ragged rows): as it was
+        return prog
+    if any(out.tensors[o].ragged is not None for o in out.outputs):
+        return prog  # rows never combined back into the tokens: not the pattern
+    return out
+
+
+def _replay(prog: Program, h: dict) -> Program:
+    """The program rebuilt with the routing ops rewritten (may raise: ``recognise_routing``)."""
     producer = {o: op for op in prog.ops for o in op.outputs}
     b = ProgramBuilder()
     for name in prog.inputs():
@@ -142,14 +156,14 @@ def _rewrite(prog, op, n, ins, kw, h, ragged, producer):
             raise ProgramError(f"op {op.name} (_grouped_mm): routed rows {prog.tensors[ins[0]].shape} times weights "
                                f"{w.shape}: only 2-D rows times stacked (experts, in, out) weights are supported")
         return "einsum", [ins[0], ins[1]], {"equation": "erd,edf->erf"}, None
-    if n == "index_put" and len(ins) == 3 and kw.get("accumulate") and ins[2] in ragged and ins[1] in token:
-        return "unroute", [ins[2], token[ins[1]]], {}, (None if _is_zeros(prog, ins[0], producer) else ins[0])
-    if n in ("scatter_add", "index_add") and len(ins) == 3 and kw.get("dim") == 0 and ins[2] in ragged:
+    if n in ("scatter_add", "index_add", "index_put") and len(ins) == 3 and ins[2] in ragged and \
+            (kw.get("dim") == 0 if n != "index_put" else bool(kw.get("accumulate"))):
         idx = spread.get(ins[1]) if n == "scatter_add" else token.get(ins[1])
-        if idx is None:
-            return None
-        base = ins[0]
-        return "unroute", [ins[2], idx], {}, (None if _is_zeros(prog, base, producer) else base)
+        base, rows = prog.tensors[ins[0]].shape, prog.tensors[ins[2]].shape
+        if idx is None or base != (topk[idx]["tokens"],) + rows[1:] or \
+                (n == "scatter_add" and prog.tensors[ins[1]].shape != rows):
+            return None  # not every row summed whole into its token: left as it is (and the rewrite undone)
+        return "unroute", [ins[2], idx], {}, (None if _is_zeros(prog, ins[0], producer) else ins[0])
     return None
 
 

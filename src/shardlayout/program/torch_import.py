@@ -450,7 +450,7 @@ def _arguments(node, short: str, names: dict, syms: _Symbols, b) -> tuple:
                 kwargs[arg.name] = [r if isinstance(r, (int, Expr)) else _jsonable(r) for r in rs]
         elif short in _POINTWISE_SCALARS and isinstance(v, (int, float)) and not isinstance(v, bool) \
                 and arg.name in ("other", "exponent", "value", "self", "scalar"):
-            inputs.append(float(v))
+            inputs.append(v if isinstance(v, int) else float(v))  # torch's own type: int // 2 stays int
         elif v is not None:
             kwargs[arg.name] = _jsonable(v)
     return inputs, kwargs

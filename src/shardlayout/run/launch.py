@@ -165,7 +165,8 @@ def rank_main(rank: int, world: int, build, options: dict, init_method: str | No
                     continue
                 ragged = prog.tensors[name].ragged
                 if ragged is not None:  # this rank's blocks of the routed reference
-                    forward.add_nested(name, value, nested_piece(s, ragged, ref[name], rank))
+                    forward.add_nested(name, value, nested_piece(s, ragged, ref[name], rank,
+                                                                 plan.ragged_sources(name)))
                 else:
                     forward.add(name, value, ref[name][_ix(s.indices(rank))])
         grads = None

@@ -26,13 +26,12 @@ from ..sharding.ragged import (
     dense_cover,
     held,
     ragged_of,
-    source_factors,
-    sources_of,
+    routed_sources,
 )
 
 
-def _holdings(s, r, rank: int, n_src: int) -> tuple:
-    comps, src = held(s, r, rank)
+def _holdings(s, r, rank: int, n_src: int, fs: tuple = ()) -> tuple:
+    comps, src = held(s, r, rank, fs)
     return comps, src if src is not None else tuple(range(n_src))
 
 
@@ -62,18 +61,16 @@ def ragged_exchange(ex, c, piece: Nested) -> Nested:
     members = tuple(members)
     rank = ex.rank
     if c.reduce_op is not None:
-        if c.kind is not CollectiveKind.ALL_REDUCE or held(src, r, rank) != held(dst, r, rank):
+        if c.kind is not CollectiveKind.ALL_REDUCE or held(src, r, rank, c.ragged[1] if c.ragged else ()) != \
+                held(dst, r, rank, c.ragged[1] if c.ragged else ()):
             raise RunError(f"{c.kind.value} of a ragged tensor ({src} -> {dst}) is not supported on torch.distributed; "
                            "reduce partial nested values with an all_reduce")
         data = piece.data.detach().clone().contiguous()
         ex.ran("all_reduce")
         dist.all_reduce(data, op=dist.ReduceOp.SUM, group=group)
         return Nested(data / len(members) if c.reduce_op == "avg" else data, piece.extents, piece.dim)
-    n_src = sources_of(src, r) if source_factors(src, r) else piece.sources
-    if source_factors(dst, r) and sources_of(dst, r) != n_src:
-        raise RunError(f"{c.kind.value} {src} -> {dst}: the target cuts the ragged dim into {sources_of(dst, r)} "
-                       f"source blocks, the tensor has {n_src}")
-    hold = {q: _holdings(src, r, q, n_src) for q in members}
+    fs, n_src = routed_sources(c, src, dst, r, piece.sources)
+    hold = {q: _holdings(src, r, q, n_src, fs) for q in members}
     sizes = [len(hold[q][0]) * len(hold[q][1]) for q in members]
     ext = _extents_of_group(ex, group, members, piece, sizes)
     holders: dict = {}  # (component, source) -> [(member, its local component, its local source)]
@@ -87,7 +84,7 @@ def ragged_exchange(ex, c, piece: Nested) -> Nested:
         return int(ext[members.index(q)][j * len(hold[q][0]) + i])
 
     def plan_for(t):  # per block of member t's target piece: its cover (dense parts by member)
-        wc, ws = _holdings(dst, r, t, n_src)
+        wc, ws = _holdings(dst, r, t, n_src, fs)
         want = dst.indices(t)
         out = []
         for i, comp in enumerate(wc):
@@ -141,7 +138,7 @@ def ragged_exchange(ex, c, piece: Nested) -> Nested:
             if blocks[key] is not part:
                 at = _box(full_shape(storage, piece.dim, n), r, tpos)
                 blocks[key][tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in at)] = part
-    my_c, my_s = _holdings(dst, r, rank, n_src)
+    my_c, my_s = _holdings(dst, r, rank, n_src, fs)
     return from_blocks(blocks, len(my_c), len(my_s), piece.dim, piece.data, storage)
 
 

@@ -7,7 +7,9 @@ axes (or sub-axes) it names. ``kind`` is a :class:`CollectiveKind`; ``axes`` are
 ``AxisPiece("tp", 2, pre=2)``); ``dims`` the tensor dims it gathers from / scatters to;
 ``bytes`` what the cost model counts (DTensor's convention: the gathered local size for an
 all-gather, the local input size otherwise); ``src`` and ``dst`` the shardings before and
-after, which is all an executor needs to run it.
+after, which is all an executor needs to run it — with, for a ragged tensor, ``ragged``: its
+ragged dim and the source factors it was routed from (its split sizes come from the routing
+counts at run time, ``sharding.ragged``).
 
     >>> from shardlayout import Mesh, Sharding
     >>> m = Mesh.parse("dp=2,tp=4")
@@ -75,6 +77,7 @@ class Collective:
     reduce_op: str | None = None
     tensor: object = None
     op: str | None = None
+    ragged: tuple | None = None  # (ragged dim, the routing's source factors) when the tensor is ragged
 
     @property
     def group_size(self) -> int:
@@ -110,6 +113,9 @@ class Collective:
             out["tensor"] = self.tensor
         if self.op is not None:
             out["op"] = self.op
+        if self.ragged is not None:
+            out["ragged"] = {"dim": self.ragged[0], "sources": [f"{f.axis}:({f.pre}){f.size}" if f.pre != 1 else
+                                                                  f.axis for f in self.ragged[1]]}
         if cost_model is not None:
             out["seconds"] = cost_model.seconds(self)
         return out

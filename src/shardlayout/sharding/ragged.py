@@ -31,6 +31,7 @@ dispatch of expert parallelism, its inverse the combine).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import product
 
 import numpy as np
 
@@ -132,18 +133,57 @@ def _digits(s: Sharding, rank: int, factors: tuple) -> int:
     return v
 
 
-def held(s: Sharding, r: Ragged, rank: int) -> tuple:
-    """``(components, source)``: the global component ids ``rank`` holds and its source block
-    (None: every source's block)."""
+def _subsequence(fs: tuple, sources: tuple, s: Sharding) -> tuple:
+    """Where each factor of ``fs`` sits in ``sources`` (in order), or RaggedError."""
+    at, k = [], 0
+    for f in fs:
+        while k < len(sources) and sources[k] != f:
+            k += 1
+        if k == len(sources):
+            raise RaggedError(f"{s} cuts the ragged dim by {', '.join(x.axis for x in fs)}, not by the mesh axes its "
+                              f"rows were routed from ({', '.join(x.axis for x in sources) or 'none'}) or part of them")
+        at.append(k)
+        k += 1
+    return tuple(at)
+
+
+def held(s: Sharding, r: Ragged, rank: int, sources: tuple = ()) -> tuple:
+    """``(components, sources)``: the global component ids ``rank`` holds and the source blocks
+    it holds (None: every one). ``sources``: the factors the rows were routed from (default: the
+    ragged dim's own); a sharding cutting the ragged dim by some of them holds every source
+    whose digits on those factors are the rank's."""
     comps = tuple(int(c) for c in s.indices(rank)[r.dim - 1])
     fs = source_factors(s, r)
-    return comps, (_digits(s, rank, fs),) if fs else None
+    if not fs:
+        return comps, None
+    sources = tuple(sources) or fs
+    at = _subsequence(fs, sources, s)
+    mine = {k: _digits(s, rank, (f,)) for k, f in zip(at, fs)}
+    ids = []
+    for digits in product(*([mine[k]] if k in mine else range(f.size) for k, f in enumerate(sources))):
+        v = 0
+        for d, f in zip(digits, sources):
+            v = v * f.size + d
+        ids.append(v)
+    return comps, tuple(ids)
 
 
 def sources_of(s: Sharding, r: Ragged) -> int:
     """How many source blocks a sharding with sources on the ragged dim splits each component
     into (1 without)."""
     return int(np.prod([f.size for f in source_factors(s, r)], dtype=np.int64))
+
+
+def routed_sources(c, src: Sharding, dst: Sharding, r: Ragged, held_sources: int) -> tuple:
+    """``(source factors, number of sources)`` of a collective of a ragged tensor: the routing's
+    factors the plan attached to ``c`` (``c.ragged``), else the source sharding's (or the
+    target's when the source holds every source block: ``held_sources`` of them)."""
+    fs = tuple(c.ragged[1]) if getattr(c, "ragged", None) else (source_factors(src, r) or source_factors(dst, r))
+    n = int(np.prod([f.size for f in fs], dtype=np.int64)) if fs else held_sources
+    if fs and not source_factors(src, r) and held_sources != n:
+        raise RaggedError(f"{src} -> {dst}: the pieces hold {held_sources} source blocks, the target cuts them by "
+                          f"{n}; a ragged dim keeps the sources it was routed from")
+    return fs, n
 
 
 def _dense_axes(r: Ragged, ndim: int) -> tuple:
@@ -175,14 +215,15 @@ def _where(held_idx, want_idx) -> np.ndarray:
         raise ShardMismatch(f"a nested piece does not hold dense index {e}") from None
 
 
-def nested_piece(s: Sharding, r: Ragged, whole: Nested, rank: int) -> Nested:
+def nested_piece(s: Sharding, r: Ragged, whole: Nested, rank: int, sources: tuple = ()) -> Nested:
     """``rank``'s piece of the whole nested tensor ``whole`` (its extents ``(sources,
-    components)``: the sources as routed) under ``s``."""
-    comps, src = held(s, r, rank)
+    components)``: the sources as routed, by the factors ``sources``) under ``s``."""
+    comps, src = held(s, r, rank, sources)
     n_src = whole.sources
-    if src is not None and sources_of(s, r) != n_src:
-        raise RaggedError(f"{s} cuts the ragged dim into {sources_of(s, r)} source blocks but the tensor was routed "
-                          f"from {n_src}; a ragged dim keeps the sources it was routed from")
+    routed = tuple(sources) or source_factors(s, r)
+    if src is not None and int(np.prod([f.size for f in routed], dtype=np.int64)) != n_src:
+        raise RaggedError(f"{s} cuts the ragged dim by {len(routed)} mesh factor(s) of the routing but the tensor "
+                          f"was routed from {n_src} source blocks; a ragged dim keeps the sources it was routed from")
     sources = src if src is not None else tuple(range(n_src))
     idx = s.indices(rank)
     picks = {d: idx[d] for d in _dense_axes(r, s.ndim) if len(idx[d]) != s.shape[d]}
@@ -207,16 +248,13 @@ def ragged_collective_piece(c, rank: int, pieces: dict, group=None) -> Nested:
     group = list(group_ranks(src.mesh, rank, c.axes) if group is None else group)
     r = ragged_of(src, next(iter(pieces.values())))
     ndim = src.ndim
-    n_src = sources_of(src, r) if source_factors(src, r) else pieces[group[0]].sources
-    if source_factors(dst, r) and sources_of(dst, r) != n_src:
-        raise RaggedError(f"{c.kind.value} {src} -> {dst}: the target cuts the ragged dim into {sources_of(dst, r)} "
-                          f"source blocks, the tensor has {n_src}; a ragged dim keeps its sources")
-    comps, want_src = held(dst, r, rank)
+    fs, n_src = routed_sources(c, src, dst, r, pieces[group[0]].sources)
+    comps, want_src = held(dst, r, rank, fs)
     want_src = want_src if want_src is not None else tuple(range(n_src))
     want_idx = dst.indices(rank)
     have = {}
     for q in group:
-        qc, qs = held(src, r, q)
+        qc, qs = held(src, r, q, fs)
         qs = qs if qs is not None else tuple(range(n_src))
         for i, comp in enumerate(qc):
             for j, so in enumerate(qs):
@@ -345,4 +383,4 @@ def ragged_text(s: Sharding, r: Ragged) -> str:
 
 
 __all__ = ["Ragged", "RaggedError", "check_ragged", "held", "nested_piece", "ragged_collective_piece",
-           "piece_rows", "ragged_of", "ragged_text", "source_factors", "sources_of"]
+           "piece_rows", "ragged_of", "ragged_text", "routed_sources", "source_factors", "sources_of"]

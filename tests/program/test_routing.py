@@ -1,0 +1,251 @@
+"""recognise_routing on torch-exported MoE layers (program/routing.py): torchtitan-style token-choice
+routing written in aten ops becomes route / per-expert einsum / unroute, the rewritten program run
+unsharded equals the torch module itself, the ep plan moves exactly the ideal all_to_all bytes, a
+program without the pattern is left alone, and a partial pattern is not rewritten into something
+else. The oracle everywhere is the module's own forward (or the plan's full simulation)."""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import torch.nn.functional as F  # noqa: E402
+
+from shardlayout import Mesh  # noqa: E402
+from shardlayout.execute.verify import reference_run  # noqa: E402
+from shardlayout.ops.result import canonical_op_name  # noqa: E402
+from shardlayout.plan import plan  # noqa: E402
+from shardlayout.program import ProgramBuilder  # noqa: E402
+from shardlayout.program.models import llama, moe, style_pins  # noqa: E402
+from shardlayout.program.routing import recognise_routing  # noqa: E402
+from shardlayout.program.torch_import import from_torch  # noqa: E402
+from shardlayout.run.torch_ops import torch_op  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load_titan():
+    spec = importlib.util.spec_from_file_location("titan_moe_for_routing_tests", ROOT / "examples" / "titan_moe.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+titan = _load_titan()
+
+SMALL = dict(tokens=64, dim=32, ffn=64, experts=8, top_k=2)
+VARIANTS = list(itertools.product(("histc", "bincount"), ("index", "gather"), ("scatter_add", "index_add"),
+                                  ("after", "before")))
+# what the rewrite replaces: nothing of the counting / sorting / offsets / grouped matmul may stay
+GONE = {"_grouped_mm", "sort", "argsort", "histc", "bincount", "cumsum", "div", "floor_divide"}
+
+
+@pytest.fixture(autouse=True)
+def _quiet():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.export's deprecation chatter
+        yield
+
+
+def targets(prog) -> list:
+    return [canonical_op_name(op.target) for op in prog.ops]
+
+
+def run_unsharded(module, x, prog):
+    """The program's output run on torch without sharding (a plan over ep=1), from the module's
+    own parameters (by name) and ``x``."""
+    mesh = Mesh.parse("ep=1")
+    p = plan(prog, mesh, style_pins(prog, mesh, "ep"))
+    inputs = {n: t.detach() for n, t in module.named_parameters()}
+    inputs["x"] = x
+    assert set(inputs) == set(prog.inputs())
+    with torch.no_grad():
+        return reference_run(p, inputs, torch_op, torch)[prog.outputs[0]]
+
+
+# -- 1. every variant of the torchtitan layer is recognised, and still computes the module ----------
+@pytest.mark.parametrize("counts,gather,combine,scores", VARIANTS)
+def test_every_titan_variant_becomes_route_einsum_unroute_and_equals_the_module(counts, gather, combine, scores):
+    m, (x,) = titan.make(**SMALL, counts=counts, gather=gather, combine=combine, scores=scores)
+    prog = from_torch(m, (x,))
+    names = targets(prog)
+    assert not GONE & set(names), sorted(GONE & set(names))
+    # the rows of x and the per-choice scores are routed, three grouped matmuls become per-expert einsums
+    routes = [op for op in prog.ops if op.target == "route"]
+    assert len(routes) == 2 and names.count("unroute") == 1
+    assert any(op.inputs[0] == "x" and not dict(op.params).get("pairs") for op in routes)
+    assert any(dict(op.params).get("pairs") for op in routes)
+    assert all(dict(op.params)["experts"] == SMALL["experts"] for op in routes)
+    einsums = [op for op in prog.ops if op.target == "einsum"]
+    assert [dict(op.params)["equation"] for op in einsums] == ["erd,edf->erf"] * 3
+    assert prog.tensors[prog.outputs[0]].shape == (SMALL["tokens"], SMALL["dim"])
+    assert recognise_routing(prog) is prog  # nothing left to recognise
+
+    with torch.no_grad():
+        want = m(x)
+    got = run_unsharded(m, x, prog)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    assert torch.equal(got, want), float((got - want).abs().max())
+
+
+# -- 2. the ep plan at the README's sizes: two all_to_alls of the ideal bf16 bytes ------------------
+BIG = dict(tokens=1024, dim=256, ffn=512, experts=8, top_k=2)
+
+
+@pytest.fixture(scope="module")
+def titan_big():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        m, (x,) = titan.make(**BIG)
+        return from_torch(m, (x,))
+
+
+@pytest.mark.parametrize("mesh,ep", [("ep=4", 4), ("ep=8", 8), ("dp=2,ep=4", 4)])
+def test_expert_parallel_plan_moves_exactly_the_ideal_all_to_all_bytes(titan_big, mesh, ep):
+    prog = titan_big
+    m = Mesh.parse(mesh)
+    p = plan(prog, m, style_pins(prog, m, "ep"))
+    tokens, dim, k = BIG["tokens"], BIG["dim"], BIG["top_k"]
+    ideal = (tokens // ep) * k * dim * 2  # each rank's own tokens' top-k rows, bf16
+    assert [c.kind.value for c in p.collectives] == ["all_to_all", "all_to_all"]
+    assert p.counts() == {("all_to_all", ("ep",)): 2}
+    assert [c.bytes for c in p.collectives] == [ideal, ideal]
+    assert p.total_bytes / (2 * ideal) == 1.0
+    assert all(prog.tensors[c.tensor].dtype == "bfloat16" for c in p.collectives)  # moved before the cast back
+    assert not any(c.kind.value == "all_gather" for c in p.collectives)
+    # tokens stay sharded on ep (dp holds a replica), experts stay where the style put them
+    assert str(p.shardings["x"]) == str(p.shardings[prog.outputs[0]]) == f"[ep*{tokens // ep}, {dim}]"
+    for w in ("w1", "w3", "w2"):
+        assert str(p.shardings[w]).startswith("[ep") and p.shardings[w].dims[0][0].axis == "ep"
+    assert p.verify().ok
+
+
+# -- 3. no pattern: the program comes back as it is ------------------------------------------------
+def test_an_exported_dense_topk_moe_is_left_as_it_is(monkeypatch):
+    from shardlayout.program import routing
+    from shardlayout.program.torch_models import MoETorch
+
+    # the import without the rewrite (from_exported imports recognise_routing when it runs)
+    monkeypatch.setattr(routing, "recognise_routing", lambda p: p)
+    raw = from_torch(MoETorch(), (torch.randn(16, 16),))
+    monkeypatch.undo()
+    assert "topk" in targets(raw) and "route" not in targets(raw)
+    assert recognise_routing(raw) is raw
+    assert from_torch(MoETorch(), (torch.randn(16, 16),)).ops == raw.ops
+
+
+@pytest.mark.parametrize("build", [lambda: llama(layers=1), lambda: moe()], ids=["llama", "moe"])
+def test_builder_models_are_left_as_they_are(build):
+    prog = build()
+    assert recognise_routing(prog) is prog
+
+
+def test_a_sort_of_the_chosen_experts_that_gathers_nothing_is_kept():
+    b = ProgramBuilder()
+    p = b.input("p", (8, 3))
+    _, i = b.op("topk", [p], name="topk", n_out=2, dtypes=("float32", "int64"), k=2, dim=1)
+    o = b.op("sort", [b.op("view", [i], name="flat", size=(-1,))], name="sort", n_out=2,
+             dtypes=("int64", "int64"), stable=True)
+    b.output(o[1])
+    prog = b.build()
+    got = recognise_routing(prog)
+    assert got is prog or (got.ops == prog.ops and got.outputs == prog.outputs)
+    assert targets(got) == ["topk", "view", "sort"]
+
+
+# -- 4. partial patterns: no route unless the whole pattern is there -------------------------------
+class Partial(titan.TitanMoE):
+    """The torchtitan layer (histc counts, index gather) with one part written otherwise:
+    ``descending``: experts sorted high to low (offsets of the flipped counts);
+    ``divisor``: rows gathered by ``order // (2 * top_k)`` instead of ``order // top_k``;
+    ``unsort``: the expert rows put back into pair order (``out[order] = ys``) and summed over the
+    choices (Megatron's unpermute); ``overwrite``: ``out[token] = ys`` (top_k=1: no duplicates);
+    ``half``: ``scatter_add`` of (rows, dim/2) outputs into the first half of a (tokens, dim) zeros."""
+
+    def __init__(self, variant: str, **kw):
+        super().__init__(**kw)
+        self.variant = variant
+        if variant == "half":
+            e, f, d = self.w2.shape
+            self.w2 = torch.nn.Parameter(torch.randn(e, f, d // 2) / f ** 0.5)
+
+    def forward(self, x):
+        v, k = self.variant, self.top_k
+        t, d = x.shape
+        probs = torch.softmax(self.router(x), dim=1)
+        top, idx = torch.topk(probs, k, dim=1)
+        flat = idx.view(-1)
+        counts = torch.histc(flat.float(), bins=self.experts, min=0, max=self.experts)
+        order = torch.argsort(flat, stable=True, descending=v == "descending")
+        token = order // (2 * k if v == "divisor" else k)
+        xs = x[token]
+        if v == "descending":
+            counts = counts.flip(0)
+        offs = torch.cumsum(counts.to(torch.int32), dim=0, dtype=torch.int32)
+        h = F.silu(torch._grouped_mm(xs.bfloat16(), self.w1.bfloat16(), offs=offs))
+        ys = torch._grouped_mm(h, self.w2.bfloat16(), offs=offs).float()
+        ys = ys * top.view(-1)[order].unsqueeze(-1)
+        if v == "unsort":
+            out = torch.zeros_like(ys)
+            out[order] = ys
+            return out.view(t, k, d).sum(1)
+        if v == "overwrite":
+            out = torch.zeros_like(x)
+            out[token] = ys
+            return out
+        if v == "half":
+            return torch.zeros_like(x).scatter_add(0, token.unsqueeze(1).expand(-1, d // 2), ys)
+        return torch.zeros_like(x).index_add(0, token, ys)
+
+
+# every partial form is left as it was (all or nothing) and plans op by op to the module's output
+@pytest.mark.parametrize("variant,top_k", [("descending", 2), ("divisor", 2), ("unsort", 2), ("overwrite", 1),
+                                           ("half", 2)])
+def test_a_partial_pattern_is_not_mis_rewritten_and_plans_to_the_module_output(variant, top_k):
+    torch.manual_seed(0)
+    m = Partial(variant, dim=16, experts=4, ffn=32, top_k=top_k)
+    x = torch.randn(32, 16)
+    with torch.no_grad():
+        want = m(x).numpy()
+    prog = from_torch(m, (x,))
+    if variant in ("descending", "divisor"):  # rows not grouped by order // top_k: nothing to route
+        assert "route" not in targets(prog) and "sort" in targets(prog)
+    assert prog.tensors[prog.outputs[0]].shape == want.shape
+    # the unsharded run (numpy: float32/64 where the module rounds to bf16) is the module's output ...
+    mesh = Mesh.parse("ep=1")
+    p1 = plan(prog, mesh, style_pins(prog, mesh, "ep"))
+    inputs = {n: t.detach().numpy() for n, t in m.named_parameters()}
+    inputs["x"] = x.numpy()
+    got = reference_run(p1, inputs)[prog.outputs[0]]
+    assert got.shape == want.shape
+    assert np.allclose(got, want, rtol=2e-2, atol=2e-2), float(np.abs(got - want).max())
+    # ... and every rank of the ep plan, simulated, computes the unsharded run
+    mesh = Mesh.parse("ep=2")
+    p = plan(prog, mesh, style_pins(prog, mesh, "ep"))
+    v = p.verify(mode="full")
+    assert v.ok, v
+
+
+class SortedRows(torch.nn.Module):
+    """Rows gathered by a stable argsort // 2 (an int tensor divided by a Python int), no topk."""
+
+    def forward(self, x, i):
+        return x[torch.argsort(i, stable=True) // 2]
+
+
+def test_an_int_floor_division_by_a_python_int_stays_int_on_torch():
+    x, i = torch.randn(8, 4), torch.randint(0, 4, (16,))
+    prog = from_torch(SortedRows(), (x, i))
+    div = next(op for op in prog.ops if canonical_op_name(op.target) == "div")
+    assert prog.tensors[div.outputs[0]].dtype == "int64"
+    p = plan(prog, Mesh.parse("dp=1"))
+    ref = reference_run(p, {"x": x, "i": i}, torch_op, torch)
+    assert ref[div.outputs[0]].dtype == torch.int64
+    assert torch.equal(ref[prog.outputs[0]], SortedRows()(x, i))

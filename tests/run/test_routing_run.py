@@ -1,0 +1,27 @@
+"""A torch-exported torchtitan-style MoE (examples/titan_moe.py) recognised as route / unroute and run
+expert parallel on 4 real gloo ranks: every rank equals the unsharded torch run, and the only
+collectives are the planned dispatch and combine all_to_alls. One job (each rank imports torch)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from shardlayout.cli import main  # noqa: E402
+
+TITAN = Path(__file__).resolve().parents[2] / "examples" / "titan_moe.py"
+
+
+def test_titan_moe_runs_expert_parallel_on_four_gloo_ranks(capsys):
+    argv = ["run", "--module", f"{TITAN}:make_bincount_index_add", "--mesh", "ep=4", "--style", "ep",
+            "--nproc", "4", "--json"]
+    assert main(argv) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["backend"] == "gloo" and rep["ranks"] == 4 and rep["mesh"] == "ep=4"
+    assert rep["equal"] is True and rep["first_mismatch_on_rank0"] is None and rep["tensors_compared"] > 10
+    assert rep["collectives"] == rep["planned_collectives"] == {"all_to_all": 2}
+    assert rep["torch_calls"]["all_to_all"] == 2
