@@ -128,7 +128,8 @@ def test_moe_expert_parallel_dispatches_and_combines(mesh):
     p = plan(prog, m, style_pins(prog, m, "ep"))
     axis = "ep" if "ep" in m.names else "dp"
     assert p.counts() == {("all_to_all", (axis,)): 2}  # dispatch, combine
-    ideal = tokens // m.axis_size(axis) * top_k * dim * 4
+    shards = m.axis_size(axis) * (m.axis_size("dp") if axis == "ep" and "dp" in m.names else 1)
+    ideal = tokens // shards * top_k * dim * 4  # tokens on dp x ep when both: each moves within its ep group
     assert [c.bytes for c in p.collectives] == [ideal, ideal]
     assert [c.tensor for c in p.collectives] == ["dispatch", "expert_out"]
     assert p.shardings["experts.w1"].dims[0][0].axis == axis

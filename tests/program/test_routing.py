@@ -107,21 +107,22 @@ def titan_big():
         return from_torch(m, (x,))
 
 
-@pytest.mark.parametrize("mesh,ep", [("ep=4", 4), ("ep=8", 8), ("dp=2,ep=4", 4)])
-def test_expert_parallel_plan_moves_exactly_the_ideal_all_to_all_bytes(titan_big, mesh, ep):
+@pytest.mark.parametrize("mesh,shards", [("ep=4", 4), ("ep=8", 8), ("dp=2,ep=4", 8)])
+def test_expert_parallel_plan_moves_exactly_the_ideal_all_to_all_bytes(titan_big, mesh, shards):
     prog = titan_big
     m = Mesh.parse(mesh)
     p = plan(prog, m, style_pins(prog, m, "ep"))
     tokens, dim, k = BIG["tokens"], BIG["dim"], BIG["top_k"]
-    ideal = (tokens // ep) * k * dim * 2  # each rank's own tokens' top-k rows, bf16
+    ideal = (tokens // shards) * k * dim * 2  # each rank's own tokens' top-k rows, bf16
     assert [c.kind.value for c in p.collectives] == ["all_to_all", "all_to_all"]
     assert p.counts() == {("all_to_all", ("ep",)): 2}
     assert [c.bytes for c in p.collectives] == [ideal, ideal]
     assert p.total_bytes / (2 * ideal) == 1.0
     assert all(prog.tensors[c.tensor].dtype == "bfloat16" for c in p.collectives)  # moved before the cast back
     assert not any(c.kind.value == "all_gather" for c in p.collectives)
-    # tokens stay sharded on ep (dp holds a replica), experts stay where the style put them
-    assert str(p.shardings["x"]) == str(p.shardings[prog.outputs[0]]) == f"[ep*{tokens // ep}, {dim}]"
+    # tokens stay sharded (on dp x ep when both: data parallel around EP), experts where the style put them
+    cut = "dp*ep" if "dp" in m.names else "ep"
+    assert str(p.shardings["x"]) == str(p.shardings[prog.outputs[0]]) == f"[{cut}*{tokens // shards}, {dim}]"
     for w in ("w1", "w3", "w2"):
         assert str(p.shardings[w]).startswith("[ep") and p.shardings[w].dims[0][0].axis == "ep"
     assert p.verify().ok

@@ -21,7 +21,9 @@ On a mesh with axes ``dp`` and/or ``tp`` (others replicate; ``ep`` for experts):
   Linear's matmul, a convolution, a lookup, a norm's scale) and every block output stays batched
   on dp.
 - ``ep``: stacked expert weights (rank >= 3, feeding a batched matmul) sharded on ``ep`` (or
-  ``dp``) along the expert dim; tokens (inputs and outputs) on the same axis.
+  ``dp``) along the expert dim; tokens (inputs and outputs) on the same axis — on ``dp`` and
+  ``ep`` when the mesh has both (data parallel around expert parallel: routed tokens move
+  within their ``ep`` group only).
 
     >>> from shardlayout.mesh import Mesh
     >>> from shardlayout.program.models import llama
@@ -250,8 +252,9 @@ def _ep(program: Program, mesh: Mesh, s: Structure) -> StylePins:
     for b in experts:
         for n in b.params:
             pins[n] = sharded(mesh, t[n].shape, {0: [axis]})
+    tokens = ["dp", "ep"] if axis == "ep" and "dp" in mesh.names else [axis]  # data parallel around EP
     for n in batched_inputs(program):
-        pins[n] = sharded(mesh, t[n].shape, {0: [axis]})
+        pins[n] = sharded(mesh, t[n].shape, {0: tokens})
     return StylePins(pins, experts)
 
 
