@@ -7,6 +7,7 @@ block (``ragged_collective_piece``) must land exactly there on every rank."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -28,6 +29,7 @@ from shardlayout.sharding.ragged import (
     piece_rows,
     ragged_collective_piece,
     ragged_text,
+    source_factors,
 )
 
 N = settings.default.max_examples
@@ -220,10 +222,9 @@ def test_gathering_a_dense_dim_of_a_ragged_tensor():
         assert_piece(pieces[q], oracle_piece(b, [], blocks, 1, q))
 
 
-@pytest.mark.xfail(strict=True, reason="sources on two mesh axes: plan_move gathers [2, a*b*2, 4] -> [2, 8, 4] one "
-                   "axis at a time through [2, 2*b*2, 4], an intermediate that cuts the 4-source ragged dim into 2 "
-                   "blocks, which ragged_collective_piece refuses (RaggedError); same for [4, a*b*2, 4] -> "
-                   "[a*b, 8, 4] and for cutting a whole ragged dim into sources on two axes")
+# sources on two mesh axes: plan_move goes one axis at a time through shardings that cut the ragged
+# dim by part of the routing's axes; with the routing's source factors attached (as the planner does,
+# Collective.ragged) every piece on the way holds the sources whose digits are its own
 @pytest.mark.parametrize("ms,src,dst,src_axes,dst_axes", [
     ("a=2,b=2", "[2, a*b*2, 4]", "[2, 8, 4]", ["a", "b"], []),
     ("a=2,b=2", "[4, a*b*2, 4]", "[a*b, 8, 4]", ["a", "b"], []),
@@ -238,8 +239,10 @@ def test_moving_sources_that_span_two_axes(ms, src, dst, src_axes, dst_axes):
               for s in range(sources)}
     whole = whole_of(blocks, sources, components, (a.shape[2],))
     r = Ragged(1, components, a.shape[1], a.shape[1])
-    pieces = {q: nested_piece(a, r, whole, q) for q in mesh.ranks()}
+    routed = source_factors(a, r) or source_factors(b, r)
+    pieces = {q: nested_piece(a, r, whole, q, routed) for q in mesh.ranks()}
     for c in plan_move(a, b):
+        c = dataclasses.replace(c, ragged=(1, routed))
         pieces = {q: ragged_collective_piece(c, q, pieces) for q in mesh.ranks()}
     for q in mesh.ranks():
         assert_piece(pieces[q], oracle_piece(b, dst_axes, blocks, sources, q))
