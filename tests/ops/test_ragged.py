@@ -394,9 +394,6 @@ def test_tokens_sharded_on_two_axes_dispatch_to_experts_on_one():
                                     "experts.w2": "[ep*4, 128, 64]"})
 
 
-@pytest.mark.xfail(strict=True, reason="x with only its feature dim pinned on tp: the einsum/unroute rules treat the "
-                   "ragged dim like a dense one and cut expert_out's ragged dim by tp (it was routed from 1 source); "
-                   "plan() then raises RaggedError for a sharding the planner chose itself, so no plan at all")
 def test_tokens_with_a_sharded_feature_dim():
     _plan_and_compare("tp=2", {"x": "[256, tp*32]"})
 

@@ -249,18 +249,24 @@ def _route_rule(name, inputs, experts=1, pairs=False, cost_model=None, tensor_dt
                  "route: each rank sorts its own tokens by expert (its source block of every expert); nothing moves")
 
 
-def _unroute_rule(name, inputs, cost_model=None, tensor_dtype="float32", out_pins=(), **_):
+def _unroute_rule(name, inputs, routed=None, cost_model=None, tensor_dtype="float32", out_pins=(), **_):
     """The combine: the nested input's sources on the same mesh factors as the tokens (its
-    expert dim whole), so each rank sums its own tokens' rows; partial values stay partial."""
+    expert dim whole), so each rank sums its own tokens' rows; partial values stay partial. The
+    tokens are cut as the rows' sources are (or not at all): the index and weights follow.
+    ``routed``: the mesh factors the rows were routed from (a planning param, ``plan``)."""
     y, idx = inputs[0], inputs[1]
     w = inputs[2] if len(inputs) > 2 and isinstance(inputs[2], Sharding) else None
     mesh = y.mesh
     t = idx.shape[0]
     options = []
-    offered = _candidates([idx, w], [0, 0])
+    # rows are combined where they came from (the routing's token cut, ``routed``: the planner
+    # gives it), where they are, or gathered whole: a token cut on another axis would cut the
+    # ragged dim by rows it was not routed from. Without ``routed``: the index's and weights' cuts.
     ragged_fs = _plain_tokens(y.dims[1])
-    if ragged_fs is not None and ragged_fs not in offered:
-        offered.insert(0, ragged_fs)
+    offered = [tuple(routed)] if routed is not None else _candidates([idx, w], [0, 0])
+    for fs in (ragged_fs, ()):
+        if fs is not None and fs not in offered:
+            offered.append(fs)
     for mesh_fs in offered:
         tf = _token_factors(mesh_fs, t)
         try:
@@ -300,7 +306,7 @@ def _no_numpy(*_a, **_k):
 
 register_op("route", "x, index ; experts: int[1..], pairs: bool = False", _route_rule, _no_numpy,
             check=_check_route)
-register_op("unroute", "y, index, weights?", _unroute_rule, _no_numpy, check=_check_unroute)
+register_op("unroute", "y, index, weights? ; routed: any = None", _unroute_rule, _no_numpy, check=_check_unroute)
 
 
 def reference_params(po) -> dict:

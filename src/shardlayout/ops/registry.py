@@ -46,7 +46,7 @@ from .result import canonical_op_name
 REQUIRED = object()
 
 # params that steer planning, not values: the numpy implementation never sees them
-PLANNING_PARAMS = ("subaxes",)
+PLANNING_PARAMS = ("subaxes", "routed")
 LOCAL_PARAMS = ("local",)  # set by a rule for the local run only (``Propagation.local``), never by a caller
 
 PARAM_TYPES = ("int", "float", "bool", "str", "scalar", "dim", "dim+1", "dims", "ints", "shape", "dtype", "mesh",

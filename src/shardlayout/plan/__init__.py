@@ -448,6 +448,8 @@ def _forward(program: Program, mesh: Mesh, pins: dict, cm: CostModel) -> "Plan":
         args = tuple(shard[i] if type(i) is str else i for i in op.inputs)
         if creation:
             kw, typed = {**kw, "mesh": mesh}, None  # creation ops: replicated (consumers slice them for free)
+        elif opdef.name == "unroute" and tensors[op.inputs[0]].ragged is not None:  # combine where routed from
+            kw, typed = {**kw, "routed": routed.get(tensors[op.inputs[0]].ragged.counts, ())}, None
         try:
             p, params = opdef.resolve(args, kw, tuple(pins.get(o) for o in op.outputs), cm, dtypes, typed)
         except ShardingError as e:
