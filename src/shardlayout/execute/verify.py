@@ -635,12 +635,18 @@ def reference_run(plan, inputs: dict, run=None, xp=np) -> dict:
     run = run or (lambda opdef, args, params, shapes: opdef.run_numpy(args, params, shapes))
     prog = plan.program
     ref = dict(inputs)
+    blocks: dict = {}  # a routing's counts -> its token blocks (the sources), for its unroute
     for op, po in zip(prog.ops, plan.ops):
         args = [ref[i] if isinstance(i, str) else i for i in op.inputs]
         opdef = get_op(op.target)
         shapes = [prog.tensors[o].shape for o in op.outputs]
         if opdef.name in RAGGED_OPS or any(isinstance(a, Nested) for a in args):
-            outs = run_nested(opdef, args, reference_params(po), shapes, run, xp)
+            params = reference_params(po)
+            if opdef.name == "route":
+                blocks[prog.tensors[op.outputs[0]].ragged.counts] = params.get("sources")
+            elif opdef.name == "unroute":
+                params = {**params, "sources": blocks.get(prog.tensors[op.inputs[0]].ragged.counts)}
+            outs = run_nested(opdef, args, params, shapes, run, xp)
         else:
             outs = run(opdef, args, po.params, shapes)
         ref.update(zip(op.outputs, outs))

@@ -108,6 +108,8 @@ def unroute_values(y: Nested, index, weights, xp=np, sources=None):
                           "it); it is dense")
     t, k = index.shape[0], index.shape[1]
     blocks = _blocks_of(index, sources)
+    if sources is None and y.sources > 1:  # this rank's tokens are those sources' blocks, in order
+        y = y.merged()
     if y.sources != len(blocks):
         raise RaggedError(f"unroute: the nested tensor holds {y.sources} source blocks per expert, the tokens "
                           f"here {len(blocks)}; combine where the tokens were routed (move it back to its sources)")
@@ -310,12 +312,12 @@ register_op("unroute", "y, index, weights? ; routed: any = None", _unroute_rule,
 
 
 def reference_params(po) -> dict:
-    """Params of a whole-tensor (reference) run of planned op ``po`` that reproduce the sources
-    the plan routes from: the token blocks of ``route``'s input (``unroute``'s index) as the
-    plan cuts them. Other ops: their params."""
-    if po.target not in RAGGED_OPS:
+    """Params of a whole-tensor (reference) run of planned ``route`` ``po`` that reproduce the
+    sources the plan routes from: the token blocks of its input as the plan cuts them (its
+    ``unroute`` takes the same blocks: ``execute.verify.reference_run``). Other ops: their params."""
+    if po.target != "route":
         return po.params
-    tokens = po.input_targets[0 if po.target == "route" else 1]
+    tokens = po.input_targets[0]
     fs = _plain_tokens(tokens.dims[0]) or ()
     if not fs:
         return po.params

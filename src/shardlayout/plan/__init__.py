@@ -259,6 +259,39 @@ def plan(program: Program, mesh: Mesh, pins: dict | None = None, cost_model: Cos
     return p
 
 
+def _ragged_fits(op, targets, outputs, tensors, routed: dict) -> bool:
+    """Do an op's input targets and outputs cut every ragged dim only by its rows' sources?"""
+    from ..sharding.nested import RaggedError
+    from ..sharding.ragged import check_ragged
+
+    for name, s in list(zip(op.inputs, targets)) + list(zip(op.outputs, outputs)):
+        r = tensors[name].ragged if isinstance(name, str) else None
+        if r is None or not isinstance(s, Sharding):
+            continue
+        try:
+            check_ragged(s, r, name)
+        except RaggedError:
+            return False
+        if not _is_subsequence(source_factors(s, r), routed.get(r.counts, ())):
+            return False
+    return True
+
+
+def _ragged_candidate(p, op, args, tensors, routed: dict):
+    """The cheapest of the rule's priced strategies that cuts no ragged dim by an axis its rows
+    did not come from (a factor-map rule does not know which dims are ragged); ``p`` when none
+    does (``_check_ragged_plan`` then names the problem)."""
+    good = [c for c in p.candidates
+            if _ragged_fits(op, tuple(a if t is None else t for t, a in zip(c.input_targets, args)), c.outputs,
+                            tensors, routed)]
+    if not good:
+        return p
+    c = min(good, key=lambda c: c.cost)
+    return replace(p, input_targets=tuple(a if t is None else t for t, a in zip(c.input_targets, args)),
+                   outputs=tuple(c.outputs), collectives=c.collectives, notes=p.notes + (
+                       f"ragged: strategy {c.describe()} (the cheapest that keeps routed rows whole)",))
+
+
 def _is_subsequence(fs: tuple, of: tuple) -> bool:
     it = iter(of)
     return all(any(f == g for g in it) for f in fs)
@@ -457,6 +490,8 @@ def _forward(program: Program, mesh: Mesh, pins: dict, cm: CostModel) -> "Plan":
         if op.outputs and tensors[op.outputs[0]].ragged is not None and canonical_op_name(op.target) == "route":
             r = tensors[op.outputs[0]].ragged
             routed[r.counts] = source_factors(p.outputs[0], r)
+        elif routed and not _ragged_fits(op, p.input_targets, p.outputs, tensors, routed):
+            p = _ragged_candidate(p, op, args, tensors, routed)
         for i, a, tgt in zip(op.inputs, args, p.input_targets):
             if tgt is not a and type(a) is Sharding and tgt != a:
                 move(i, a, tgt, op.name)
