@@ -15,7 +15,7 @@ import random
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from shardlayout import Mesh, Sharding, propagate
@@ -223,6 +223,7 @@ def slice_cases(draw):
 
 
 @given(slice_cases())
+@example((Sharding.parse("[2*a*2 of 5]", Mesh.parse("a=2,b=2,c=2")), 0, 0, 2, 1))  # found by hypothesis
 def test_slice_exact_and_comm_free_when_possible(case):
     s, d, a, b, step = case
     n = s.shape[d]
@@ -239,6 +240,35 @@ def test_slice_exact_and_comm_free_when_possible(case):
     if step == 1 and sum(f.axis is not None for f in s.dims[d]) == 1 and _even_or_tree(s) \
             and comm_free_exists(s, d, a, b, step):
         assert not p.collectives, (str(s), d, a, b, step, p.notes)
+
+
+@pytest.mark.parametrize("a,b,want", [(0, 2, "[2*a of 2]"), (0, 3, "[a*2 of 3]"), (1, 3, "[a]"), (3, 5, "[a]"),
+                                      (1, 4, "[2*a of 3]"), (1, 5, "[2*a]")])
+def test_uneven_local_factor_outside_the_mesh_factor(a, b, want):
+    """[2*a*2 of 5] on a=2: chunks [0,1,2] and [3,4] of the outer 2, cut by a into [0,1] | [2] and
+    [3] | [4]: a's ranks hold [0,1,3] and [2,4], unequal pieces of each chunk, so no whole groups.
+    A range inside one chunk, or across both whose parts meet in every rank's shard, is still kept
+    locally: [0:2] is the head of a's first rank's shard (the other keeps none), [3:5] element 2 of
+    the first rank's and 1 of the other's, [1:4] elements 1..2 of the first rank's and 0 of the other's."""
+    m = Mesh.parse("a=2,b=2,c=2")
+    s = Sharding.parse("[2*a*2 of 5]", m)
+    assert [s.indices(r)[0].tolist() for r in (0, 4)] == [[0, 1, 3], [2, 4]]  # a=0, a=1
+    assert comm_free_exists(s, 0, a, b, 1)
+    p = propagate("slice", [s], dim=0, start=a, end=b)
+    assert not p.collectives and str(p.outputs[0]) == want, (str(p.outputs[0]), p.notes)
+    xs = np.arange(5.0)
+    assert_exact(p, [xs], {"dim": 0, "start": a, "end": b, "step": 1}, [xs[a:b]])
+    sizes = [k for k in (a, b - a, 5 - b) if k]  # the split around it: exact too (comm-free or not)
+    sp = propagate("split_with_sizes", [s], split_sizes=sizes, dim=0)
+    assert_exact(sp, [xs], {"dim": 0, "split_sizes": sizes}, np.split(xs, np.cumsum(sizes)[:-1]))
+
+
+def test_uneven_local_factor_cut_offsets():
+    fs = (Factor(2), Factor(2, "a"), Factor(2))
+    assert cut(fs, 5, 0, 2) == (fs[:2], 1, 0, 1, 1, True, 0)  # the head of every shard of the group
+    assert cut(fs, 5, 3, 5).offset.values == (2, 1)  # after a's pieces of chunk 0: 2 elements, then 1
+    assert isinstance(cut(fs, 5, 2, 3), str)  # element 2 is a's second rank's: no [a of 1] keeps it
+    assert isinstance(cut(fs, 5, 0, 4, 3), str)  # a step across the uneven chunks: gathered
 
 
 @given(shardings(max_ndim=2, partial=False), st.data())

@@ -9,7 +9,10 @@ chunk tree, ``sharding/factors.py``), that is decided from the factors alone:
   cut at multiples of 16 gives ``[tp*8]`` pieces: nvFuser's inner-split slice, seed issue
   #3987 case 3); a range inside one chunk of a local factor descends into it; a range that
   cuts the chunks of a mesh-axis factor is held by some ranks only, and needs a gather.
-  A step keeps the factors when it divides an innermost local factor.
+  A step keeps the factors when it divides an innermost local factor. A local factor whose
+  chunks the ranks hold unequal pieces of (torch.chunk-uneven) has no whole groups: each
+  chunk's part of the range is cut alone and the parts joined, when every rank's parts meet
+  in its shard (``[2*a*2 of 5]`` cut ``[0:2]``: a's first rank keeps the head of its shard).
 * **join** (cat): inputs whose dims are the same factors under an outer local factor join
   into one dim with the outer factors added up (``[tp*4]`` and ``[tp*4]`` give ``[2*tp*4]``;
   ``[hq/d*tp]``, ``[hk/d*tp]`` give ``[(hq+hk)/d*tp]``: case 4 of #3987).
@@ -37,7 +40,7 @@ from ..errors import OpError
 from ..sharding import Factor, Sharding
 from ..sharding.core import ChunkProgram, _product
 from ..sharding.cost import DEFAULT_COST_MODEL
-from ..sharding.factors import chunk_length, held_length
+from ..sharding.factors import chunk_counts, chunk_length, held_length
 from .families import LETTERS, _whole, local_propagation
 from .registry import register_op
 from .result import ByCoord, Propagation
@@ -152,9 +155,8 @@ def _cut(fs, n: int, start: int, stop: int, step: int = 1) -> Cut | str:
                     return Cut((f,), groups, prefix, prefix + 1, 1, True,
                                ByCoord(f.axis, f.pre, f.size, (lo,) + (0,) * (f.size - 1)))
         if ext % f.size:
-            c = -(-ext // f.size)
-            if f.axis is None and lo // c == (lo + (count - 1) * step) // c:  # inside one chunk of f
-                return _in_chunk(f.size, fs[i + 1:], ext, lo // c, lo % c, count, step, groups, prefix)
+            if f.axis is None:  # the ranks' pieces of f's chunks differ in length
+                return _in_chunks(f.size, fs[i + 1:], ext, lo, count, step, groups, prefix)
             return (f"factor {_describe(f)} cuts a chunk of {ext} unevenly, so the ranks' local pieces of its "
                     f"chunks differ in length")
         c = ext // f.size
@@ -179,52 +181,78 @@ def _cut(fs, n: int, start: int, stop: int, step: int = 1) -> Cut | str:
                         f"(chunks of {c}): only one rank holds it")
             groups, prefix, lo, ext, i = groups * f.size, prefix * f.size + lo // c, lo % c, c, i + 1
             continue
+        if f.axis is None and not _even(rest, c):  # the ranks' pieces of f's chunks differ in length
+            got = _in_chunks(f.size, rest, ext, lo, count, step, groups, prefix)
+            if not isinstance(got, str):
+                return got
         return (f"the bounds [{start}:{start + span}] do not fall on the boundaries of factor {_describe(f)}'s "
                 f"chunks (multiples of {c} within a chunk of {ext})")
 
 
-def _in_chunk(k: int, rest, ext: int, j: int, lo: int, count: int, step: int, groups: int,
-              prefix: int) -> Cut | str:
-    """A range inside chunk ``j`` (from ``lo`` in it) of a local factor ``k`` that cuts a chunk of
-    ``ext`` unevenly, the chunks cut by ``rest``: the cut of that chunk alone (``cut``), run on
-    each rank's piece of it. The ranks' pieces of the chunks differ in length, so groups do not
-    line up; but a rank's piece of chunk ``j`` follows its pieces of chunks ``0..j-1`` in its
-    shard (group ``prefix`` of ``groups``), and the cut keeps a contiguous run of it: each rank
-    keeps its output's length from an offset, counted by lengths (``held_length``) for every
-    digit of the mesh-axis factors in ``rest``; comm-free when that offset is the same on every
-    rank or depends on one factor's digit only (``ByCoord``). ``[2*a*2 of 5]`` sliced ``[0:2]``:
-    ``a``'s first rank keeps the head of its shard, the other nothing."""
-    cj = chunk_length(ext, k, j)
-    sub = cut(rest, cj, lo, lo + (count - 1) * step + 1, step)
-    if isinstance(sub, str):
-        return sub
-    if sub.step != 1:
-        return f"a step of {step} inside one of factor {k}'s uneven chunks of {ext}"
+def _even(fs, n: int) -> bool:
+    return _product(f.size for f in fs) == n
+
+
+def _in_chunks(k: int, rest, ext: int, lo: int, count: int, step: int, groups: int, prefix: int) -> Cut | str:
+    """``[lo, lo + span)`` of a chunk of ``ext`` (group ``prefix`` of ``groups``) cut into ``k``
+    by a local factor, the chunks cut by ``rest`` — when the ranks' pieces of the chunks differ
+    in length (``k`` cuts ``ext`` unevenly, or ``rest`` cuts its chunks unevenly), so whole
+    groups do not line up. Each chunk's part of the range is cut alone (``cut``); a rank's
+    shard of the group is its pieces of the chunks in order, and it keeps a contiguous run of
+    it when, counted by lengths (``held_length``) for every digit of the mesh-axis factors in
+    ``rest``, the runs kept in consecutive chunks meet. The result is the parts joined
+    (``join``); each rank keeps its output's length from an offset that is the same everywhere
+    or depends on one factor's digit (``ByCoord``). ``[2*a*2 of 5]`` sliced ``[0:2]``: ``a``'s
+    first rank keeps the head of its shard, the other nothing; ``[1:4]``: ``[2*a of 3]``, ``a``'s
+    first rank keeps its elements 1..2, the other its element 0."""
+    c, q, r = chunk_counts(ext, k)
+    j0, j1 = lo // c, (lo + (count - 1) * step) // c
+    if j0 != j1 and step != 1:
+        return f"a step of {step} across factor {k}'s uneven chunks of {ext}"
+    parts = []  # (chunk, its cut, length of its part of the range)
+    for j in range(j0, j1 + 1):
+        a, b = max(lo, j * c) - j * c, min(lo + (count - 1) * step + 1, (j + 1) * c) - j * c
+        got = cut(rest, chunk_length(ext, k, j), a, b, step)
+        if isinstance(got, str):
+            return f"chunk {j} of factor {k}: {got}"
+        if got.step != 1:
+            return f"a step of {step} inside factor {k}'s uneven chunks of {ext}"
+        parts.append((j, got, len(range(a, b, step))))
+    factors = parts[0][1].factors if len(parts) == 1 else join([(g.factors, m) for _, g, m in parts])
+    if isinstance(factors, str):
+        return f"the parts of factor {k}'s chunks do not join: {factors}"
     axes = [g for g in rest if g.axis is not None]
-    offsets = {}  # digits of ``axes`` -> where that rank's output begins in its group's piece
+    offsets = {}  # digits of ``axes`` -> where that rank's output begins in its shard of the group
     for ds in itertools.product(*(range(g.size) for g in axes)):
         digit = dict(zip(axes, ds))
-        digits = [digit.get(g) for g in rest]
-        if not held_length(count, sub.factors, [digit.get(g) for g in sub.factors]):
-            continue  # this rank keeps nothing: any offset
-        held = held_length(cj, rest, digits)
-        if held % sub.groups:
-            return f"the ranks' pieces of chunk {j} of factor {k} do not split into {sub.groups} groups"
-        off = sub.offset
-        if type(off) is ByCoord:
-            off = off.values[digit[next(g for g in axes if (g.axis, g.pre, g.size) == off[:3])]]
-        offsets[ds] = (sum(held_length(chunk_length(ext, k, i), rest, digits) for i in range(j))
-                       + sub.start * (held // sub.groups) + off)
+        held = [held_length(x, rest, [digit.get(g) for g in rest]) for x in (c, r)]  # a chunk of c, of r
+        end = None  # where the run kept so far ends
+        for j, got, m in parts:
+            size = held_length(m, got.factors, [digit.get(g) for g in got.factors])
+            if not size:
+                continue  # this rank keeps nothing of chunk j
+            here = held[0] if j < q else held[1]
+            if here % got.groups:
+                return f"the ranks' pieces of chunk {j} of factor {k} do not split into {got.groups} groups"
+            off = got.offset
+            if type(off) is ByCoord:
+                off = off.values[ds[[(g.axis, g.pre, g.size) for g in axes].index(off[:3])]]
+            begin = min(j, q) * held[0] + (j > q) * held[1] + got.start * (here // got.groups) + off
+            if end is not None and begin != end:
+                return (f"a rank keeps pieces of chunks of factor {k} (cutting a chunk of {ext}) that are not "
+                        f"next to each other in its shard")
+            offsets.setdefault(ds, begin)
+            end = begin + size
     values = set(offsets.values()) or {0}
     if len(values) == 1:
-        return Cut(sub.factors, groups, prefix, prefix + 1, 1, True, values.pop())
-    for a, g in enumerate(axes):  # the offset as a function of one factor's digit
+        return Cut(tuple(factors), groups, prefix, prefix + 1, 1, True, values.pop())
+    for i, g in enumerate(axes):  # the offset as a function of one factor's digit
         by = {}
-        if all(by.setdefault(ds[a], v) == v for ds, v in offsets.items()):
-            return Cut(sub.factors, groups, prefix, prefix + 1, 1, True,
+        if all(by.setdefault(ds[i], v) == v for ds, v in offsets.items()):
+            return Cut(tuple(factors), groups, prefix, prefix + 1, 1, True,
                        ByCoord(g.axis, g.pre, g.size, tuple(by.get(d, 0) for d in range(g.size))))
-    return (f"the ranks' pieces of chunk {j} of factor {k} (a chunk of {ext} cut unevenly) begin at offsets "
-            f"that depend on several mesh axes")
+    return (f"the ranks' runs in factor {k}'s chunks (cutting a chunk of {ext}) begin at offsets that "
+            f"depend on several mesh axes")
 
 
 def _short(f: Factor, rest, c: int, j0: int, count: int, groups: int, prefix: int) -> Cut | None:
