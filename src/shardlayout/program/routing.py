@@ -22,10 +22,11 @@ returned as it is.
     >>> x = b.input("x", (8, 4)); p = b.input("p", (8, 3))
     >>> v, i = b.op("topk", [p], name="topk", n_out=2, dtypes=("float32", "int64"), k=2, dim=1)
     >>> o = b.op("sort", [b.op("view", [i], size=(-1,))], name="sort", n_out=2, dtypes=("int64", "int64"), stable=True)
-    >>> xs = b.op("index", [x, b.op("div", [o[1], 2], rounding_mode="floor")], name="xs")
-    >>> b.output(xs)
+    >>> tok = b.op("div", [o[1], 2], rounding_mode="floor")
+    >>> ys = b.op("silu", [b.op("index", [x, tok], name="xs")])
+    >>> b.output(b.op("index_add", [b.op("zeros_like", [x]), tok, ys], name="out", dim=0))
     >>> [op.target for op in recognise_routing(b.build()).ops]
-    ['topk', 'route']
+    ['topk', 'route', 'silu', 'unroute']
 """
 
 from __future__ import annotations
