@@ -216,7 +216,8 @@ def _best(name, inputs, options, cm, tensor_dtype, out_pins, note) -> Propagatio
     for targets, outputs in options:
         moves = move_collectives(inputs, targets, outputs, tuple(out_pins or ()) + (None,) * len(outputs),
                                  tensor_dtype, cm)
-        p = Propagation(name, tuple(inputs), tuple(targets), tuple(outputs), moves, (note,), (), cm)
+        said = note + ("; nothing moves" if not moves else "; its operands move first (below)")
+        p = Propagation(name, tuple(inputs), tuple(targets), tuple(outputs), moves, (said,), (), cm)
         if best is None or p.cost < best.cost:
             best = p
     return best
@@ -248,7 +249,7 @@ def _route_rule(name, inputs, experts=1, pairs=False, cost_model=None, tensor_dt
             continue
         options.append(((xt, it), (out,)))
     return _best(name, inputs, options, cost_model or DEFAULT_COST_MODEL, tensor_dtype, out_pins,
-                 "route: each rank sorts its own tokens by expert (its source block of every expert); nothing moves")
+                 "route: each rank sorts its own tokens by expert (its source block of every expert)")
 
 
 def _unroute_rule(name, inputs, routed=None, cost_model=None, tensor_dtype="float32", out_pins=(), **_):
@@ -280,7 +281,7 @@ def _unroute_rule(name, inputs, routed=None, cost_model=None, tensor_dtype="floa
             continue
         options.append(((yt, it) + ((wt,) if w is not None else ()), (out,)))
     return _best(name, inputs, options, cost_model or DEFAULT_COST_MODEL, tensor_dtype, out_pins,
-                 "unroute: each rank sums its own tokens' rows of every expert; nothing moves")
+                 "unroute: each rank sums its own tokens' rows of every expert")
 
 
 def _check_route(name, inputs, params):
