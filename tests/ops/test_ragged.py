@@ -427,3 +427,15 @@ def test_random_pins_plan_the_routed_moe_exactly(mesh_text, data):
         assert "\n" not in str(e)
         return
     assert verify_full(p).ok, (mesh_text, pins)
+
+
+def test_expert_parallel_with_tensor_parallel_experts():
+    # experts on ep, their ffn on tp: dispatch and combine are the two all_to_alls, the expert
+    # output a partial sum over tp through the combine; every rank equals a dense MoE
+    sizes = (512, 256, 8, 1024, 2)
+    pins = {"x": "[ep*256, 256]", "experts.w1": "[ep*4, 256, tp*512]", "experts.w2": "[ep*4, tp*512, 256]"}
+    m = Mesh.parse("ep=2,tp=2")
+    p = plan(moe(*sizes), m, pins)
+    assert p.counts() == {("all_to_all", ("ep",)): 2}
+    assert dict(p.shardings["expert_out"].partial) == {"tp": "sum"}
+    _plan_and_compare("ep=2,tp=2", pins, sizes)
