@@ -23,10 +23,12 @@ from ..sharding.ragged import (
     _dense_axes,
     _dense_slice,
     _storage,
+    block_holders,
     dense_cover,
     held,
     ragged_of,
     routed_sources,
+    target_blocks,
 )
 
 
@@ -73,30 +75,16 @@ def ragged_exchange(ex, c, piece: Nested) -> Nested:
     hold = {q: _holdings(src, r, q, n_src, fs) for q in members}
     sizes = [len(hold[q][0]) * len(hold[q][1]) for q in members]
     ext = _extents_of_group(ex, group, members, piece, sizes)
-    holders: dict = {}  # (component, source) -> [(member, its local component, its local source)]
-    for q in members:
-        qc, qs = hold[q]
-        for i, comp in enumerate(qc):
-            for j, so in enumerate(qs):
-                holders.setdefault((comp, so), []).append((q, i, j))
+    holders = block_holders(src, r, fs, n_src, members)
 
     def rows(q, i, j):
         return int(ext[members.index(q)][j * len(hold[q][0]) + i])
 
     def plan_for(t):  # per block of member t's target piece: its cover (dense parts by member)
-        wc, ws = _holdings(dst, r, t, n_src, fs)
         want = dst.indices(t)
-        out = []
-        for i, comp in enumerate(wc):
-            for j, so in enumerate(ws):
-                hs = holders.get((comp, so))
-                if not hs:
-                    raise RunError(f"{c.kind.value}: rank {t} needs component {comp}, source {so} that its group "
-                                   f"{list(members)} does not hold ({src} -> {dst})")
-                cover = dense_cover(src, r, want, hs) or [(hs[0][0], hs[0][1], hs[0][2],
-                                                          {d: np.zeros(0, dtype=np.int64) for d in dense}, {})]
-                out.append(((i, j), cover))
-        return out
+        return [(key, dense_cover(src, r, want, hs) or [(hs[0][0], hs[0][1], hs[0][2],
+                                                         {d: np.zeros(0, dtype=np.int64) for d in dense}, {})])
+                for key, _, _, hs in target_blocks(c, dst, r, fs, n_src, t, holders, members)]
 
     ndim = src.ndim
     dense = _dense_axes(r, ndim)

@@ -252,52 +252,71 @@ def ragged_collective_piece(c, rank: int, pieces: dict, group=None) -> Nested:
     comps, want_src = held(dst, r, rank, fs)
     want_src = want_src if want_src is not None else tuple(range(n_src))
     want_idx = dst.indices(rank)
-    have = {}
+    have = block_holders(src, r, fs, n_src, group)
+    blocks = {}
+    for (i, j), comp, so, holders in target_blocks(c, dst, r, fs, n_src, rank, have, group):
+        if c.reduce_op:
+            parts = []
+            for q, qi, qj in holders:
+                q_idx = src.indices(q)
+                picks = {d: _where(q_idx[d], want_idx[d]) for d in _dense_axes(r, ndim)}
+                parts.append(_dense_slice(pieces[q].block(qi, qj), r, ndim, picks))
+            if len(parts) != len(group):
+                raise ShardMismatch(f"{c.kind.value}: a reduction needs block ({comp}, {so}) from every member "
+                                    f"of {group}")
+            blocks[(i, j)] = _reduce(parts, c.reduce_op)
+            continue
+        cover = dense_cover(src, r, want_idx, holders)
+        if not cover:  # the target holds no dense index: the rows, with empty dense dims
+            q, qi, qj = holders[0]
+            picks = {d: _where(src.indices(q)[d], want_idx[d]) for d in _dense_axes(r, ndim)}
+            blocks[(i, j)] = _dense_slice(pieces[q].block(qi, qj), r, ndim, picks)
+            continue
+        if len(cover) == 1 and all(len(t) == len(want_idx[d]) for d, t in cover[0][4].items()):
+            q, qi, qj, qpos, _ = cover[0]
+            blocks[(i, j)] = _dense_slice(pieces[q].block(qi, qj), r, ndim, qpos)
+            continue
+        first = pieces[cover[0][0]].block(cover[0][1], cover[0][2])
+        shape = list(first.shape)
+        for d in _dense_axes(r, ndim):
+            shape[d if d < r.dim - 1 else d - 1] = len(want_idx[d])
+        out = np.zeros(shape, dtype=first.dtype)
+        for q, qi, qj, qpos, tpos in cover:
+            part = _dense_slice(pieces[q].block(qi, qj), r, ndim, qpos)
+            out[_box(shape, r, tpos)] = part
+        blocks[(i, j)] = out
+    like = pieces[group[0]]
+    return from_blocks(blocks, len(comps), len(want_src), like.dim, like.data, _storage(dst, r, rank))
+
+
+def block_holders(src: Sharding, r: Ragged, fs: tuple, n_src: int, group) -> dict:
+    """``{(component, source): [(member, its local component, its local source)]}``: who in
+    ``group`` holds each block under ``src`` (``fs``, ``n_src``: the routing's sources)."""
+    have: dict = {}
     for q in group:
         qc, qs = held(src, r, q, fs)
         qs = qs if qs is not None else tuple(range(n_src))
         for i, comp in enumerate(qc):
             for j, so in enumerate(qs):
                 have.setdefault((comp, so), []).append((q, i, j))
-    blocks = {}
+    return have
+
+
+def target_blocks(c, dst: Sharding, r: Ragged, fs: tuple, n_src: int, rank: int, have: dict, group) -> list:
+    """``[((i, j), component, source, holders)]``: the blocks ``rank``'s piece under ``dst``
+    holds, in its storage order, each with the members holding it (``block_holders``); raises
+    ShardMismatch when the group holds none of one."""
+    comps, want_src = held(dst, r, rank, fs)
+    want_src = want_src if want_src is not None else tuple(range(n_src))
+    out = []
     for i, comp in enumerate(comps):
         for j, so in enumerate(want_src):
             holders = have.get((comp, so))
             if not holders:
                 raise ShardMismatch(f"{c.kind.value} over {c.axes_text()}: rank {rank} needs component {comp}, source "
-                                    f"{so} that its group {group} does not hold ({src} -> {dst})")
-            if c.reduce_op:
-                parts = []
-                for q, qi, qj in holders:
-                    q_idx = src.indices(q)
-                    picks = {d: _where(q_idx[d], want_idx[d]) for d in _dense_axes(r, ndim)}
-                    parts.append(_dense_slice(pieces[q].block(qi, qj), r, ndim, picks))
-                if len(parts) != len(group):
-                    raise ShardMismatch(f"{c.kind.value}: a reduction needs block ({comp}, {so}) from every member "
-                                        f"of {group}")
-                blocks[(i, j)] = _reduce(parts, c.reduce_op)
-                continue
-            cover = dense_cover(src, r, want_idx, holders)
-            if not cover:  # the target holds no dense index: the rows, with empty dense dims
-                q, qi, qj = holders[0]
-                picks = {d: _where(src.indices(q)[d], want_idx[d]) for d in _dense_axes(r, ndim)}
-                blocks[(i, j)] = _dense_slice(pieces[q].block(qi, qj), r, ndim, picks)
-                continue
-            if len(cover) == 1 and all(len(t) == len(want_idx[d]) for d, t in cover[0][4].items()):
-                q, qi, qj, qpos, _ = cover[0]
-                blocks[(i, j)] = _dense_slice(pieces[q].block(qi, qj), r, ndim, qpos)
-                continue
-            first = pieces[cover[0][0]].block(cover[0][1], cover[0][2])
-            shape = list(first.shape)
-            for d in _dense_axes(r, ndim):
-                shape[d if d < r.dim - 1 else d - 1] = len(want_idx[d])
-            out = np.zeros(shape, dtype=first.dtype)
-            for q, qi, qj, qpos, tpos in cover:
-                part = _dense_slice(pieces[q].block(qi, qj), r, ndim, qpos)
-                out[_box(shape, r, tpos)] = part
-            blocks[(i, j)] = out
-    like = pieces[group[0]]
-    return from_blocks(blocks, len(comps), len(want_src), like.dim, like.data, _storage(dst, r, rank))
+                                    f"{so} that its group {list(group)} does not hold ({c.src} -> {dst})")
+            out.append(((i, j), comp, so, holders))
+    return out
 
 
 def dense_cover(src: Sharding, r: Ragged, want_idx: tuple, holders: list) -> list:
