@@ -77,18 +77,24 @@ def llama(layers: int = 2, batch: int = 2, seq: int = 8, dim: int = 16, heads: i
     return b.build()
 
 
+def _router(b: ProgramBuilder, tokens: int, dim: int, experts: int, ffn: int) -> tuple:
+    """The MoE layer's tokens, stacked expert weights and router probabilities (shared by
+    :func:`moe` and :func:`moe_dense`)."""
+    x = b.input("x", (tokens, dim))
+    wr = b.param("router", (dim, experts))
+    w1 = b.param("experts.w1", (experts, dim, ffn))
+    w2 = b.param("experts.w2", (experts, ffn, dim))
+    logits = b.op("mm", [x, wr], name="router_logits")
+    return x, w1, w2, b.op("_softmax", [logits], name="router_probs", dim=1)
+
+
 def moe(tokens: int = 16, dim: int = 16, experts: int = 4, ffn: int = 32, top_k: int = 2) -> Program:
     """A mixture-of-experts layer with token-choice top-k routing: router, top-k, tokens sorted by
     expert into a nested tensor (``route``: experts x ragged rows), SiLU experts applied per
     expert (einsum over the stacked ``(E, D, F)`` weights), weighted combine back to the tokens
     (``unroute``). Each expert computes only the tokens routed to it."""
     b = ProgramBuilder()
-    x = b.input("x", (tokens, dim))
-    wr = b.param("router", (dim, experts))
-    w1 = b.param("experts.w1", (experts, dim, ffn))
-    w2 = b.param("experts.w2", (experts, ffn, dim))
-    logits = b.op("mm", [x, wr], name="router_logits")
-    probs = b.op("_softmax", [logits], name="router_probs", dim=1)
+    x, w1, w2, probs = _router(b, tokens, dim, experts, ffn)
     scores, idx = b.op("topk", [probs], name="topk", n_out=2, dtypes=("float32", "int64"), k=top_k, dim=1)
     xs = b.op("route", [x, idx], name="dispatch", experts=experts)
     h = b.op("einsum", [xs, w1], name="expert_in", equation="erd,edf->erf")
@@ -103,12 +109,7 @@ def moe_dense(tokens: int = 16, dim: int = 16, experts: int = 4, ffn: int = 32, 
     ``(experts, tokens, dim)`` tensor) and the top-k gate zeroes the ones it did not choose:
     ``experts / top_k`` times the FLOPs of the routed layer."""
     b = ProgramBuilder()
-    x = b.input("x", (tokens, dim))
-    wr = b.param("router", (dim, experts))
-    w1 = b.param("experts.w1", (experts, dim, ffn))
-    w2 = b.param("experts.w2", (experts, ffn, dim))
-    logits = b.op("mm", [x, wr], name="router_logits")
-    probs = b.op("_softmax", [logits], name="router_probs", dim=1)
+    x, w1, w2, probs = _router(b, tokens, dim, experts, ffn)
     vals, _ = b.op("topk", [probs], name="topk", n_out=2, k=top_k, dim=1)
     thr = b.op("slice", [vals], name="kth", dim=1, start=top_k - 1, end=top_k)
     mask = b.op("ge", [probs, thr], name="chosen")
