@@ -173,3 +173,20 @@ def test_json_with_an_op_not_defined_on_ragged_tensors_is_refused():
                         "outputs": ["flat"]})
     with pytest.raises(ProgramError, match="view"):
         Program.from_json(json.dumps(data))
+
+
+def test_the_planners_routed_param_is_refused_from_a_caller():
+    import json
+
+    from shardlayout.errors import ShardingError
+    from shardlayout.mesh import Mesh
+    from shardlayout.plan import plan
+    from shardlayout.program import Program
+    from shardlayout.program.models import moe
+
+    data = json.loads(moe(tokens=16, dim=8, experts=4, ffn=8, top_k=2).to_json())
+    for op in data["ops"]:
+        if op["target"] == "unroute":
+            op["params"]["routed"] = ["ep"]
+    with pytest.raises(ShardingError, match="set by the planner"):
+        plan(Program.from_json(json.dumps(data)), Mesh.parse("ep=2"))

@@ -168,7 +168,8 @@ class Partial(titan.TitanMoE):
     ``divisor``: rows gathered by ``order // (2 * top_k)`` instead of ``order // top_k``;
     ``unsort``: the expert rows put back into pair order (``out[order] = ys``) and summed over the
     choices (Megatron's unpermute); ``overwrite``: ``out[token] = ys`` (top_k=1: no duplicates);
-    ``half``: ``scatter_add`` of (rows, dim/2) outputs into the first half of a (tokens, dim) zeros."""
+    ``half``: ``scatter_add`` of (rows, dim/2) outputs into the first half of a (tokens, dim) zeros;
+    ``flipped``: ascending order but the offsets of the flipped counts (not the routing's)."""
 
     def __init__(self, variant: str, **kw):
         super().__init__(**kw)
@@ -187,7 +188,7 @@ class Partial(titan.TitanMoE):
         order = torch.argsort(flat, stable=True, descending=v == "descending")
         token = order // (2 * k if v == "divisor" else k)
         xs = x[token]
-        if v == "descending":
+        if v in ("descending", "flipped"):
             counts = counts.flip(0)
         offs = torch.cumsum(counts.to(torch.int32), dim=0, dtype=torch.int32)
         h = F.silu(torch._grouped_mm(xs.bfloat16(), self.w1.bfloat16(), offs=offs))
@@ -208,7 +209,7 @@ class Partial(titan.TitanMoE):
 
 # every partial form is left as it was (all or nothing) and plans op by op to the module's output
 @pytest.mark.parametrize("variant,top_k", [("descending", 2), ("divisor", 2), ("unsort", 2), ("overwrite", 1),
-                                           ("half", 2)])
+                                           ("half", 2), ("flipped", 2)])
 def test_a_partial_pattern_is_not_mis_rewritten_and_plans_to_the_module_output(variant, top_k):
     torch.manual_seed(0)
     m = Partial(variant, dim=16, experts=4, ffn=32, top_k=top_k)
@@ -216,7 +217,7 @@ def test_a_partial_pattern_is_not_mis_rewritten_and_plans_to_the_module_output(v
     with torch.no_grad():
         want = m(x).numpy()
     prog = from_torch(m, (x,))
-    if variant in ("descending", "divisor"):  # rows not grouped by order // top_k: nothing to route
+    if variant in ("descending", "divisor", "flipped"):  # not the routing's rows or offsets: nothing routed
         assert "route" not in targets(prog) and "sort" in targets(prog)
     assert prog.tensors[prog.outputs[0]].shape == want.shape
     # the unsharded run (numpy: float32/64 where the module rounds to bf16) is the module's output ...

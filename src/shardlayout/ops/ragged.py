@@ -294,6 +294,10 @@ def _check_route(name, inputs, params):
 
 
 def _check_unroute(name, inputs, params):
+    routed = params.get("routed")
+    if routed is not None and (not isinstance(routed, tuple) or not all(isinstance(f, Factor) for f in routed)):
+        raise OpError(f"op unroute: routed = {routed!r} is set by the planner (the mesh factors the rows were routed "
+                      "from); do not give it")
     y, idx = inputs[0], inputs[1]
     w = inputs[2] if len(inputs) > 2 and isinstance(inputs[2], Sharding) else None
     if idx.ndim != 2 or (w is not None and w.shape != idx.shape):

@@ -152,6 +152,8 @@ def _rewrite(prog, op, n, ins, kw, h, ragged, producer):
         if prog.tensors[ins[0]].shape[0] == t["tokens"]:
             return "route", [ins[0], spread[ins[1]]], {"experts": t["experts"]}, None
     if n == "_grouped_mm" and ins and ins[0] in ragged:
+        if len(ins) < 3 or not _offsets_of_routing(prog, ins[2], h, producer):
+            return None  # offsets that are not this routing's counts: left as it is (and the rewrite undone)
         w = prog.tensors[ins[1]]
         if len(w.shape) != 3 or len(prog.tensors[ins[0]].shape) != 2:
             raise ProgramError(f"op {op.name} (_grouped_mm): routed rows {prog.tensors[ins[0]].shape} times weights "
@@ -166,6 +168,39 @@ def _rewrite(prog, op, n, ins, kw, h, ragged, producer):
             return None  # not every row summed whole into its token: left as it is (and the rewrite undone)
         return "unroute", [ins[2], idx], {}, (None if _is_zeros(prog, ins[0], producer) else ins[0])
     return None
+
+
+_CASTS = ("_to_copy", "to", "type_as", "clone", "detach", "view", "reshape", "_unsafe_view")
+
+
+def _offsets_of_routing(prog: Program, name: str, h: dict, producer: dict) -> bool:
+    """Is ``name`` the cumulative sum of the rows per expert of a routing — ``cumsum`` (through
+    casts) of ``histc(ids, bins=E, min=0, max=E)`` or ``bincount(ids, minlength=E)`` of a flattened
+    top-k index (through casts)? Anything else (flipped, padded, capacity-rounded offsets) is not
+    what ``route`` makes."""
+    def through(t):
+        op = producer.get(t)
+        while op is not None and canonical_op_name(op.target) in _CASTS and len(op.inputs) == 1 and \
+                prog.tensors[op.inputs[0]].shape == prog.tensors[t].shape:
+            t = op.inputs[0]
+            op = producer.get(t)
+        return t, op
+
+    _, op = through(name)
+    if op is None or canonical_op_name(op.target) != "cumsum" or dict(op.params).get("dim", 0) not in (0, -1):
+        return False
+    _, op = through(op.inputs[0])
+    if op is None:
+        return False
+    n, kw = canonical_op_name(op.target), dict(op.params)
+    ids, _ = through(op.inputs[0])
+    idx = h["flat"].get(ids)
+    if idx not in h["topk"]:
+        return False
+    e = h["topk"][idx]["experts"]
+    if n == "histc":
+        return kw.get("bins") == e and kw.get("min", 0) == 0 and kw.get("max", 0) == e
+    return n == "bincount" and kw.get("minlength") == e and len(op.inputs) == 1
 
 
 def _live(prog: Program) -> Program:

@@ -269,8 +269,11 @@ def ragged_collective_piece(c, rank: int, pieces: dict, group=None) -> Nested:
         cover = dense_cover(src, r, want_idx, holders)
         if not cover:  # the target holds no dense index: the rows, with empty dense dims
             q, qi, qj = holders[0]
-            picks = {d: _where(src.indices(q)[d], want_idx[d]) for d in _dense_axes(r, ndim)}
-            blocks[(i, j)] = _dense_slice(pieces[q].block(qi, qj), r, ndim, picks)
+            rows = pieces[q].block(qi, qj)
+            shape = list(rows.shape)
+            for d in _dense_axes(r, ndim):
+                shape[d if d < r.dim - 1 else d - 1] = len(want_idx[d])
+            blocks[(i, j)] = np.zeros(shape, dtype=rows.dtype)
             continue
         if len(cover) == 1 and all(len(t) == len(want_idx[d]) for d, t in cover[0][4].items()):
             q, qi, qj, qpos, _ = cover[0]
@@ -388,7 +391,11 @@ def piece_rows(s: Sharding, r: Ragged) -> tuple:
     most = comps * r.maximum
     if r.total is not None:
         most = min(most, r.total)
-    most = -(-most // n)
+    if n > 1 and r.total and r.maximum and r.total % r.maximum == 0:
+        # a source piece: its tokens (the largest token shard) each give at most min(k, comps) rows
+        most = min(most, -(-r.maximum // n) * min(r.total // r.maximum, comps))
+    else:
+        most = -(-most // n)
     return min(-(-comps * r.expected // n), most), most
 
 
