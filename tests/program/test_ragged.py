@@ -190,3 +190,13 @@ def test_the_planners_routed_param_is_refused_from_a_caller():
             op["params"]["routed"] = ["ep"]
     with pytest.raises(ShardingError, match="set by the planner"):
         plan(Program.from_json(json.dumps(data)), Mesh.parse("ep=2"))
+
+
+def test_a_float_index_is_refused_at_build():
+    from shardlayout.program import ProgramBuilder, ProgramError
+
+    b = ProgramBuilder()
+    x, idx = b.input("x", (8, 4)), b.input("idx", (8, 2), "float32")
+    b.output(b.op("route", [x, idx], name="xs", experts=4))
+    with pytest.raises(ProgramError, match="integer dtype"):
+        b.build()

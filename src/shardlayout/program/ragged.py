@@ -78,6 +78,9 @@ def output_ragged(op, ins: list, out_shapes: list) -> list:
     """The Ragged of each output of ``op`` (None for a dense one) from its inputs' specs;
     raises RaggedError for an op that is not defined on a ragged operand."""
     name = canonical_op_name(op.target)
+    if name in ("route", "unroute") and len(ins) > 1 and not str(ins[1].dtype).startswith(("int", "uint")):
+        raise RaggedError(f"op {op.name} ({name}): the index {ins[1].name} is {ins[1].dtype}; it must hold expert ids "
+                          "(an integer dtype, e.g. topk's indices)")
     if name == "route":
         idx = ins[1]
         t, k = idx.shape
