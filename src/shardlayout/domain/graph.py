@@ -819,18 +819,30 @@ def is_resharding(inputs, output: TensorDomain | None = None, kind=None, *, dim:
 # ------------------------------------------------------------------------------------------
 
 
-def _split_chain(td: TensorDomain, dev: IterDomain):
-    """(logical ID, splits from it down to ``dev`` as (factor, inner, side)) or None (a merge)."""
+def split_chain(td: TensorDomain, iid: IterDomain):
+    """(logical ID, the Split exprs from it down to ``iid``, outer first), or None when a merge is
+    on the way (shared by the graph's propagation and the Stream rules)."""
     producer = {o.id: e for e in td.loop_exprs for o in e.outputs}
     logical = {i.id for i in td.logical}
-    steps, k = [], dev.id
+    splits, k = [], iid.id
     while k not in logical:
         e = producer.get(k)
         if not isinstance(e, Split):
             return None
-        steps.append((e.factor, e.inner_split, "outer" if k == e.outer.id else "inner"))
+        splits.append(e)
         k = e.input.id
-    return td.current(k), tuple(reversed(steps))
+    return td.current(k), tuple(reversed(splits))
+
+
+def _split_chain(td: TensorDomain, dev: IterDomain):
+    """(logical ID, splits from it down to ``dev`` as (factor, inner, side)) or None (a merge)."""
+    got = split_chain(td, dev)
+    if got is None:
+        return None
+    lid, splits = got
+    below = [x.input.id for x in splits[1:]] + [dev.id]  # the ID each split leads to, outer first
+    return lid, tuple((e.factor, e.inner_split, "outer" if k == e.outer.id else "inner")
+                      for e, k in zip(splits, below))
 
 
 def _down_to_logical(out: TensorDomain, root: IterDomain, n, lid: IterDomain) -> IterDomain:

@@ -54,8 +54,8 @@ from dataclasses import replace
 
 from ..errors import DomainError
 from ..mesh import Mesh
-from .graph import IdGraph, Op, OpKind, _dims, _down_to_logical, _pairs, _up_to_root
-from .iterdomain import SERIAL, STREAM, IterDomain, Kind, ParallelType, Split, TensorDomain, divides, equal
+from .graph import IdGraph, Op, OpKind, _dims, _down_to_logical, _pairs, _up_to_root, split_chain
+from .iterdomain import SERIAL, STREAM, IterDomain, Kind, ParallelType, TensorDomain, divides, equal
 
 # ------------------------------------------------------------------------------------------
 # small facts about one tensor
@@ -83,20 +83,6 @@ def _fits(p: ParallelType, ref_mesh: Mesh | None, mesh: Mesh) -> bool:
     except DomainError:
         return False
     return True
-
-
-def _chain(td: TensorDomain, iid: IterDomain):
-    """(logical ID, splits from it down to ``iid``, outer first), or None when a merge is on the way."""
-    producer = {o.id: e for e in td.loop_exprs for o in e.outputs}
-    logical = {i.id for i in td.logical}
-    splits, k = [], iid.id
-    while k not in logical:
-        e = producer.get(k)
-        if not isinstance(e, Split):
-            return None
-        splits.append(e)
-        k = e.input.id
-    return td.current(k), tuple(reversed(splits))
 
 
 def _ties(op: Op) -> list:
@@ -171,7 +157,7 @@ def _picks(op: Op, ref: TensorDomain, target: TensorDomain, forward: bool, strea
             continue
         if p.is_device and target.mesh is not None and not _fits(p, ref.mesh, target.mesh):
             continue
-        chain = _chain(ref, rid)
+        chain = split_chain(ref, rid)
         if chain is None:
             raise DomainError(f"{ref.name}: {rid} lies under a merge of loop IDs; nvFuser carries only splits of one "
                               f"logical ID to {target.name}: split the dim before merging")
