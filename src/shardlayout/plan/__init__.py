@@ -305,6 +305,8 @@ def _check_ragged_plan(p: "Plan") -> None:
     from ..sharding.ragged import check_ragged, source_factors
 
     prog = p.program
+    if not any(t.ragged is not None for t in prog.tensors.values()):
+        return
     sources = {}
     for op, po in zip(prog.ops, p.ops):
         if canonical_op_name(op.target) == "route":
@@ -369,6 +371,8 @@ def _hoist_moves(program: Program, p: "Plan", pinned: set, cm: CostModel) -> dic
     plan is cheaper."""
     from ..ops.ragged import ROWWISE
 
+    if not any(any(c.kind.communicates for c in chain) for chain in p.moves.values()):
+        return {}
     producer = {o: op for op in program.ops for o in op.outputs}
     users: dict = {}
     for op in program.ops:
