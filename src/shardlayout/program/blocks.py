@@ -146,6 +146,11 @@ class Graph:
     program: Program
     producer: dict
     consumers: dict
+    through: frozenset = frozenset()  # indices of the ops that only move values (``passthrough``)
+
+    def passes(self, i: int) -> bool:
+        """Does op ``i`` only move or combine values element by element (``passthrough``)?"""
+        return i in self.through
 
     def op(self, i: int):
         return self.program.ops[i]
@@ -172,7 +177,8 @@ def graph(program: Program) -> Graph:
                     lst = consumers.setdefault(t, [])
                     if i not in lst:
                         lst.append(i)
-        g = Graph(program, producer, consumers)
+        g = Graph(program, producer, consumers,
+                  frozenset(i for i, op in enumerate(program.ops) if passthrough(op)))
         object.__setattr__(program, "_graph", g)
     return g
 
@@ -380,19 +386,20 @@ def find_linears(program: Program) -> tuple:
 def _closed(g: Graph, start: str, sinks: frozenset) -> bool:
     """Is every tensor derived from ``start`` through pointwise ops and views consumed only by
     such ops or by the ``sinks`` (op indices)?"""
-    seen, stack = set(), [start]
-    while stack:
-        t = stack.pop()
-        if t in seen:
-            continue
-        seen.add(t)
-        for i in g.users(t):
-            if i in sinks:
-                continue
-            op = g.op(i)
-            if not passthrough(op):
-                return False
-            stack.extend(op.outputs)
+    seen, frontier = {start}, [start]
+    while frontier:  # breadth first: a use that breaks the region is found at its depth, not after a deep walk
+        nxt = []
+        for t in frontier:
+            for i in g.users(t):
+                if i in sinks:
+                    continue
+                if i not in g.through:
+                    return False
+                for o in g.program.ops[i].outputs:
+                    if o not in seen:
+                        seen.add(o)
+                        nxt.append(o)
+        frontier = nxt
     return True
 
 
@@ -405,13 +412,15 @@ def linears_behind(g: Graph, tensors, sinks: frozenset, by_output: dict) -> tupl
         if t in seen:
             continue
         seen.add(t)
+        if any(i not in sinks and i not in g.through for i in g.users(t)):
+            continue  # no linear behind t is closed: what it derives reaches t's foreign use (keeps this walk local)
         if t in by_output:
             found.append(by_output[t])
             continue
-        op = g.made_by(t)
-        if op is None or not passthrough(op):
+        i = g.producer.get(t)
+        if i is None or i not in g.through:
             continue
-        stack.extend(x for x in op.inputs if isinstance(x, str))
+        stack.extend(x for x in g.program.ops[i].inputs if isinstance(x, str))
     found = sorted(set(found), key=lambda lin: lin.op)
     return tuple(lin for lin in found if _closed(g, lin.output, sinks))
 
@@ -429,7 +438,7 @@ def linears_ahead(g: Graph, start: str, by_activation: dict) -> tuple:
             lin = by_activation.get((i, t))
             if lin is not None:
                 found.append(lin)
-            elif passthrough(g.op(i)):
+            elif i in g.through:
                 stack.extend(g.op(i).outputs)
             else:
                 return ()
@@ -448,7 +457,7 @@ def _reach(g: Graph, start: str, forward: bool, want, limit: int = 64):
                 if want(i, t):
                     return i, t
                 op = g.op(i)
-                if passthrough(op):
+                if i in g.through:
                     for x in (op.outputs if forward else [x for x in op.inputs if isinstance(x, str)]):
                         if x not in seen:
                             seen.add(x)
@@ -653,7 +662,7 @@ def _reaches_output(g: Graph, t: str, outputs: set) -> bool:
             continue
         seen.add(x)
         for i in g.users(x):
-            if passthrough(g.op(i)):
+            if i in g.through:
                 stack.extend(g.op(i).outputs)
     return False
 
