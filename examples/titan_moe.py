@@ -6,6 +6,9 @@ Token-choice top-k routing as torchtitan writes it: router scores, ``topk``, per
 offsets, the routing scores applied after (or before) the experts, and the rows summed back into
 the tokens (``scatter_add``, or ``index_add``). The variants are the forms users write; every
 one is recognised as route / grouped matmul / unroute (``shardlayout.program.routing``).
+``experts="loop"`` runs the experts as torchtitan's for-loop does instead (``use_grouped_mm=False``:
+``torch.split`` of the rows by ``counts.tolist()``, one matmul chain per expert, ``torch.cat``, and
+its zero padding), read as the same grouped computation (``shardlayout.program.expert_loop``).
 """
 
 from __future__ import annotations
@@ -17,13 +20,13 @@ import torch.nn.functional as F
 
 class TitanMoE(nn.Module):
     """``TitanMoE(dim, experts, ffn, top_k, counts="histc"|"bincount", gather="index"|"gather",
-    combine="scatter_add"|"index_add", scores="after"|"before")``."""
+    combine="scatter_add"|"index_add", scores="after"|"before", run="grouped"|"loop")``."""
 
     def __init__(self, dim: int = 256, experts: int = 8, ffn: int = 512, top_k: int = 2, counts: str = "histc",
-                 gather: str = "index", combine: str = "scatter_add", scores: str = "after"):
+                 gather: str = "index", combine: str = "scatter_add", scores: str = "after", run: str = "grouped"):
         super().__init__()
         self.experts, self.top_k = experts, top_k
-        self.counts, self.gather, self.combine, self.scores = counts, gather, combine, scores
+        self.counts, self.gather, self.combine, self.scores, self.run = counts, gather, combine, scores, run
         self.router = nn.Linear(dim, experts, bias=False)
         self.w1 = nn.Parameter(torch.randn(experts, dim, ffn) / dim ** 0.5)
         self.w3 = nn.Parameter(torch.randn(experts, dim, ffn) / dim ** 0.5)
@@ -44,19 +47,35 @@ class TitanMoE(nn.Module):
             xs = x[token]
         else:
             xs = torch.gather(x, 0, token.unsqueeze(-1).expand(-1, d))
-        weights = top.view(-1)[order].unsqueeze(-1)
+        weights = top.view(-1)[order].reshape(-1, 1)
         if self.scores == "before":
             xs = xs * weights
-        offs = torch.cumsum(counts.to(torch.int32), dim=0, dtype=torch.int32)
-        xb = xs.bfloat16()
-        h = F.silu(torch._grouped_mm(xb, self.w1.bfloat16(), offs=offs)) * \
-            torch._grouped_mm(xb, self.w3.bfloat16(), offs=offs)
-        ys = torch._grouped_mm(h, self.w2.bfloat16(), offs=offs).float()
+        if self.run == "loop":
+            ys = experts_for_loop(self.w1, self.w2, self.w3, xs, counts)
+        else:
+            offs = torch.cumsum(counts.to(torch.int32), dim=0, dtype=torch.int32)
+            xb = xs.bfloat16()
+            h = F.silu(torch._grouped_mm(xb, self.w1.bfloat16(), offs=offs)) * \
+                torch._grouped_mm(xb, self.w3.bfloat16(), offs=offs)
+            ys = torch._grouped_mm(h, self.w2.bfloat16(), offs=offs).float()
         if self.scores == "after":
             ys = ys * weights
         if self.combine == "scatter_add":
             return torch.zeros_like(x).scatter_add(0, token.unsqueeze(1).expand(-1, d), ys)
         return torch.zeros_like(x).index_add(0, token, ys)
+
+
+def experts_for_loop(w1, w2, w3, x, counts):
+    """The experts one at a time, as torchtitan's ``_run_experts_for_loop``: the rows split by the
+    counts (``.tolist()``: sizes known at run time only), SwiGLU per expert, joined, zero padded."""
+    sizes = counts.to(torch.int64).tolist()
+    padding = x.shape[0] - sum(sizes)
+    outs = []
+    for e, xe in enumerate(torch.split(x[: sum(sizes)], sizes, dim=0)):
+        h = F.silu(xe @ w1[e]) * (xe @ w3[e])
+        outs.append(h @ w2[e])
+    out = torch.cat(outs, dim=0)
+    return torch.vstack((out, out.new_zeros((padding, out.shape[-1]))))
 
 
 def make(tokens: int = 1024, **kw):
@@ -69,3 +88,8 @@ def make(tokens: int = 1024, **kw):
 def make_bincount_index_add():
     """``bincount`` counts, ``gather`` of the rows, ``index_add`` back, scores before the experts."""
     return make(counts="bincount", gather="gather", combine="index_add", scores="before")
+
+
+def make_loop(tokens: int = 1024, **kw):
+    """The experts as torchtitan's for-loop (``run="loop"``), the routing as ``make``'s."""
+    return make(tokens, run="loop", **kw)

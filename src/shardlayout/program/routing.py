@@ -68,8 +68,9 @@ def _scan(prog: Program) -> dict:
                 (n == "floor_divide" or kw.get("rounding_mode") == "floor") and \
                 ins[1] == topk[order[ins[0]]]["k"]:
             token[outs[0]] = order[ins[0]]
-        elif n == "unsqueeze" and ins and ins[0] in token and kw.get("dim") in (1, -1):
-            spread[outs[0]] = token[ins[0]]
+        elif ins and ins[0] in token and (n == "unsqueeze" and kw.get("dim") in (1, -1) or n in _FLATTEN and
+                                          prog.tensors[outs[0]].shape == prog.tensors[ins[0]].shape + (1,)):
+            spread[outs[0]] = token[ins[0]]  # token ids as a column: unsqueeze(-1), or reshape(-1, 1) as torchtitan
         elif n == "expand" and ins and ins[0] in spread:
             spread[outs[0]] = spread[ins[0]]
     return {"topk": topk, "flat": flat, "order": order, "token": token, "spread": spread}
@@ -128,10 +129,27 @@ def _replay(prog: Program, h: dict) -> Program:
             if n in ("unsqueeze", "squeeze") and isinstance(kw.get("dim"), int) and kw["dim"] >= 0:
                 kw = {**kw, "dim": kw["dim"] + 1}  # a flat dim d >= 1 is nested dim d + 1
             ragged.update(op.outputs)
+            column = _as_column(prog, op, n)
+            if column is not None:  # rows.reshape(-1, 1) (torchtitan's scores): the same trailing dim, nested
+                b._op(column, list(ins), op.name, 1, dtypes, {"dim": -1})
+                continue
         b._op(op.target, list(ins), op.name, len(op.outputs), dtypes if op.outputs else None, kw)
     for o in prog.outputs:
         b.output(o)
     return _live(b.build())
+
+
+def _as_column(prog, op, n: str):
+    """``"unsqueeze"`` / ``"squeeze"`` when a view of routed rows only adds / drops a trailing
+    size-1 dim (``reshape(-1, 1)``), which on nested rows is that same dim; else None."""
+    if n not in _FLATTEN or len(op.inputs) != 1 or len(op.outputs) != 1:
+        return None
+    a, out = prog.tensors[op.inputs[0]].shape, prog.tensors[op.outputs[0]].shape
+    if out == a + (1,):
+        return "unsqueeze"
+    if a == out + (1,) and len(out) >= 1:
+        return "squeeze"
+    return None
 
 
 def _rewrite(prog, op, n, ins, kw, h, ragged, producer):

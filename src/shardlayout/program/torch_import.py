@@ -27,6 +27,7 @@ import re
 from ..errors import SymbolError, UnsupportedOp
 from ..symbolic import Expr, Guard, as_extent, parse, sym
 from . import Program, ProgramBuilder, ProgramError
+from .expert_loop import check_loops_routed, expert_loops
 
 # scalar arguments of these ops are operands (add(x, 1e-6)), not parameters
 _POINTWISE_SCALARS = {"add", "sub", "mul", "div", "pow", "where", "eq", "ne", "le", "lt", "ge", "gt",
@@ -114,6 +115,7 @@ class _Symbols:
         self.example: dict = {}  # ours -> int
         self.special: list = []  # Guards of specialised symbols
         self._memo: dict = {}
+        self.sums: tuple = ()  # per-expert loops: ((count symbols in expert order), rows) each
 
     def expr(self, v):
         """The extent of a SymInt / int: an int or an Expr in our names."""
@@ -123,6 +125,11 @@ class _Symbols:
             return v
         if isinstance(v, torch.SymInt):
             text = str(v)
+            if self.sums:
+                got = self._summed(v.node.expr)
+                if isinstance(got, int):
+                    return got
+                text = str(got) if got is not None else text
             hit = self._memo.get(text)
             if hit is None:
                 try:
@@ -139,6 +146,25 @@ class _Symbols:
 
     def shape(self, val) -> tuple:
         return tuple(self.expr(s) for s in val.shape)
+
+    def _summed(self, expr):
+        """A size over the counts of a per-expert loop (``program.expert_loop``): an int when it is
+        one whenever the counts sum to the rows (``u0 + ... + u3`` is the rows, ``rows - u0 - ...``
+        is 0), or expert 0's rows when it reads expert 0's count alone (expert 0's ops run on
+        every row); None when it reads no count."""
+        free = expr.free_symbols
+        for counts, rows in self.sums:
+            mine = [u for u in counts if u in free]
+            if not mine:
+                continue
+            whole = expr.subs(counts[0], rows - sum(counts[1:])).expand()
+            if not whole.free_symbols:
+                return int(whole)
+            first = expr.subs(counts[0], rows).expand()
+            if not first.free_symbols:
+                return int(first)
+            return whole
+        return None
 
 
 def _hint(v) -> int:
@@ -292,6 +318,8 @@ def from_exported(ep, decompose: bool = True, dim_names: dict | None = None) -> 
     placeholders = [n for n in ep.graph.nodes if n.op == "placeholder"]
     user_inputs = [n for n in placeholders if n.name not in params and n.name not in buffers]
     syms = _collect_symbols(ep, dim_names or {}, user_inputs)
+    loops = expert_loops(ep.graph.nodes)
+    syms.sums = loops.sums
     facts: list = []
     notes: list = []
     b = ProgramBuilder(symbols=syms.example)
@@ -312,6 +340,18 @@ def from_exported(ep, decompose: bool = True, dim_names: dict | None = None) -> 
             b._tensor(name, (), dtype, kind, sym_shape=shape)
             names[node] = name
         elif node.op == "call_function":
+            if node in loops.skip:
+                continue
+            if node in loops.alias:
+                names[node] = names[loops.alias[node]]
+                continue
+            if node in loops.offsets:  # a per-expert loop's split: the offsets of its grouped matmuls
+                names[node] = b._op("cumsum", [names[loops.offsets[node]]], f"{node.name}_offsets", 1, None,
+                                    {"dim": 0})
+                continue
+            if node in loops.emit:
+                names[node] = _emit_stacked(node, loops.emit[node], names, syms, b)
+                continue
             if node.target is operator.getitem:
                 base = names[node.args[0]]
                 names[node] = base[node.args[1]] if isinstance(base, tuple) else base
@@ -329,6 +369,12 @@ def from_exported(ep, decompose: bool = True, dim_names: dict | None = None) -> 
             if short not in known:
                 where = (node.meta.get("stack_trace") or "").strip().splitlines()
                 line = where[-2].strip() if len(where) >= 2 else "(no source line)"
+                if short == "_local_scalar_dense":
+                    raise UnsupportedOp(
+                        f"node {node.name!r} ({line}) reads a tensor's value as a Python number (.item(), "
+                        ".tolist(), int(t)): what follows has sizes known at run time only, which shardlayout plans "
+                        "only as the rows of a per-expert loop (torch.split(rows, counts.tolist()) after top-k "
+                        "routing; README 'Ragged dims'); compute the size from shapes, or make it a constant")
                 raise UnsupportedOp(
                     f"{target} at node {node.name!r} ({line}) has no sharding rule; declare it with "
                     f"shardlayout.register_op({short!r}, signature, rule, numpy)"
@@ -367,7 +413,43 @@ def from_exported(ep, decompose: bool = True, dim_names: dict | None = None) -> 
     b._notes.extend(notes)
     from .routing import recognise_routing
 
-    return recognise_routing(b.build())
+    prog = recognise_routing(b.build())
+    if loops.rows:
+        check_loops_routed(prog, {names[r]: split.name for split, r in loops.rows.items()})
+    return prog
+
+
+def _emit_stacked(node, kind: tuple, names: dict, syms: _Symbols, b):
+    """One of expert 0's ops of a per-expert loop, emitted for every expert at once
+    (``program.expert_loop``): a view of ``w[0]`` as the same view of ``w`` (dims after its
+    expert dim), ``rows @ w[0]`` as ``_grouped_mm(rows, w, offs)``, an op on rows as itself."""
+    import torch
+
+    from ..ops import canonical_op_name
+
+    short = canonical_op_name(str(node.target))
+    val = node.meta.get("val")
+    dtypes = [str(val.dtype).replace("torch.", "")] if hasattr(val, "dtype") else None
+    if kind[0] == "grouped_mm":
+        rows, w = (names[a] for a in node.args[:2])
+        return b._op("_grouped_mm", [rows, w, names[kind[1]]], node.name, 1, dtypes, {})
+    inputs, kwargs = _arguments(node, short, names, syms, b)
+    if kind[0] == "weight":
+        nd = len(node.args[0].meta["val"].shape)  # the dims of w[0]; w has one more in front
+        if short == "t":
+            short, kwargs = "transpose", {"dim0": 1, "dim1": 2}
+        elif short == "permute":
+            kwargs = {"dims": [0] + [d % nd + 1 for d in kwargs["dims"]]}
+        elif short == "transpose":
+            kwargs = {"dim0": kwargs["dim0"] % nd + 1, "dim1": kwargs["dim1"] % nd + 1}
+        elif short in ("view", "_unsafe_view", "reshape", "expand"):
+            experts = b._tensors[inputs[0]].shape[0]
+            kwargs = {**kwargs, "size": [experts] + list(kwargs["size"])}
+        return b._op(short, inputs, node.name, 1, dtypes, kwargs)
+    n_out = len(val) if isinstance(val, (list, tuple)) else 1
+    if isinstance(val, (list, tuple)):
+        dtypes = [str(v.dtype).replace("torch.", "") if isinstance(v, torch.Tensor) else None for v in val]
+    return b._op(str(node.target), inputs, node.name, n_out, dtypes, kwargs)
 
 
 def _hint_shape(v, syms: _Symbols) -> tuple:
