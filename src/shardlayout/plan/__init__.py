@@ -381,12 +381,15 @@ def _hoist_moves(program: Program, p: "Plan", pinned: set, cm: CostModel) -> dic
         for i in op.inputs:
             if isinstance(i, str):
                 users[i] = users.get(i, 0) + 1
+    moved_for = {}  # op name -> the inputs it moves (communicating)
+    for c in p.collectives:
+        moved_for.setdefault(c.op, set()).add(c.tensor)
     out = {}
     for (name, tgt), chain in p.moves.items():
         if not any(c.kind.communicates for c in chain) or name in pinned or tgt.partial:
             continue
         best, best_cost = None, cost(chain, cm)
-        cur = name
+        cur, saves = name, False
         for _ in range(8):
             op = producer.get(cur)
             if op is None or canonical_op_name(op.target) not in ROWWISE or len(op.outputs) != 1:
@@ -394,13 +397,15 @@ def _hoist_moves(program: Program, p: "Plan", pinned: set, cm: CostModel) -> dic
             ups = [i for i in op.inputs if isinstance(i, str) and program.tensors[i].shape == tgt.shape]
             if len(ups) != 1 or users.get(ups[0], 0) != 1 or ups[0] in pinned:
                 break
+            # an operand moved only for this op (scores to the experts' side) need not move if the op runs there
+            saves = saves or bool(moved_for.get(op.name, set()) - {ups[0]})
             cur = ups[0]
             src = p.shardings[cur]
             if src.partial:
                 break
             there = Sharding(tgt.mesh, tgt.shape, list(tgt.dims), ())
             c = cost(plan_move(src, there, program.tensors[cur].dtype, cm), cm)
-            if c < best_cost:
+            if c < best_cost or (saves and c == best_cost):
                 best, best_cost = (cur, there), c
         if best is not None:
             out[best[0]] = best[1]

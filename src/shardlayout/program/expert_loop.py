@@ -197,9 +197,7 @@ def _loop(split, order: dict) -> dict:
         raise ProgramError(f"{what}: experts {sorted(set(range(experts)) - set(heads))} use no rows; every expert "
                            "of the loop must run")
     regions = [_region(heads[e], heads) for e in range(experts)]
-    cat = _the_cat(regions, heads, what)
-    for e, region in enumerate(regions):
-        region.discard(cat)
+    cat = _the_cat(regions, heads, what)  # (and cuts each region at it)
     weights = [_weights(region, heads[e], e, experts, what) for e, region in enumerate(regions)]
     seqs = [sorted(r | w, key=order.__getitem__) for r, w in zip(regions, weights)]
     for e in range(1, experts):
