@@ -29,9 +29,13 @@ def test_titan_moe_runs_expert_parallel_on_four_gloo_ranks(capsys):
 
 def test_titan_per_expert_loop_runs_expert_parallel_on_four_gloo_ranks(capsys):
     """torchtitan's for-loop experts (torch.split by counts.tolist(), cat, zero padding): read as the
-    grouped computation, then as routed rows; the same two all_to_alls, every rank equal."""
-    argv = ["run", "--module", f"{TITAN}:make_loop", "--mesh", "ep=4", "--style", "ep", "--nproc", "4", "--json"]
+    grouped computation, then as routed rows; the same two all_to_alls, every rank equal, and one
+    training step's gradients equal too."""
+    argv = ["run", "--module", f"{TITAN}:make_loop", "--mesh", "ep=4", "--style", "ep", "--nproc", "4", "--train",
+            "--dtype", "float64", "--json"]
     assert main(argv) == 0
     rep = json.loads(capsys.readouterr().out)
     assert rep["equal"] is True and rep["first_mismatch_on_rank0"] is None and rep["tensors_compared"] > 10
-    assert rep["collectives"] == rep["planned_collectives"] == {"all_to_all": 2}
+    assert rep["grads_max_rel_err"] < 1e-9  # training through the routed rows: the module's own autograd
+    assert rep["collectives"] == rep["planned_collectives"]
+    assert rep["collectives"]["all_to_all"] == 2 and rep["collectives"]["backward_all_to_all"] == 1

@@ -101,11 +101,15 @@ class _Compare:
 
 
 def check_trainable(plan, train: bool) -> None:
-    """Raise RunError when ``train`` is asked of a plan this runner cannot train (ragged tensors)."""
-    ragged = [n for n, t in plan.program.tensors.items() if t.ragged is not None]
-    if train and ragged:
-        raise RunError(f"--train: the plan has ragged tensors ({', '.join(ragged[:3])}); training through routed "
-                       "tokens is not supported yet: run the forward pass (drop --train)")
+    """Raise RunError when ``train`` is asked of a plan this runner cannot train: a ragged
+    collective whose routed rows sit on two ranks of its group (``run.ragged.untrainable``)."""
+    if not train or not any(t.ragged is not None for t in plan.program.tensors.values()):
+        return
+    from .ragged import untrainable
+
+    why = untrainable(plan)
+    if why is not None:
+        raise RunError(f"--train: {why}")
 
 
 def rank_main(rank: int, world: int, build, options: dict, init_method: str | None = None,

@@ -46,6 +46,8 @@ def _extents_of_group(ex, group, members, piece: Nested, sizes: list):
     mine = torch.zeros(width, dtype=torch.int64)
     flat = torch.from_numpy(piece.extents.reshape(-1).copy())
     mine[: flat.numel()] = flat
+    if len(members) == 1:  # a local move (a slice of this rank's own blocks): nothing to exchange
+        return mine.reshape(1, width).numpy()
     allx = torch.empty(width * len(members), dtype=torch.int64)
     ex.ran("all_gather")
     dist.all_gather_into_tensor(allx, mine, group=group)
@@ -67,11 +69,16 @@ def ragged_exchange(ex, c, piece: Nested) -> Nested:
                 held(dst, r, rank, c.ragged[1] if c.ragged else ()):
             raise RunError(f"{c.kind.value} of a ragged tensor ({src} -> {dst}) is not supported on torch.distributed; "
                            "reduce partial nested values with an all_reduce")
-        data = piece.data.detach().clone().contiguous()
-        ex.ran("all_reduce")
-        dist.all_reduce(data, op=dist.ReduceOp.SUM, group=group)
+        data = _functions()[1].apply(piece.data, ex, group)
         return Nested(data / len(members) if c.reduce_op == "avg" else data, piece.extents, piece.dim)
     fs, n_src = routed_sources(c, src, dst, r, piece.sources)
+    if torch.is_grad_enabled() and piece.data.requires_grad:
+        for side, s in (("source", src), ("target", dst)):
+            if _replicated(s, r, members, fs, n_src):
+                raise RunError(f"training through {c.kind.value} {src} -> {dst} of a ragged tensor: its {side} holds "
+                               "some routed rows on more than one rank of the group, so the reverse exchange is not "
+                               "its gradient; train with the routed rows cut on every axis of the exchange (e.g. "
+                               "tokens and experts both on ep), or run the forward pass (drop --train)")
     hold = {q: _holdings(src, r, q, n_src, fs) for q in members}
     sizes = [len(hold[q][0]) * len(hold[q][1]) for q in members]
     ext = _extents_of_group(ex, group, members, piece, sizes)
@@ -106,10 +113,7 @@ def ragged_exchange(ex, c, piece: Nested) -> Nested:
             recv[q].append((key, tpos, n, n * per_row))
     recv_sizes = [sum(x[3] for x in recv[q]) for q in members]
     inp = torch.cat(send) if send else piece.data.new_zeros(0)
-    got = piece.data.new_empty(sum(recv_sizes))
-    ex.ran("all_to_all")
-    dist.all_to_all_single(got, inp.contiguous(), output_split_sizes=recv_sizes,
-                           input_split_sizes=[int(t.numel()) for t in send], group=group)
+    got = _functions()[0].apply(inp, ex, group, [int(t.numel()) for t in send], recv_sizes)
     blocks, off = {}, 0
     for q in members:
         for key, tpos, n, count in recv[q]:
@@ -130,6 +134,103 @@ def ragged_exchange(ex, c, piece: Nested) -> Nested:
     return from_blocks(blocks, len(my_c), len(my_s), piece.dim, piece.data, storage)
 
 
+def untrainable(plan) -> str | None:
+    """Why training cannot run through a ragged collective of ``plan``, or None: a ragged move
+    of a tensor with a gradient whose source or target holds some routed rows on two ranks of its
+    group (its reverse exchange would not be its gradient)."""
+    from ..mesh import group_ranks
+    from ..plan.backward import grad_tensors
+
+    prog = plan.program
+    needs = grad_tensors(prog)
+    for (name, _), chain in sorted(plan.moves.items(), key=lambda kv: kv[0][0]):
+        r = prog.tensors[name].ragged
+        if r is None or name not in needs:
+            continue
+        for c in chain:
+            if not c.kind.communicates or c.reduce_op is not None:
+                continue
+            whole = int(np.prod([f.size for f in c.ragged[1]], dtype=np.int64)) if c.ragged else 1
+            fs, n_src = routed_sources(c, c.src, c.dst, r, whole)  # a piece holding every source holds them all
+            for members in sorted({group_ranks(plan.mesh, q, c.axes) for q in range(plan.mesh.size)}):
+                for side, s in (("source", c.src), ("target", c.dst)):
+                    if _replicated(s, r, members, fs, n_src):
+                        return (f"{c.kind.value} of {name} ({c.src} -> {c.dst}): its {side} holds some routed rows on "
+                                f"more than one rank of the group {list(members)}, so the reverse exchange is not its "
+                                "gradient; train with the routed rows cut on every axis of the exchange (e.g. tokens "
+                                "and experts both on ep), or run the forward pass (drop --train)")
+    return None
+
+
+def _replicated(s, r, members: tuple, fs: tuple, n_src: int) -> bool:
+    """Do two members of the group hold a common element of the ragged tensor under ``s`` (a
+    block of the same component and source, with common dense positions)?"""
+    dense = _dense_axes(r, s.ndim)
+    seen = []
+    for q in members:
+        comps, srcs = _holdings(s, r, q, n_src, fs)
+        idx = s.indices(q)
+        pos = {d: {int(i) for i in idx[d]} for d in dense}
+        for c2, s2, p2 in seen:
+            if set(comps) & c2 and set(srcs) & s2 and all(pos[d] & p2[d] for d in dense):
+                return True
+        seen.append((set(comps), set(srcs), pos))
+    return False
+
+
+_FUNCTIONS: list = []
+
+
+def _functions() -> tuple:
+    """``(rows exchange, nested sum)``: the autograd Functions of the two torch.distributed calls
+    on nested data (made on first use: torch is imported lazily). The rows exchange is one
+    ``all_to_all_single`` with the counts' split sizes; its adjoint is the same exchange
+    backwards (exact: the routed rows are cut on every axis of the group, checked before). The
+    nested sum is an ``all_reduce``; with complete gradients its adjoint is the identity."""
+    if not _FUNCTIONS:
+        import torch
+        import torch.distributed as dist
+
+        class RowsExchange(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, inp, ex, group, send_sizes, recv_sizes):
+                ctx.ex, ctx.group, ctx.send, ctx.recv = ex, group, send_sizes, recv_sizes
+                if len(send_sizes) == 1:  # a local move: this rank's own blocks, nothing sent
+                    return inp.detach().clone()
+                got = inp.new_empty(sum(recv_sizes))
+                ex.ran("all_to_all")
+                dist.all_to_all_single(got, inp.detach().contiguous(), output_split_sizes=recv_sizes,
+                                       input_split_sizes=send_sizes, group=group)
+                return got
+
+            @staticmethod
+            def backward(ctx, g):
+                ex = ctx.ex
+                if len(ctx.send) == 1:
+                    return g, None, None, None, None
+                ex.counts["backward_all_to_all"] = ex.counts.get("backward_all_to_all", 0) + 1
+                ex.ran("all_to_all")
+                out = g.new_empty(sum(ctx.send))
+                dist.all_to_all_single(out, g.contiguous(), output_split_sizes=ctx.send,
+                                       input_split_sizes=ctx.recv, group=ctx.group)
+                return out, None, None, None, None
+
+        class NestedSum(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, data, ex, group):
+                out = data.detach().clone().contiguous()
+                ex.ran("all_reduce")
+                dist.all_reduce(out, op=dist.ReduceOp.SUM, group=group)
+                return out
+
+            @staticmethod
+            def backward(ctx, g):
+                return g, None, None
+
+        _FUNCTIONS.extend((RowsExchange, NestedSum))
+    return tuple(_FUNCTIONS)
+
+
 def full_shape(storage: tuple, dim: int, n: int) -> list:
     """The storage shape of a block of ``n`` rows."""
     out = list(storage)
@@ -137,4 +238,4 @@ def full_shape(storage: tuple, dim: int, n: int) -> list:
     return out
 
 
-__all__ = ["ragged_exchange"]
+__all__ = ["ragged_exchange", "untrainable"]
