@@ -57,7 +57,6 @@ def _extents_of_group(ex, group, members, piece: Nested, sizes: list):
 def ragged_exchange(ex, c, piece: Nested) -> Nested:
     """This rank's nested piece after collective ``c`` (see the module docstring)."""
     import torch
-    import torch.distributed as dist
 
     src, dst = c.src, c.dst
     r = ragged_of(src, piece)
