@@ -43,33 +43,48 @@ class Executor(Protocol):
     def use(self, tensor: str, target, value): ...
 
 
-def walk(plan, executor: Executor, inputs: dict):
+def walk(plan, executor: Executor, inputs: dict, streams=()):
     """Execute ``plan`` with ``executor``; yields ``(tensor name, local value)`` for every tensor
     an op produces, in program order, each already in its planned sharding. ``inputs`` maps
-    every program input to its local value in its planned sharding."""
+    every program input to its local value in its planned sharding. ``streams``: segments
+    (``execute.stream.segments``) run chunk by chunk — the same values, the work in stream order."""
     from ..ops.registry import get_op
+    from .stream import run_segment
 
     opdefs = {op.target: get_op(op.target) for op in plan.program.ops}
     values = dict(inputs)
     moved: dict = {}  # (tensor, target) -> value: one move serves every consumer, as planned
-    for op, po in zip(plan.program.ops, plan.ops):
-        local = []
-        for name, tgt in zip(op.inputs, po.input_targets):
-            if not isinstance(name, str):
-                local.append(name)
-                continue
-            if (name, tgt) not in moved:
-                v = values[name]
-                for c in plan.moves.get((name, tgt), ()) if tgt != plan.shardings[name] else ():
-                    v = executor.collective(c, v)
-                moved[(name, tgt)] = executor.use(name, tgt, v)
-            local.append(moved[(name, tgt)])
-        params = {**po.params, **dict(po.local)} if po.local else po.params
-        outs = executor.op(opdefs[op.target], local, params, po.outputs)
+
+    def fetch(name, tgt):
+        if (name, tgt) not in moved:
+            v = values[name]
+            for c in plan.moves.get((name, tgt), ()) if tgt != plan.shardings[name] else ():
+                v = executor.collective(c, v)
+            moved[(name, tgt)] = executor.use(name, tgt, v)
+        return moved[(name, tgt)]
+
+    in_segment = {i: seg for seg in streams for i in seg.ops}
+    made: dict = {}
+    for i, (op, po) in enumerate(zip(plan.program.ops, plan.ops)):
+        seg = in_segment.get(i)
+        if seg is not None:
+            if i == seg.first:
+                got, done = run_segment(plan, seg, executor, fetch, opdefs)
+                made.update(got)
+                moved.update({k: executor.use(k[0], k[1], v) for k, v in done.items()})
+            outs = [made.pop(name) for name in op.outputs]
+        else:
+            local = [fetch(name, tgt) if isinstance(name, str) else name
+                     for name, tgt in zip(op.inputs, po.input_targets)]
+            params = {**po.params, **dict(po.local)} if po.local else po.params
+            outs = executor.op(opdefs[op.target], local, params, po.outputs)
         for name, s, v in zip(op.outputs, po.outputs, outs):
             final = plan.shardings[name]
-            for c in plan.moves.get((name, final), ()) if final != s else ():
-                v = executor.collective(c, v)
+            if final != s and (name, final) in moved:  # a segment's chunked output move
+                v = moved.pop((name, final))
+            else:
+                for c in plan.moves.get((name, final), ()) if final != s else ():
+                    v = executor.collective(c, v)
             values[name] = v
             yield name, v
 

@@ -139,5 +139,21 @@ class NumpySimulator:
         """A value before its consumers: nothing to do in a forward simulation."""
         return value
 
+    def chunk(self, value: dict, dim: int, positions: dict) -> dict:
+        """Every rank's part of a stream chunk: its piece at ``positions[rank]`` along ``dim``."""
+        return {r: np.take(value[r], positions[r], axis=dim) for r in self.mesh.ranks()}
+
+    def join(self, parts: list, dim: int, positions: list, shapes: dict) -> dict:
+        """Every rank's piece put together from its stream chunks (``parts[j]`` at ``positions[j]``)."""
+        out = {}
+        for r in self.mesh.ranks():
+            piece = np.zeros(shapes[r], dtype=np.result_type(*[p[r] for p in parts]))
+            for part, pos in zip(parts, positions):
+                idx = [slice(None)] * piece.ndim
+                idx[dim] = pos[r]
+                piece[tuple(idx)] = part[r]
+            out[r] = piece
+        return out
+
 
 __all__ = ["NumpySimulator", "collective_piece", "group_of", "run_collective", "run_moves"]

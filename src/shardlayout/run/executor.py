@@ -110,6 +110,21 @@ class TorchRankExecutor:
         pieces = self.reductions.get((tensor, target))
         return _GradSum.apply(value, self, pieces) if pieces else value
 
+    def chunk(self, value, dim: int, positions: dict):
+        """This rank's part of a stream chunk: its piece at ``positions[rank]`` along ``dim``."""
+        import torch
+
+        return value.index_select(dim, torch.from_numpy(np.ascontiguousarray(positions[self.rank])))
+
+    def join(self, parts: list, dim: int, positions: list, shapes: dict):
+        """This rank's piece put together from its stream chunks (differentiable)."""
+        import torch
+
+        out = parts[0].new_zeros(shapes[self.rank])
+        for part, pos in zip(parts, positions):
+            out = out.index_copy(dim, torch.from_numpy(np.ascontiguousarray(pos[self.rank])), part)
+        return out
+
     def group(self, c):
         """``(process group, members)`` of this rank for collective ``c``."""
         return self.groups.get(c.axes, (None, (self.rank,)))

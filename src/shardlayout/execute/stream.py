@@ -1,0 +1,468 @@
+"""Running a plan's stream choices: a collective and the matmuls it feeds (or is fed by), chunk by chunk.
+
+A :class:`~shardlayout.plan.stream.StreamChoice` says: cut dim ``d`` of ``tensor`` into ``k``
+stream chunks and run its move and the matmuls on the far side of it one chunk at a time.
+:func:`segments` turns each choice into a :class:`Segment` — the ops that run per chunk (the
+views and pointwise ops between the move and the matmuls, and the matmuls), the dim of every
+tensor of it that the chunks cut, and the global positions along that dim of each chunk (chunk
+``j`` is the ``j``-th part of every rank's shard: ``plan.stream.chunk_layout``) — and
+:func:`run_segment` runs one on any executor: per chunk, this rank's positions of the chunk are
+taken from each input (``executor.chunk``), the move runs as ``plan_move`` between the chunk's
+shardings (its collective is the whole move's cut ``k`` ways), the ops run on the chunk, and at
+the end every tensor's chunks are put back in place (``executor.join``). The result is the whole
+run's, element for element: rows are independent through the views, pointwise ops and the
+matmuls' pass-through dims the choice follows. A path the chunks cannot follow exactly (a view
+mixing the cut dim with another in a way that is not a cut of it) is not a segment: it runs
+whole (``segments`` says which in ``skipped``).
+
+    >>> from shardlayout import Mesh
+    >>> from shardlayout.plan import plan
+    >>> from shardlayout.program.models import llama, style_pins
+    >>> prog, m = llama(layers=1, dim=4096, seq=4096, batch=1), Mesh.parse("tp=8")
+    >>> segs, skipped = segments(plan(prog, m, style_pins(prog, m, "megatron-sp")))
+    >>> [(s.k, s.before is not None) for s in segs], skipped
+    ([(8, True), (4, False)], ())
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..ops.result import canonical_op_name
+from ..sharding import Sharding
+from ..sharding.move import plan_move
+
+MAX_GROUP = 1 << 22  # elements of a view's merged dims a chunk's positions are carried through
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Ops ``ops`` (indices, program order) run chunk by chunk, ``k`` chunks: ``dims`` maps every
+    tensor the chunks cut (inputs taken per chunk, the outputs, the moved tensor) to its dim,
+    ``positions`` to ``k`` arrays of global positions along it; ``before``: the move ``(tensor,
+    target)`` run per chunk ahead of the ops (a gather feeding matmuls), ``after``: the one run
+    after them (the reduction of a matmul's partial output)."""
+
+    ops: tuple
+    k: int
+    dims: dict
+    positions: dict
+    before: tuple | None = None
+    after: tuple | None = None
+
+    @property
+    def first(self) -> int:
+        """The op the segment runs at (its first)."""
+        return self.ops[0]
+
+
+def chunk_positions_global(s: Sharding, dim: int, k: int) -> tuple | None:
+    """The global positions along ``dim`` of each of the ``k`` stream chunks of ``s`` (its
+    ``chunk_layout``: chunk ``j`` is the ``j``-th part of every rank's shard), ascending.
+    ``chunk_positions_global(Sharding.parse("[tp*4]", Mesh.parse("tp=2")), 0, 2)[1].tolist() -> [2, 3, 6, 7]``"""
+    from ..plan.stream import chunk_layout
+
+    lay = chunk_layout(s.dims[dim], s.shape[dim], k)
+    if lay is None:
+        return None
+    pre, post = lay
+    outer, inner = math.prod(f.size for f in pre), math.prod(f.size for f in post)
+    base = np.arange(outer, dtype=np.int64)[:, None] * (k * inner) + np.arange(inner, dtype=np.int64)[None, :]
+    return tuple((base + j * inner).reshape(-1) for j in range(k))
+
+
+def _groups(a: tuple, b: tuple) -> list | None:
+    """The dims of a row-major reshape ``a -> b`` in groups ``[(a dims, b dims)]`` of equal size."""
+    out, i, j = [], 0, 0
+    while i < len(a) or j < len(b):
+        gi, gj, x, y = [], [], 1, 1
+        while True:
+            if x == y and (gi or gj) and (x > 1 or (i >= len(a) or a[i] != 1) and (j >= len(b) or b[j] != 1)):
+                break
+            if (x <= y or j >= len(b)) and i < len(a):
+                x *= a[i]
+                gi.append(i)
+                i += 1
+            elif j < len(b):
+                y *= b[j]
+                gj.append(j)
+                j += 1
+            else:
+                return None
+        out.append((tuple(gi), tuple(gj)))
+    return out
+
+
+def carry_view(pos: tuple, a: tuple, da: int, b: tuple) -> tuple | None:
+    """``(dim of b, positions per chunk)`` of chunks cutting dim ``da`` of shape ``a`` (at
+    ``pos``) after a row-major reshape to ``b``, when every chunk is a cut of one dim of ``b``;
+    None otherwise. ``carry_view(([0, 1], [2, 3]), (1, 4, 3), 1, (4, 3))`` -> ``(0, ...)``"""
+    groups = _groups(tuple(a), tuple(b))
+    if groups is None:
+        return None
+    gi, gj = next(((gi, gj) for gi, gj in groups if da in gi), ((), ()))
+    if not gj:
+        return None
+    size = math.prod(a[d] for d in gi)
+    if size > MAX_GROUP:
+        return None
+    out, dim = [], None
+    order = sorted(range(len(gj)), key=lambda x: b[gj[x]] <= 1)  # dims of size > 1 first
+    for p in pos:
+        mask = np.zeros(tuple(a[d] for d in gi), dtype=bool)
+        idx = [slice(None)] * len(gi)
+        idx[gi.index(da)] = np.asarray(p, dtype=np.int64)
+        mask[tuple(idx)] = True
+        m = mask.reshape(tuple(b[d] for d in gj))
+        found = None
+        for k in order:  # the chunk must be {some positions along one dim} x everything else
+            other = tuple(x for x in range(len(gj)) if x != k)
+            sel = np.nonzero(m.any(axis=other) if other else m)[0]
+            slab = np.take(m, sel, axis=k)
+            if slab.all() and int(m.sum()) == slab.size:
+                found = (k, sel)
+                break
+        if found is None or (dim is not None and found[0] != dim):
+            return None
+        dim = found[0]
+        out.append(found[1].astype(np.int64))
+    return gj[dim], tuple(out)
+
+
+def _pointwise_dim(d: int, in_shape: tuple, out_shape: tuple) -> int | None:
+    lead = len(out_shape) - len(in_shape)
+    return d + lead if lead >= 0 and out_shape[d + lead] == in_shape[d] else None
+
+
+def _op_carry(plan, i: int, pos_in: int, d: int, positions: tuple):
+    """Where chunks cutting dim ``d`` of op ``i``'s input ``pos_in`` land in its output: ``(dim,
+    positions)``, or None when the op is not one a chunk passes through exactly (views, permutes,
+    pointwise ops on their first input, matmuls along a pass-through dim)."""
+    from ..plan.estimate import MATMULS
+    from ..plan.stream import _letters
+    from ..program.blocks import VIEWS, short, track_dims
+
+    prog = plan.program
+    op = prog.ops[i]
+    name = prog.ops[i].inputs[pos_in]
+    a, b = prog.tensors[name].shape, prog.tensors[op.outputs[0]].shape
+    base = short(op)
+    if canonical_op_name(op.target) in MATMULS:
+        got = _letters(op.target, plan.ops[i].params, plan.ops[i].input_targets, plan.ops[i].outputs)
+        if got is None or got[0][pos_in] is None or got[0][pos_in][d] not in got[1][0]:
+            return None
+        return got[1][0].index(got[0][pos_in][d]), positions
+    if base in ("permute", "transpose", "t"):
+        dims = track_dims(op, tuple(range(len(a))), a, b)
+        return None if dims is None or d not in dims else (dims.index(d), positions)
+    if base in VIEWS and base not in ("expand",):
+        return carry_view(positions, a, d, b) if a != b else (d, positions)
+    if pos_in != 0 or len(op.outputs) != 1:
+        return None
+    from ..ops.families import pointwise_ops
+
+    if canonical_op_name(op.target) not in pointwise_ops():
+        return None
+    got = _pointwise_dim(d, a, b)
+    return None if got is None else (got, positions)
+
+
+def _other_dim(plan, i: int, k_in: int, out_dim: int) -> int | None:
+    """The dim of op ``i``'s input ``k_in`` (not the chunked one) that the chunk cuts too: the
+    same index letter of a matmul, the broadcast-aligned full-size dim of a pointwise op; None
+    when that input has no such dim (a weight, a broadcast size-1 dim)."""
+    from ..plan.estimate import MATMULS
+    from ..plan.stream import _letters
+
+    prog = plan.program
+    op = prog.ops[i]
+    name = op.inputs[k_in]
+    if not isinstance(name, str):
+        return None
+    shape, out = prog.tensors[name].shape, prog.tensors[op.outputs[0]].shape
+    if canonical_op_name(op.target) in MATMULS:
+        got = _letters(op.target, plan.ops[i].params, plan.ops[i].input_targets, plan.ops[i].outputs)
+        letter = got[1][0][out_dim]
+        lt = got[0][k_in]
+        return None if lt is None or letter not in lt or shape[lt.index(letter)] == 1 else lt.index(letter)
+    d = out_dim - (len(out) - len(shape))
+    return d if 0 <= d < len(shape) and shape[d] == out[out_dim] and shape[d] > 1 else None
+
+
+def segments(plan, flop_rate: float | None = None) -> tuple:
+    """``(segments, skipped)``: a :class:`Segment` per stream choice of ``plan`` (``stream_plan``
+    at ``flop_rate``) whose path the chunks follow exactly, and the choices (tensor names) that
+    run whole instead."""
+    from ..plan.stream import stream_plan
+
+    out, skipped = [], []
+    for choice in stream_plan(plan, flop_rate).choices:
+        seg = _segment(plan, choice)
+        (out.append(seg) if seg is not None else skipped.append(choice.tensor))
+    used: set = set()
+    final = []
+    for seg in out:  # an op runs in one segment only
+        if used & set(seg.ops):
+            skipped.append(next(iter(seg.dims)))
+            continue
+        used |= set(seg.ops)
+        final.append(seg)
+    return tuple(final), tuple(skipped)
+
+
+def _moves_of(plan, name: str, side: str) -> list:
+    return [tgt for (n, tgt), cs in sorted(plan.moves.items(), key=lambda kv: str(kv[0][1]))
+            if n == name and any(c.kind.communicates for c in cs)]
+
+
+def _segment(plan, choice) -> Segment | None:
+    prog = plan.program
+    index = {op.name: i for i, op in enumerate(prog.ops)}
+    sites = {index[n] for n in choice.ops}
+    base = chunk_positions_global(choice.sharding, choice.dim, choice.chunks)
+    if base is None:
+        return None
+    ops_of: dict = {}
+    for i, op in enumerate(prog.ops):
+        for x in op.inputs:
+            if isinstance(x, str):
+                ops_of.setdefault(x, []).append(i)
+    producer = {o: i for i, op in enumerate(prog.ops) for o in op.outputs}
+    dims, positions = {choice.tensor: choice.dim}, {choice.tensor: base}
+    if choice.side == "before":
+        for tgt in _moves_of(plan, choice.tensor, "before"):
+            got = _forward(plan, ops_of, choice.tensor, tgt, sites, dims, positions)
+            if got is not None:
+                return _finish(plan, got, choice.chunks, dims, positions, before=(choice.tensor, tgt))
+        return None
+    chain = _backward(plan, producer, choice.tensor, sites, dims, positions)
+    if chain is None:
+        return None
+    tgts = _moves_of(plan, choice.tensor, "after")
+    if len(tgts) != 1:
+        return None
+    return _finish(plan, chain, choice.chunks, dims, positions, after=(choice.tensor, tgts[0]))
+
+
+def _forward(plan, ops_of, x: str, tgt, sites: set, dims: dict, positions: dict):
+    """The ops from the move of ``x`` at ``tgt`` to the matmuls ``sites``, with every tensor's
+    chunk dim and positions filled in; None when a path the chunks take is not exact."""
+    from ..plan.estimate import MATMULS
+
+    prog = plan.program
+    found, reach = set(), {}
+    stack = [(x, 0)]
+    while stack:
+        name, hops = stack.pop()
+        want = tgt if name == x else plan.shardings[name]
+        for i in ops_of.get(name, ()):
+            op = prog.ops[i]
+            pos = op.inputs.index(name)
+            if plan.ops[i].input_targets[pos] != want or i in reach or hops > 6:
+                continue
+            is_mm = canonical_op_name(op.target) in MATMULS
+            if not is_mm and pos != 0:
+                continue
+            got = _op_carry(plan, i, pos, dims[name], positions[name])
+            if got is None:
+                continue
+            reach[i] = (name, op.outputs[0], got)
+            if is_mm:
+                if i in sites:
+                    found.add(i)
+                continue
+            stack.append((op.outputs[0], hops + 1))
+            dims.setdefault(op.outputs[0], got[0])
+            positions.setdefault(op.outputs[0], got[1])
+    if found != sites:
+        return None
+    keep = set(found)  # only the ops on a path to a site
+    changed = True
+    while changed:
+        changed = False
+        for i, (_, out, _) in reach.items():
+            if i not in keep and any(reach[j][0] == out for j in keep if j in reach):
+                keep.add(i)
+                changed = True
+    for i in keep:
+        _, out, (d, pos) = reach[i]
+        dims[out], positions[out] = d, pos
+    return sorted(keep)
+
+
+def _backward(plan, producer, y: str, sites: set, dims: dict, positions: dict):
+    """The ops from the matmul in ``sites`` to ``y`` (whose reduction runs per chunk), with
+    their chunk dims and positions (found backwards through the views); None when not exact."""
+    from ..plan.estimate import MATMULS
+    from ..plan.stream import _through
+    from ..program.blocks import VIEWS, short
+
+    prog = plan.program
+    chain, name = [], y
+    for _ in range(8):
+        i = producer.get(name)
+        if i is None:
+            return None
+        op = prog.ops[i]
+        chain.append(i)
+        if canonical_op_name(op.target) in MATMULS:
+            break
+        src = op.inputs[0] if op.inputs and isinstance(op.inputs[0], str) else None
+        if src is None or len(op.outputs) != 1:
+            return None
+        a, b = prog.tensors[src].shape, prog.tensors[name].shape
+        back = next((k for k in range(len(a)) if _through(op, k, a, b) == dims[name]), None)
+        if back is None:
+            return None
+        if short(op) in VIEWS and short(op) not in ("permute", "transpose", "t", "expand") and a != b:
+            got = carry_view(positions[name], b, dims[name], a)
+            if got is None or got[0] != back:
+                return None
+            pos = got[1]
+        elif _op_carry(plan, i, 0, back, positions[name]) is None:
+            return None
+        else:
+            pos = positions[name]
+        dims[src], positions[src] = back, pos
+        name = src
+    else:
+        return None
+    if chain[-1] not in sites:
+        return None
+    chain.reverse()
+    mm = chain[0]  # the matmul's chunked input: the operand carrying the output's chunked letter
+    out = prog.ops[mm].outputs[0]
+    for k_in, x in enumerate(prog.ops[mm].inputs):
+        d = _other_dim(plan, mm, k_in, dims[out])
+        if d is not None:
+            dims.setdefault(x, d)
+            positions.setdefault(x, positions[out])
+    return chain
+
+
+def _finish(plan, ops: list, k: int, dims: dict, positions: dict, before=None, after=None) -> Segment | None:
+    """The segment, with the other inputs the chunks cut (a pointwise operand of the chunked
+    size, a batched matmul's other operand) added; None when an input the chunks cut is used at
+    a sharding the segment does not know."""
+    prog = plan.program
+    for i in ops:
+        op = prog.ops[i]
+        out = op.outputs[0]
+        if out not in dims or len(op.outputs) != 1:
+            return None
+        if plan.ops[i].outputs[0] != plan.shardings[out] and (after is None or out != after[0]):
+            return None  # made at one sharding, moved whole to another: not a chunk of one op's run
+        for k_in, x in enumerate(op.inputs):
+            if not isinstance(x, str) or x in dims:
+                continue
+            d = _other_dim(plan, i, k_in, dims[out])
+            if d is not None:
+                dims[x], positions[x] = d, positions[out]
+    return Segment(tuple(ops), k, dict(dims), dict(positions), before, after)
+
+
+def local_positions(s: Sharding, dim: int, want: np.ndarray, rank: int) -> np.ndarray:
+    """Where the global positions ``want`` along ``dim`` sit in ``rank``'s piece of ``s``, in
+    ``want``'s order (positions the rank does not hold are left out)."""
+    held = np.asarray(s.indices(rank)[dim], dtype=np.int64)
+    order = np.argsort(held, kind="stable")
+    at = np.searchsorted(held[order], want)
+    at = np.clip(at, 0, len(held) - 1)
+    ok = held[order][at] == want if len(held) else np.zeros(len(want), dtype=bool)
+    return order[at[ok]]
+
+
+def chunk_sharding(s: Sharding, dim: int, n: int, k: int) -> Sharding:
+    """The sharding of one stream chunk (``n`` positions) of a tensor sharded ``s``: the dim
+    whole when ``s`` holds it whole, else its ``chunk_layout``."""
+    from ..plan.stream import chunk_layout
+
+    shape = s.shape[:dim] + (n,) + s.shape[dim + 1:]
+    if not any(f.axis is not None for f in s.dims[dim]):
+        fs = []
+    else:
+        lay = chunk_layout(s.dims[dim], s.shape[dim], k)
+        fs = list(lay[0] + lay[1])
+    return Sharding(s.mesh, shape, list(s.dims[:dim]) + [fs] + list(s.dims[dim + 1:]), s.partial)
+
+
+def run_segment(plan, seg: Segment, executor, fetch, opdefs: dict) -> tuple:
+    """Run ``seg`` chunk by chunk with ``executor`` (module docstring). ``fetch(name, target)``
+    gives the local value of an input the segment does not make, moved to ``target`` as the walk
+    moves it. Returns ``(made, moved)``: the local value of every tensor the segment's ops make,
+    and of its chunked move's result ``{(tensor, target): value}`` — each equal to the whole run's."""
+    prog = plan.program
+    ranks = tuple(plan.mesh.ranks())
+    made = {o: [] for i in seg.ops for o in prog.ops[i].outputs}
+    moved_parts: list = []
+    inside = {o for i in seg.ops for o in prog.ops[i].outputs}
+
+    def pick(value, s, name, j):
+        d = seg.dims[name]
+        return executor.chunk(value, d, {r: local_positions(s, d, seg.positions[name][j], r) for r in ranks})
+
+    def move(name, src, tgt, v, j):
+        n = len(seg.positions[name][j])
+        a, b = chunk_sharding(src, seg.dims[name], n, seg.k), chunk_sharding(tgt, seg.dims[name], n, seg.k)
+        for c in plan_move(a, b, prog.tensors[name].dtype, plan.cost_model):
+            v = executor.collective(c, v)
+        return v
+
+    whole = {}
+    for i in seg.ops:  # inputs from outside the segment, moved whole as the walk moves them
+        for name, tgt in zip(prog.ops[i].inputs, plan.ops[i].input_targets):
+            if isinstance(name, str) and name not in inside and (name, tgt) != seg.before:
+                whole[(name, tgt)] = fetch(name, tgt)
+    for j in range(seg.k):
+        local: dict = {}
+        if seg.before is not None:
+            x, tgt = seg.before
+            src = plan.shardings[x]
+            local[(x, tgt)] = move(x, src, tgt, pick(fetch(x, src), src, x, j), j)
+            moved_parts.append(local[(x, tgt)])
+        for i in seg.ops:
+            op, po = prog.ops[i], plan.ops[i]
+            args = []
+            for name, tgt in zip(op.inputs, po.input_targets):
+                if not isinstance(name, str):
+                    args.append(name)
+                elif (name, tgt) in local:
+                    args.append(local[(name, tgt)])
+                else:
+                    full = whole[(name, tgt)]
+                    args.append(pick(full, tgt, name, j) if name in seg.dims else full)
+            outs = tuple(chunk_sharding(s, seg.dims[o], len(seg.positions[o][j]), seg.k)
+                         for o, s in zip(op.outputs, po.outputs))
+            params = {**po.params, **dict(po.local)} if po.local else po.params
+            for o, v in zip(op.outputs, executor.op(opdefs[op.target], args, params, outs)):
+                local[(o, plan.shardings[o])] = v
+                made[o].append(v)
+        if seg.after is not None:
+            y, tgt = seg.after
+            moved_parts.append(move(y, _made_sharding(plan, y), tgt, made[y][-1], j))
+    out = {}
+    for i in seg.ops:
+        for o, s in zip(prog.ops[i].outputs, plan.ops[i].outputs):
+            out[o] = _join(executor, made[o], s, seg, o, ranks)
+    key = seg.before or seg.after
+    return out, {key: _join(executor, moved_parts, key[1], seg, key[0], ranks)}
+
+
+def _made_sharding(plan, name: str) -> Sharding:
+    for op, po in zip(plan.program.ops, plan.ops):
+        if name in op.outputs:
+            return po.outputs[op.outputs.index(name)]
+    return plan.shardings[name]
+
+
+def _join(executor, parts: list, s: Sharding, seg: Segment, name: str, ranks: tuple):
+    d = seg.dims[name]
+    pos = [{r: local_positions(s, d, seg.positions[name][j], r) for r in ranks} for j in range(seg.k)]
+    return executor.join(parts, d, pos, {r: s.local_shape(r) for r in ranks})
+
+
+__all__ = ["Segment", "carry_view", "chunk_positions_global", "chunk_sharding", "local_positions", "run_segment",
+           "segments"]
