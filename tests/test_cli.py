@@ -260,11 +260,25 @@ def test_bad_option_values_are_refused(args, match, capsys):
     assert match in err and err.count("\n") == 1
 
 
-@pytest.mark.parametrize("extra", [["--memory", "80GiB"], ["--flop-rate", "1e12"], ["--training", "sgd"]])
+@pytest.mark.parametrize("extra", [["--memory", "80GiB"], ["--training", "sgd"]])
 def test_auto_only_options_without_style_auto_are_refused(extra, capsys):
     assert main(["plan", "--style", "dp", *extra]) == 2
     err = capsys.readouterr().err
     assert err.startswith("shardlayout: error:") and "only for --style auto" in err and len(err.splitlines()) == 1
+
+
+def test_flop_rate_sets_the_stream_estimates_without_auto(capsys):
+    # compute at 1 TFLOP/s makes the Megatron-SP gathers worth streaming at these sizes; the line says the rate
+    argv = ["plan", "--model", "llama", "--layers", "1", "--size", "dim=256,seq=1024,batch=1,heads=4,ffn=512",
+            "--mesh", "tp=2", "--style", "megatron-sp"]
+    assert main(argv + ["--flop-rate", "1e12"]) == 0
+    out = capsys.readouterr().out
+    assert "step (forward, at 1 TFLOP/s)" in out and "stream overlap(s)" in out
+    assert main(argv) == 0 and "stream overlap" not in capsys.readouterr().out  # at the default 100 TFLOP/s: none
+    for bad in ("0", "-1", "nan", "inf"):
+        assert main(argv + ["--flop-rate", bad]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("shardlayout: error:") and len(err.splitlines()) == 1
 
 
 @pytest.mark.parametrize("argv", [["plan", "--model", "llama", "--size", "dim=64,dim=32", "--mesh", "tp=2"],

@@ -372,13 +372,14 @@ def _plan_title(p, args) -> str:
 
 def _print_streams(p) -> None:
     """The collectives a stream overlaps with matmuls (plan.stream), when any pays."""
-    from .plan.estimate import DEFAULT_FLOP_RATE
+    from .plan.estimate import check_flop_rate
     from .plan.stream import stream_plan
 
     sp = stream_plan(p)
     if not sp.choices:
         return
-    print(f"step (forward, at {DEFAULT_FLOP_RATE / 1e12:.0f} TFLOP/s): ~{sp.serial_seconds * 1e6:.1f} µs serial, "
+    rate = check_flop_rate(p.flop_rate) / 1e12
+    print(f"step (forward, at {rate:.3g} TFLOP/s): ~{sp.serial_seconds * 1e6:.1f} µs serial, "
           f"~{sp.overlapped_seconds * 1e6:.1f} µs with {len(sp.choices)} stream overlap(s):")
     for c in sp.choices:
         kinds = "+".join(c.kinds) or "move"
@@ -514,6 +515,7 @@ def cmd_run(args) -> int:
     from .mesh import Mesh
 
     opts = {k: v for k, v in vars(args).items() if k != "func"}
+    opts["streams"] = not opts.pop("no_streams", False)
     _need_torch("run")
     mesh = Mesh.parse(args.mesh)
     if not args.timeout > 0 or args.timeout == float("inf"):  # also refuses nan
@@ -549,6 +551,12 @@ def cmd_run(args) -> int:
               f"{report['seconds']:.2f} s")
         print(f"collectives executed on rank 0: {report['collectives'] or 'none'}; planned: "
               f"{report['planned_collectives'] or 'none'}")
+        if report.get("streams"):
+            print(f"streams: {len(report['streams'])} overlap(s) run chunk by chunk ("
+                  + ", ".join(f"{st['tensor']} x{st['chunks']}" for st in report["streams"]) + ")"
+                  + (f"; whole: {report['streams_whole']}" if report.get("streams_whole") else ""))
+        elif report.get("streams_whole"):
+            print(f"streams: run whole ({report['streams_whole']})")
         if report.get("step_seconds"):
             st = report["step_seconds"]
             print(f"steady state: {st['median'] * 1e3:.2f} ms per {'training ' if args.train else ''}step "
@@ -603,7 +611,8 @@ def _add_model_args(pl) -> None:
                     help="a symbolic program's plan claims sizes that do not divide too (uneven shards, as "
                          "torch.chunk cuts): its guards say E >= P instead of E %% P == 0")
     pl.add_argument("--memory", help="--style auto: memory per device, e.g. 80GiB, 512MiB, 40KiB")
-    pl.add_argument("--flop-rate", type=float, help="--style auto: FLOP/s of one device (default 1e14)")
+    pl.add_argument("--flop-rate", type=float, help="FLOP/s of one device for compute estimates: --style auto's "
+                    "search and the stream overlaps (default 1e14)")
     pl.add_argument("--training", choices=["adam", "momentum", "sgd", "inference"], default=None,
                     help="--style auto: optimizer state kept per parameter, and whether a backward runs "
                          "(default adam)")
@@ -686,6 +695,8 @@ def build_parser() -> argparse.ArgumentParser:
     rn.add_argument("--dtype", choices=["float32", "float64"], default="float32",
                     help="element type of the run (float64: equal to 1e-10 relative)")
     rn.add_argument("--timeout", type=float, default=60.0, help="seconds a collective may wait (default 60)")
+    rn.add_argument("--no-streams", action="store_true",
+                    help="run the plan's stream overlaps as whole moves (default: chunk by chunk, as planned)")
     rn.add_argument("--json", action="store_true")
     rn.set_defaults(func=cmd_run)
     xp = sub.add_parser("export", help="the plan's parameter shardings as DTensor placements or JAX PartitionSpecs")

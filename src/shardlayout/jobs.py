@@ -164,10 +164,16 @@ def build_plan(args):
     """The Plan the options describe (model, mesh, style, pins)."""
     from .mesh import Mesh
     from .plan import plan
+    from .plan.estimate import check_flop_rate
 
+    rate = getattr(args, "flop_rate", None)
+    if rate is not None:
+        check_flop_rate(rate)
     if getattr(args, "style", None) == "auto":
-        return build_auto(args).plan
-    only_auto = [f"--{n.replace('_', '-')}" for n in ("memory", "flop_rate", "training")
+        p = build_auto(args).plan
+        p.flop_rate = rate
+        return p
+    only_auto = [f"--{n.replace('_', '-')}" for n in ("memory", "training")
                  if getattr(args, n, None) is not None]
     if only_auto:
         raise ShardingError(f"{', '.join(only_auto)} {'is' if len(only_auto) == 1 else 'are'} only for --style auto "
@@ -179,7 +185,7 @@ def build_plan(args):
     pins.update(user_pins(args, mesh))
     _check_uneven(args, prog)
     p = plan(prog, mesh, pins, uneven=bool(getattr(args, "uneven", False)))
-    p.matched = matched
+    p.matched, p.flop_rate = matched, rate
     return p
 
 

@@ -405,24 +405,42 @@ def run_segment(plan, seg: Segment, executor, fetch, opdefs: dict) -> tuple:
         return executor.chunk(value, d, {r: local_positions(s, d, seg.positions[name][j], r) for r in ranks})
 
     def move(name, src, tgt, v, j):
+        """Chunk j's move, issued: a function that waits for it and gives its result. A move of
+        one communicating collective is started without waiting where the executor can
+        (``executor.start``: torch's ``async_op``); the pipeline waits for it one chunk later."""
         n = len(seg.positions[name][j])
         a, b = chunk_sharding(src, seg.dims[name], n, seg.k), chunk_sharding(tgt, seg.dims[name], n, seg.k)
-        for c in plan_move(a, b, prog.tensors[name].dtype, plan.cost_model):
+        cs = plan_move(a, b, prog.tensors[name].dtype, plan.cost_model)
+        for c in cs[:-1]:
             v = executor.collective(c, v)
-        return v
+        if cs and hasattr(executor, "start"):
+            return executor.start(cs[-1], v)
+        for c in cs[-1:]:
+            v = executor.collective(c, v)
+        return lambda: v
 
     whole = {}
     for i in seg.ops:  # inputs from outside the segment, moved whole as the walk moves them
         for name, tgt in zip(prog.ops[i].inputs, plan.ops[i].input_targets):
             if isinstance(name, str) and name not in inside and (name, tgt) != seg.before:
                 whole[(name, tgt)] = fetch(name, tgt)
+    pending: dict = {}  # chunk -> its issued move (the pipeline: chunk j + 1 moves while chunk j computes)
+    if seg.before is not None:
+        x_name, x_tgt = seg.before
+        x_src = plan.shardings[x_name]
+        source = fetch(x_name, x_src)
+
+        def issue(j):
+            pending[j] = move(x_name, x_src, x_tgt, pick(source, x_src, x_name, j), j)
+
+        issue(0)
     for j in range(seg.k):
         local: dict = {}
         if seg.before is not None:
-            x, tgt = seg.before
-            src = plan.shardings[x]
-            local[(x, tgt)] = move(x, src, tgt, pick(fetch(x, src), src, x, j), j)
-            moved_parts.append(local[(x, tgt)])
+            local[seg.before] = pending.pop(j)()
+            if j + 1 < seg.k:
+                issue(j + 1)
+            moved_parts.append(local[seg.before])
         for i in seg.ops:
             op, po = prog.ops[i], plan.ops[i]
             args = []
@@ -442,13 +460,25 @@ def run_segment(plan, seg: Segment, executor, fetch, opdefs: dict) -> tuple:
                 made[o].append(v)
         if seg.after is not None:
             y, tgt = seg.after
-            moved_parts.append(move(y, _made_sharding(plan, y), tgt, made[y][-1], j))
+            pending[j] = move(y, _made_sharding(plan, y), tgt, made[y][-1], j)  # waited for after the last chunk
+    if seg.after is not None:
+        moved_parts = [pending.pop(j)() for j in range(seg.k)]
     out = {}
     for i in seg.ops:
         for o, s in zip(prog.ops[i].outputs, plan.ops[i].outputs):
             out[o] = _join(executor, made[o], s, seg, o, ranks)
     key = seg.before or seg.after
     return out, {key: _join(executor, moved_parts, key[1], seg, key[0], ranks)}
+
+
+def chunk_moves(plan, seg: Segment) -> tuple:
+    """The collectives one chunk of ``seg``'s move runs (its whole move's, on a ``k``-th of the
+    data): what a streamed run executes ``seg.k`` times instead of the planned move."""
+    name, tgt = seg.before or seg.after
+    src = plan.shardings[name] if seg.before is not None else _made_sharding(plan, name)
+    n = len(seg.positions[name][0])
+    a, b = chunk_sharding(src, seg.dims[name], n, seg.k), chunk_sharding(tgt, seg.dims[name], n, seg.k)
+    return plan_move(a, b, plan.program.tensors[name].dtype, plan.cost_model)
 
 
 def _made_sharding(plan, name: str) -> Sharding:
@@ -464,5 +494,5 @@ def _join(executor, parts: list, s: Sharding, seg: Segment, name: str, ranks: tu
     return executor.join(parts, d, pos, {r: s.local_shape(r) for r in ranks})
 
 
-__all__ = ["Segment", "carry_view", "chunk_positions_global", "chunk_sharding", "local_positions", "run_segment",
-           "segments"]
+__all__ = ["Segment", "carry_view", "chunk_moves", "chunk_positions_global", "chunk_sharding", "local_positions",
+           "run_segment", "segments"]

@@ -78,6 +78,7 @@ class Plan:
     uneven: bool = False  # sizes that do not divide follow torch.chunk (E >= P guards, not E % P == 0)
     options: dict | None = field(default=None, repr=False)  # what plan() was given: to plan again at other sizes
     verified_at: tuple = ()  # the bindings verify() checked, the example first: ((symbol, value), ...) each
+    flop_rate: float | None = None  # FLOP/s of one device for compute estimates (streams; None: the default)
 
     @property
     def total_seconds(self) -> float:

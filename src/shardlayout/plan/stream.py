@@ -390,7 +390,7 @@ def _passes(plan, i: int, pos: int, d: int, is_input: bool) -> bool:
 def stream_plan(plan, flop_rate: float | None = None) -> StreamPlan:
     """The stream overlaps of ``plan`` (module docstring) and its forward step time without and
     with them. ``stream_plan(p).overlapped_seconds <= stream_plan(p).serial_seconds``"""
-    rate = check_flop_rate(flop_rate)
+    rate = check_flop_rate(flop_rate if flop_rate is not None else getattr(plan, "flop_rate", None))
     prog, cm = plan.program, plan.cost_model
     comm = math.fsum(cm.seconds(c) for moves in plan.moves.values() for c in moves if c.kind.communicates)
     comp = math.fsum(compute_seconds(op_flops(op.target, po.params, po.input_targets, po.outputs), "inference", rate)

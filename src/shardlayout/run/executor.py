@@ -105,6 +105,27 @@ class TorchRankExecutor:
             self.after_collective(c)
         return out.contiguous()
 
+    def start(self, c, x):
+        """Issue collective ``c`` on ``x`` without waiting (``async_op=True``) and return a function
+        that waits and gives the result — so a stream's next chunk moves while this one computes.
+        Outside autograd only, and for gathers and reductions; anything else runs now."""
+        import torch
+
+        if not c.kind.communicates or torch.is_grad_enabled() or isinstance(x, Nested) or (
+                c.reduce_op is None and c.kind is not CollectiveKind.ALL_GATHER):
+            out = self.collective(c, x)
+            return lambda: out
+        self.counts[c.kind.value] = self.counts.get(c.kind.value, 0) + 1
+        finish = (_reduce_issue if c.reduce_op is not None else _gather_issue)(x, self, c, True)
+
+        def done():
+            out = finish()
+            if self.after_collective is not None:
+                self.after_collective(c)
+            return out.contiguous()
+
+        return done
+
     def use(self, tensor: str, target, value):
         """Before its consumers: where their gradients arrive partial (``backward``), sum them."""
         pieces = self.reductions.get((tensor, target))
@@ -291,19 +312,9 @@ class _Gather(_autograd()):
 
     @staticmethod
     def forward(ctx, x, ex, c):
-        import torch
-        import torch.distributed as dist
-
         group, members = ex.group(c)
-        index, width = gather_map(c, ex.rank, tuple(members))
-        ctx.ex, ctx.c, ctx.members, ctx.index, ctx.width = ex, c, tuple(members), index, width
-        flat = x.detach().reshape(-1)
-        pad = torch.zeros(width, dtype=x.dtype)
-        pad[: flat.numel()] = flat
-        stacked = torch.empty(width * len(members), dtype=x.dtype)
-        ex.ran("all_gather")
-        dist.all_gather_into_tensor(stacked, pad, group=group)
-        return stacked[torch.from_numpy(index)].reshape(c.dst.local_shape(ex.rank))
+        ctx.ex, ctx.c, ctx.members = ex, c, tuple(members)
+        return _gather_issue(x, ex, c, False)()
 
     @staticmethod
     def backward(ctx, g):
@@ -315,6 +326,69 @@ class _Gather(_autograd()):
         return g[pick].contiguous(), None, None
 
 
+def _gather_issue(x, ex, c, async_op: bool):
+    """Issue the all_gather of ``c`` on this rank's piece ``x``; returns a function that waits
+    for it and gives this rank's target piece (``gather_map``)."""
+    import torch
+    import torch.distributed as dist
+
+    group, members = ex.group(c)
+    index, width = gather_map(c, ex.rank, tuple(members))
+    flat = x.detach().reshape(-1)
+    pad = torch.zeros(width, dtype=x.dtype)
+    pad[: flat.numel()] = flat
+    stacked = torch.empty(width * len(members), dtype=x.dtype)
+    ex.ran("all_gather")
+    work = dist.all_gather_into_tensor(stacked, pad, group=group, async_op=async_op)
+
+    def finish():
+        if work is not None:
+            work.wait()
+        return stacked[torch.from_numpy(index)].reshape(c.dst.local_shape(ex.rank))
+
+    return finish
+
+
+def _reduce_issue(x, ex, c, async_op: bool):
+    """Issue the reduction of ``c`` (a reduce-scatter, or an all-reduce) on this rank's partial
+    piece ``x``; returns a function that waits for it and gives this rank's target piece."""
+    import torch
+    import torch.distributed as dist
+
+    group, members = ex.group(c)
+    members = tuple(members)
+    op = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
+          "min": dist.ReduceOp.MIN}[c.reduce_op]
+    r = ex.rank
+    if c.kind is CollectiveKind.REDUCE_SCATTER:
+        per, width = scatter_map(c, r, members)
+        flat = x.detach().reshape(-1)
+        stacked = torch.zeros(width * len(members), dtype=x.dtype)
+        for j, p in enumerate(per):
+            stacked[j * width: j * width + len(p)] = flat[torch.from_numpy(p)]
+        mine = torch.empty(width, dtype=x.dtype)
+        ex.ran("reduce_scatter")
+        work = dist.reduce_scatter_tensor(mine, stacked, op=op, group=group, async_op=async_op)
+
+        def done():
+            return mine[: len(per[members.index(r)])].reshape(c.dst.local_shape(r))
+    else:
+        y = x.detach().clone().contiguous()
+        ex.ran("all_reduce")
+        work = dist.all_reduce(y, op=op, group=group, async_op=async_op)
+
+        def done():
+            return y[local_pick(c, r)]
+
+    def finish():
+        if work is not None:
+            work.wait()
+        out = done()
+        return out / len(members) if c.reduce_op == "avg" else out
+
+    return finish
+
+
 class _Reduce(_autograd()):
     """Partial values reduced on the group: a planned reduce-scatter runs as one
     ``reduce_scatter_tensor`` (each member's part of this rank's piece, padded to one width), an
@@ -324,30 +398,9 @@ class _Reduce(_autograd()):
 
     @staticmethod
     def forward(ctx, x, ex, c):
-        import torch
-        import torch.distributed as dist
-
         group, members = ex.group(c)
         ctx.ex, ctx.c, ctx.members, ctx.n = ex, c, tuple(members), len(members)
-        op = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
-              "min": dist.ReduceOp.MIN}[c.reduce_op]
-        r = ex.rank
-        if c.kind is CollectiveKind.REDUCE_SCATTER:
-            per, width = scatter_map(c, r, tuple(members))
-            flat = x.detach().reshape(-1)
-            stacked = torch.zeros(width * len(members), dtype=x.dtype)
-            for j, p in enumerate(per):
-                stacked[j * width: j * width + len(p)] = flat[torch.from_numpy(p)]
-            mine = torch.empty(width, dtype=x.dtype)
-            ex.ran("reduce_scatter")
-            dist.reduce_scatter_tensor(mine, stacked, op=op, group=group)
-            y = mine[: len(per[members.index(r)])].reshape(c.dst.local_shape(r))
-        else:
-            y = x.detach().clone().contiguous()
-            ex.ran("all_reduce")
-            dist.all_reduce(y, op=op, group=group)
-            y = y[local_pick(c, r)]
-        return y / len(members) if c.reduce_op == "avg" else y
+        return _reduce_issue(x, ex, c, False)()
 
     @staticmethod
     def backward(ctx, g):

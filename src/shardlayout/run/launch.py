@@ -149,6 +149,7 @@ def rank_main(rank: int, world: int, build, options: dict, init_method: str | No
                 os._exit(1)
 
         ex = TorchRankExecutor(plan.mesh, rank, groups, after, reductions)
+        streams, whole = _streams(plan, options, train)
         prog = plan.program
         glob = _global_inputs(plan, options.get("seed", 0), options.get("dtype", "float32"))
         params = set(prog.inputs("param")) if train else set()
@@ -162,7 +163,7 @@ def rank_main(rank: int, world: int, build, options: dict, init_method: str | No
         forward = _Compare(options.get("dtype") == "float64")
         values = {}
         with torch.enable_grad() if train else torch.no_grad():
-            for name, value in walk(plan, ex, local):
+            for name, value in walk(plan, ex, local, streams):
                 values[name] = value
                 s = plan.shardings[name]
                 if s.partial:  # a partial sum is compared once reduced, where the plan reduces it
@@ -176,12 +177,12 @@ def rank_main(rank: int, world: int, build, options: dict, init_method: str | No
         grads = None
         if train:
             grads = _train_step(plan, rank, ex, glob, ref, local, values, lr, options)
-        steps = _timed_steps(plan, rank, ex, local, options) if options.get("repeat") else None
+        steps = _timed_steps(plan, rank, ex, local, options, streams) if options.get("repeat") else None
         err, equal, rel = forward.worst(torch, dist)
         g_err = g_equal = g_rel = None
         if grads is not None:
             g_err, g_equal, g_rel = grads.worst(torch, dist)
-        planned = _planned_counts(plan, train, reductions)
+        planned = _planned_counts(plan, train, reductions, streams)
         report = {
             "ranks": world, "mesh": str(plan.mesh), "backend": options.get("backend", "gloo"),
             "equal": bool(equal and (g_equal is None or g_equal)), "max_abs_err": err, "max_rel_err": rel,
@@ -190,6 +191,9 @@ def rank_main(rank: int, world: int, build, options: dict, init_method: str | No
             "torch_calls": dict(sorted(ex.primitives.items())),
             "first_mismatch_on_rank0": forward.first_bad or (grads.first_bad if grads else None),
             "step_seconds": steps,
+            "streams": [{"tensor": (sg.before or sg.after)[0], "side": "before" if sg.before else "after",
+                         "chunks": sg.k, "ops": [prog.ops[i].name for i in sg.ops]} for sg in streams],
+            "streams_whole": whole,
             "seconds": time.perf_counter() - t0,
         }
         if rank == 0 and result_path:
@@ -200,7 +204,7 @@ def rank_main(rank: int, world: int, build, options: dict, init_method: str | No
         dist.destroy_process_group()
 
 
-def _timed_steps(plan, rank, ex, local, options) -> dict:
+def _timed_steps(plan, rank, ex, local, options, streams=()) -> dict:
     """Steady state: ``repeat`` more steps (forward, or with ``train`` forward + backward, every
     collective of a training step) after the checked one, each between barriers; the median, min
     and max seconds of a step."""
@@ -216,7 +220,7 @@ def _timed_steps(plan, rank, ex, local, options) -> dict:
         dist.barrier()
         t = time.perf_counter()
         with torch.enable_grad() if options.get("train") else torch.no_grad():
-            values = dict(walk(plan, ex, inputs))
+            values = dict(walk(plan, ex, inputs, streams))
             if options.get("train"):
                 outs = [values[n] for n in plan.program.outputs]
                 torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
@@ -270,17 +274,39 @@ def training_pieces(plan, reductions: dict) -> set:
     return {p for p in out if p}
 
 
-def _planned_counts(plan, train: bool, reductions=None) -> dict:
+def _streams(plan, options: dict, train: bool) -> tuple:
+    """``(segments, why not)``: the plan's stream choices this run executes chunk by chunk
+    (``execute.stream``), and what runs whole instead: every choice under ``--no-streams`` or
+    ``--train`` (the backward runs whole moves), the choices whose path a chunk cannot follow."""
+    from ..execute.stream import segments
+
+    if not options.get("streams", True):
+        return (), "--no-streams"
+    if train:
+        return (), "--train (the backward pass runs whole moves)"
+    segs, skipped = segments(plan)
+    return segs, (f"not chunkable: {', '.join(skipped)}" if skipped else None)
+
+
+def _planned_counts(plan, train: bool, reductions=None, streams=()) -> dict:
     """Collectives every rank runs: the plan's (SPMD: each in its own group); with training, the
     backward ones ``run.backward`` plans: one all-reduce per gradient reduction, the adjoint of
     each forward collective that needs one (a reduce-scatter's all-gather, an all-to-all's
     reverse), and one all-reduce per local slice whose gradient must be completed."""
+    from ..execute.stream import chunk_moves
     from ..sharding.collective import CollectiveKind
     from .backward import slice_completions
 
     planned: dict = {}
     for c in plan.collectives:
         planned[c.kind.value] = planned.get(c.kind.value, 0) + 1
+    for seg in streams:  # a streamed move runs its chunk's collectives k times instead
+        for c in plan.moves[seg.before or seg.after]:
+            if c.kind.communicates:
+                planned[c.kind.value] -= 1
+        for c in chunk_moves(plan, seg):
+            if c.kind.communicates:
+                planned[c.kind.value] = planned.get(c.kind.value, 0) + seg.k
     if train:
         needs = grad_tensors(plan.program)
         adjoint = {"reduce_scatter": "backward_all_gather", "all_to_all": "backward_all_to_all"}
