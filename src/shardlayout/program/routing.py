@@ -109,7 +109,7 @@ def _replay(prog: Program, h: dict) -> Program:
     for name in prog.inputs():
         t = prog.tensors[name]
         b._add(t)
-    ragged: set = set()
+    ragged: dict = {}  # a routed tensor -> the top-k index its rows were routed by
     for op in prog.ops:
         n = canonical_op_name(op.target)
         ins, kw = op.inputs, op.kwargs()
@@ -122,13 +122,16 @@ def _replay(prog: Program, h: dict) -> Program:
                 b.op("add", [extra, tmp], name=op.name, dtypes=dtypes)
             else:
                 b.op(target, inputs, name=op.name, dtypes=dtypes, **params)
-            if target != "unroute":
-                ragged.update(op.outputs)
+            if target == "route":
+                ragged.update((o, inputs[1]) for o in op.outputs)
+            elif target != "unroute":
+                ragged.update((o, ragged[ins[0]]) for o in op.outputs)
             continue
-        if any(isinstance(i, str) and i in ragged for i in ins):
+        mine = [ragged[i] for i in ins if isinstance(i, str) and i in ragged]
+        if mine:
             if n in ("unsqueeze", "squeeze") and isinstance(kw.get("dim"), int) and kw["dim"] >= 0:
                 kw = {**kw, "dim": kw["dim"] + 1}  # a flat dim d >= 1 is nested dim d + 1
-            ragged.update(op.outputs)
+            ragged.update((o, mine[0]) for o in op.outputs)
             column = _as_column(prog, op, n)
             if column is not None:  # rows.reshape(-1, 1) (torchtitan's scores): the same trailing dim, nested
                 b._op(column, list(ins), op.name, 1, dtypes, {"dim": -1})
@@ -170,7 +173,7 @@ def _rewrite(prog, op, n, ins, kw, h, ragged, producer):
         if prog.tensors[ins[0]].shape[0] == t["tokens"]:
             return "route", [ins[0], spread[ins[1]]], {"experts": t["experts"]}, None
     if n == "_grouped_mm" and ins and ins[0] in ragged:
-        if len(ins) < 3 or not _offsets_of_routing(prog, ins[2], h, producer):
+        if len(ins) < 3 or not _offsets_of_routing(prog, ins[2], h, producer, ragged[ins[0]]):
             return None  # offsets that are not this routing's counts: left as it is (and the rewrite undone)
         w = prog.tensors[ins[1]]
         if len(w.shape) != 3 or len(prog.tensors[ins[0]].shape) != 2:
@@ -181,7 +184,7 @@ def _rewrite(prog, op, n, ins, kw, h, ragged, producer):
             (kw.get("dim") == 0 if n != "index_put" else bool(kw.get("accumulate"))):
         idx = spread.get(ins[1]) if n == "scatter_add" else token.get(ins[1])
         base, rows = prog.tensors[ins[0]].shape, prog.tensors[ins[2]].shape
-        if idx is None or base != (topk[idx]["tokens"],) + rows[1:] or \
+        if idx is None or idx != ragged[ins[2]] or base != (topk[idx]["tokens"],) + rows[1:] or \
                 (n == "scatter_add" and prog.tensors[ins[1]].shape != rows):
             return None  # not every row summed whole into its token: left as it is (and the rewrite undone)
         return "unroute", [ins[2], idx], {}, (None if _is_zeros(prog, ins[0], producer) else ins[0])
@@ -191,11 +194,11 @@ def _rewrite(prog, op, n, ins, kw, h, ragged, producer):
 _CASTS = ("_to_copy", "to", "type_as", "clone", "detach", "view", "reshape", "_unsafe_view")
 
 
-def _offsets_of_routing(prog: Program, name: str, h: dict, producer: dict) -> bool:
-    """Is ``name`` the cumulative sum of the rows per expert of a routing — ``cumsum`` (through
-    casts) of ``histc(ids, bins=E, min=0, max=E)`` or ``bincount(ids, minlength=E)`` of a flattened
-    top-k index (through casts)? Anything else (flipped, padded, capacity-rounded offsets) is not
-    what ``route`` makes."""
+def _offsets_of_routing(prog: Program, name: str, h: dict, producer: dict, routed_by: str) -> bool:
+    """Is ``name`` the cumulative sum of the rows per expert of the routing by top-k index
+    ``routed_by`` — ``cumsum`` (through casts) of ``histc(ids, bins=E, min=0, max=E)`` or
+    ``bincount(ids, minlength=E)`` of that index flattened (through casts)? Anything else (flipped,
+    padded, capacity-rounded offsets, another top-k's counts) is not what ``route`` makes."""
     def through(t):
         op = producer.get(t)
         while op is not None and canonical_op_name(op.target) in _CASTS and len(op.inputs) == 1 and \
@@ -213,7 +216,7 @@ def _offsets_of_routing(prog: Program, name: str, h: dict, producer: dict) -> bo
     n, kw = canonical_op_name(op.target), dict(op.params)
     ids, _ = through(op.inputs[0])
     idx = h["flat"].get(ids)
-    if idx not in h["topk"]:
+    if idx not in h["topk"] or idx != routed_by:
         return False
     e = h["topk"][idx]["experts"]
     if n == "histc":
