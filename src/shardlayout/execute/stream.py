@@ -192,14 +192,19 @@ def _other_dim(plan, i: int, k_in: int, out_dim: int) -> int | None:
     return d if 0 <= d < len(shape) and shape[d] == out[out_dim] and shape[d] > 1 else None
 
 
-def segments(plan, flop_rate: float | None = None) -> tuple:
+def segments(plan, flop_rate: float | None = None, chunks: int | None = None) -> tuple:
     """``(segments, skipped)``: a :class:`Segment` per stream choice of ``plan`` (``stream_plan``
     at ``flop_rate``) whose path the chunks follow exactly, and the choices (tensor names) that
-    run whole instead."""
+    run whole instead. ``chunks``: run every choice in that many chunks instead of the planned
+    number (a benchmark's sweep; a choice whose dim does not cut so is skipped)."""
+    from dataclasses import replace
+
     from ..plan.stream import stream_plan
 
     out, skipped = [], []
     for choice in stream_plan(plan, flop_rate).choices:
+        if chunks is not None:
+            choice = replace(choice, chunks=int(chunks))
         seg = _segment(plan, choice)
         (out.append(seg) if seg is not None else skipped.append(choice.tensor))
     used: set = set()

@@ -1,0 +1,173 @@
+"""A plan's stream choices run chunk by chunk (execute/stream.py).
+
+Oracles: a reshape's chunk positions against brute force over index arrays; each chunk's global
+positions against the rank-local positions ``plan.stream.chunk_positions`` already tested; and
+every streamed walk against the whole walk of the same plan on the numpy simulator (every rank,
+every tensor), with the streamed run's collectives counted (k per streamed move: the chunks
+really ran)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from shardlayout import Mesh, Sharding
+from shardlayout.execute import NumpySimulator, walk
+from shardlayout.execute.stream import carry_view, chunk_moves, chunk_positions_global, segments
+from shardlayout.plan import plan
+from shardlayout.plan.stream import chunk_positions
+from shardlayout.program.models import llama, style_pins
+from shardlayout.sharding.cost import CostModel
+
+# collectives without latency on a slow link: every Megatron(-SP) collective is worth streaming
+CHEAP_CALLS = CostModel(latency=1e-12, default_hop_latency=1e-12, default_bandwidth=1e7)
+
+
+def _brute_view(pos, a, da, b):
+    """The chunk's positions after reshaping ``a`` to ``b``, found over index arrays: ``(dim,
+    positions)`` when the chunk is some positions along one dim of ``b`` times everything else."""
+    ids = np.arange(math.prod(a)).reshape(a)
+    out, dim = [], None
+    for p in pos:
+        chosen = set(np.take(ids, p, axis=da).reshape(-1).tolist())
+        mask = np.isin(ids.reshape(b), list(chosen))
+        found = None
+        for k in sorted(range(len(b)), key=lambda k: b[k] <= 1):
+            sel = np.nonzero(mask.any(axis=tuple(x for x in range(len(b)) if x != k)))[0]
+            if np.take(mask, sel, axis=k).all() and mask.sum() == np.take(mask, sel, axis=k).size:
+                found = (k, sel)
+                break
+        if found is None or (dim is not None and found[0] != dim):
+            return None
+        dim = found[0]
+        out.append(found[1])
+    return dim, out
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_carry_view_matches_brute_force(data):
+    a = tuple(data.draw(st.lists(st.sampled_from([1, 2, 3, 4, 6]), min_size=1, max_size=4), label="a"))
+    n = math.prod(a)
+    # b: a's sizes regrouped (merged neighbours or split by a divisor)
+    b = list(a)
+    for _ in range(data.draw(st.integers(0, 2), label="steps")):
+        if len(b) > 1 and data.draw(st.booleans(), label="merge"):
+            i = data.draw(st.integers(0, len(b) - 2), label="i")
+            b[i: i + 2] = [b[i] * b[i + 1]]
+        else:
+            i = data.draw(st.integers(0, len(b) - 1), label="j")
+            divs = [d for d in range(2, b[i]) if b[i] % d == 0]
+            if divs:
+                d = data.draw(st.sampled_from(divs), label="d")
+                b[i: i + 1] = [d, b[i] // d]
+    b = tuple(b)
+    assert math.prod(b) == n
+    cut = [d for d in range(len(a)) if a[d] > 1]  # a stream cuts a dim of 2 or more into k >= 2 chunks
+    assume(cut)
+    da = data.draw(st.sampled_from(cut), label="da")
+    k = data.draw(st.sampled_from([d for d in (2, 3, 4, 6) if a[da] % d == 0]), label="k")
+    step = a[da] // k  # chunks of contiguous positions, or strided ones (every k-th)
+    if data.draw(st.booleans(), label="strided"):
+        pos = tuple(np.arange(j, a[da], k) for j in range(k))
+    else:
+        pos = tuple(np.arange(j * step, (j + 1) * step) for j in range(k))
+    got, want = carry_view(pos, a, da, b), _brute_view(pos, a, da, b)
+    assert (got is None) == (want is None), (a, b, da, pos, got, want)
+    if got is not None:  # each chunk is exactly its positions along got's dim, everything else whole
+        ids = np.arange(n).reshape(a)
+        for p, q in zip(pos, got[1]):
+            assert sorted(np.take(ids, p, axis=da).reshape(-1).tolist()) == \
+                sorted(np.take(ids.reshape(b), q, axis=got[0]).reshape(-1).tolist())
+
+
+@pytest.mark.parametrize("text,mesh,dim,k", [("[tp*16, 4]", "tp=4", 0, 4), ("[2, dp*tp*8]", "dp=2,tp=2", 1, 2),
+                                              ("[32, 4]", "tp=2", 0, 8), ("[tp*2*8, 3]", "tp=2", 0, 2)])
+def test_chunk_positions_are_each_ranks_stream_chunk(text, mesh, dim, k):
+    m = Mesh.parse(mesh)
+    s = Sharding.parse(text, m)
+    pos = chunk_positions_global(s, dim, k)
+    assert sorted(np.concatenate(pos).tolist()) == list(range(s.shape[dim]))  # a partition of the dim
+    for j in range(k):
+        for r in m.ranks():
+            held = np.asarray(s.indices(r)[dim])
+            mine = held[chunk_positions(s, dim, k, j, r)]
+            assert sorted(mine.tolist()) == sorted(set(held.tolist()) & set(pos[j].tolist()))
+
+
+class _Counting(NumpySimulator):
+    def __init__(self, mesh):
+        super().__init__(mesh)
+        self.calls = 0
+
+    def collective(self, c, value):
+        self.calls += c.kind.communicates
+        return super().collective(c, value)
+
+
+def _streamed_equals_whole(p, **kw):
+    segs, skipped = segments(p, **kw)
+    assert segs and not skipped
+    rng = np.random.default_rng(0)
+    pieces = {n: p.shardings[n].shard(rng.standard_normal(p.program.tensors[n].shape)) for n in p.program.inputs()}
+    whole, streamed = _Counting(p.mesh), _Counting(p.mesh)
+    a = dict(walk(p, whole, pieces))
+    b = dict(walk(p, streamed, pieces, streams=segs))
+    assert a.keys() == b.keys()
+    for name in a:
+        for r in p.mesh.ranks():
+            assert a[name][r].shape == b[name][r].shape
+            assert np.allclose(a[name][r], b[name][r], rtol=1e-12, atol=1e-12), (name, r)
+    per_chunk = sum(sum(c.kind.communicates for c in chunk_moves(p, s)) * s.k for s in segs)
+    moved = sum(sum(c.kind.communicates for c in p.moves[s.before or s.after]) for s in segs)
+    assert streamed.calls == whole.calls - moved + per_chunk  # every streamed move ran as its k chunks
+    return segs
+
+
+@pytest.mark.parametrize("batch,mesh,style", [(1, "tp=4", "megatron-sp"), (2, "tp=2", "megatron-sp"),
+                                              (2, "dp=2,tp=2", "megatron-sp"), (2, "tp=2", "megatron"),
+                                              (1, "tp=4", "megatron")])
+def test_a_streamed_walk_equals_the_whole_walk_on_every_rank(batch, mesh, style):
+    prog = llama(layers=2, batch=batch, seq=32, dim=32, heads=4, ffn=64)
+    m = Mesh.parse(mesh)
+    p = plan(prog, m, style_pins(prog, m, style), cost_model=CHEAP_CALLS)
+    p.flop_rate = 1e9
+    segs = _streamed_equals_whole(p)
+    sides = {"before" if s.before else "after" for s in segs}
+    # Megatron streams its all_reduces (after the row-parallel matmuls), Megatron-SP its gathers at least
+    assert sides == {"after"} if style == "megatron" else "before" in sides
+
+
+@pytest.mark.parametrize("k", [2, 4, 8])
+def test_every_chunk_count_gives_the_whole_result(k):
+    prog = llama(layers=1, batch=1, seq=64, dim=32, heads=4, ffn=64)
+    m = Mesh.parse("tp=2")
+    p = plan(prog, m, style_pins(prog, m, "megatron-sp"), cost_model=CHEAP_CALLS)
+    p.flop_rate = 1e9
+    segs = _streamed_equals_whole(p, chunks=k)
+    assert {s.k for s in segs} == {k}
+
+
+@settings(max_examples=12, deadline=None)
+@given(seq=st.sampled_from([16, 32, 48]), batch=st.integers(1, 3), tp=st.sampled_from([2, 4]),
+       style=st.sampled_from(["megatron", "megatron-sp"]), rate=st.sampled_from([1e8, 1e9, 1e10]))
+def test_streamed_walks_equal_whole_walks_on_random_llamas(seq, batch, tp, style, rate):
+    prog = llama(layers=1, batch=batch, seq=seq, dim=16, heads=4, ffn=32)
+    m = Mesh.parse(f"tp={tp}")
+    p = plan(prog, m, style_pins(prog, m, style), cost_model=CHEAP_CALLS)
+    p.flop_rate = rate
+    segs, skipped = segments(p)
+    if not segs:
+        return  # no stream pays here: nothing to compare
+    _streamed_equals_whole(p)
+
+
+def test_no_stream_choice_no_segment():
+    prog = llama(layers=1, batch=1, seq=16, dim=16, heads=4, ffn=32)
+    m = Mesh.parse("tp=2")
+    p = plan(prog, m, style_pins(prog, m, "megatron-sp"))  # default cost model and rate: nothing pays
+    assert segments(p) == ((), ())
