@@ -440,13 +440,15 @@ def print_plan(p, v, args) -> None:
     if v is not None:
         if v.ok and v.mode == "full":
             print(f"verified: every rank simulated in numpy; all {v.checked} tensors equal the unsharded run")
+            for note in v.notes:
+                print(f"  {note}")
         elif v.ok:
             how = "proven at the index level for every rank" if v.proven else \
                 f"proven for every rank except {len(v.unproven)} op(s) checked numerically only"
             print(f"verified: all {v.checked} tensors {how}; {v.simulated} local runs of {v.classes} rank classes "
                   f"({v.ops} distinct ops, {v.collectives} distinct collectives) equal the unsharded values")
             for note in v.notes:
-                if note.startswith("ragged"):
+                if note.startswith(("ragged", "streams")):
                     print(f"  {note}")
         elif getattr(v, "reason", "") in ("decisions", "error"):  # at other sizes (plan.guards.verify_sizes)
             print(f"NOT verified: {v.first_mismatch}")

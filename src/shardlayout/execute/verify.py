@@ -614,8 +614,41 @@ def verify_plan(plan, seed: int = 0, rtol: float = 1e-6, atol: float = 1e-6, bud
         notes.append(f"ragged: {len(ragged_ops)} ops on ragged tensors checked by simulating the whole plan on "
                      f"every rank with real routing (seeds {', '.join(map(str, seeds))}), every tensor compared "
                      "block by block")
+    streamed = _check_streams(plan, check_collective, seed, rtol, atol, budget)
+    if isinstance(streamed, Verification):
+        return replace(streamed, notes=tuple(notes) + streamed.notes)
+    notes.extend(streamed)
     return Verification(True, checked, None, stats["error"], "classes", not unproven, tuple(unproven), len(op_done),
                         len(coll_done), stats["classes"], stats["simulated"], tuple(notes))
+
+
+def _check_streams(plan, check_collective, seed: int, rtol: float, atol: float, budget: int):
+    """The plan's stream overlaps (``execute.stream``), as ``shardlayout run`` executes them: each
+    chunk's move proven like any collective, and — while the largest tensor fits the budget — the
+    whole plan simulated on every rank with the streams run chunk by chunk (``verify_full``).
+    Returns notes, or the failed Verification."""
+    from .stream import chunk_moves, segments
+
+    streams, _ = segments(plan)
+    if not streams:
+        return []
+    for seg in streams:
+        for c in chunk_moves(plan, seg):
+            proof = check_collective(c.attributed(None, None))
+            if proof.failed:
+                name = (seg.before or seg.after)[0]
+                return Verification(False, 0, f"{name} (stream chunk of {c.kind.value} {c.src} -> {c.dst}): "
+                                    f"{proof.message}", mode="classes")
+    what = ", ".join(f"{(s.before or s.after)[0]} x{s.k}" for s in streams)
+    largest = max((int(np.prod(t.shape)) for t in plan.program.tensors.values()), default=1)
+    if largest * plan.mesh.size > budget:
+        return [f"streams: {len(streams)} overlap(s) run chunk by chunk ({what}): each chunk's move proven; "
+                "too large to simulate whole (--verify=full does)"]
+    full = verify_full(plan, seed, rtol, atol)
+    if not full.ok:
+        return replace(full, mode="classes")
+    return [f"streams: {len(streams)} overlap(s) run chunk by chunk ({what}): each chunk's move proven, and the "
+            "whole plan simulated on every rank with them equals the unsharded run"]
 
 
 def _ragged_seeds(plan, seed: int, budget: int) -> tuple:
@@ -688,8 +721,13 @@ def verify_full(plan, seed: int = 0, rtol: float = 1e-6, atol: float = 1e-6) -> 
     checked = 0
     producer = {o: op.name for op in prog.ops for o in op.outputs}
     sim = NumpySimulator(plan.mesh)
+    from .stream import segments
+
+    streams, _ = segments(plan)  # what `shardlayout run` executes: the stream overlaps chunk by chunk
+    notes = (f"streams: {len(streams)} overlap(s) simulated chunk by chunk "
+             f"({', '.join(f'{(s.before or s.after)[0]} x{s.k}' for s in streams)})",) if streams else ()
     try:
-        for name, got in walk(plan, sim, pieces):
+        for name, got in walk(plan, sim, pieces, streams):
             final = plan.shardings[name]
             if prog.tensors[name].ragged is not None:
                 bad = _nested_mismatch(plan, name, got, ref[name], rtol, atol)
@@ -712,8 +750,9 @@ def verify_full(plan, seed: int = 0, rtol: float = 1e-6, atol: float = 1e-6) -> 
     except (ValueError, IndexError) as e:  # a collective missing data, a local op on a piece it cannot take
         if isinstance(e, ShardingError) and not isinstance(e, ShardMismatch):
             raise
-        return Verification(False, checked, f"after {checked} tensors: {type(e).__name__}: {e}", mode="full")
-    return Verification(True, checked, mode="full")
+        return Verification(False, checked, f"after {checked} tensors: {type(e).__name__}: {e}", mode="full",
+                            notes=notes)
+    return Verification(True, checked, mode="full", notes=notes)
 
 
 def verify(plan, mode: str = "classes", seed: int = 0, rtol: float = 1e-6, atol: float = 1e-6,
