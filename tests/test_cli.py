@@ -293,3 +293,15 @@ def test_size_and_timeline_misuse_is_one_line(argv, capsys):
     assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(("shardlayout: error:", "usage:", "shardlayout"))
+
+
+def test_explain_reads_a_stream_factor_and_says_where_the_chunks_go(capsys):
+    assert main(["explain", "mm", "--mesh", "tp=2", "--inputs", "[tp*~4*16, 32]", "[32, tp*32]"]) == 0
+    out = capsys.readouterr().out
+    assert "stream: input 0 [tp*~4*16, 32] passes dim 0 through to output 0 dim 0" in out
+    assert main(["explain", "mm", "--mesh", "tp=2", "--inputs", "[64, tp*~2*16]", "[tp*32, 64]", "--json"]) == 0
+    (st,) = json.loads(capsys.readouterr().out)["streams"]
+    assert (st["input"], st["dim"], st["chunks"], st["output"]) == (0, 1, 2, None)  # a contracted dim
+    assert main(["explain", "mm", "--mesh", "tp=2", "--inputs", "[~4*tp*16, 32]", "[32, 32]"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("shardlayout: error:") and "mesh-axis factors" in err and len(err.splitlines()) == 1

@@ -252,11 +252,23 @@ def cmd_explain(args) -> int:
     from .mesh import Mesh
     from .propagation import propagate
 
+    from .plan.stream import parse_stream
+
     mesh = Mesh.parse(args.mesh)
-    inputs = [_parse_input(t, mesh) for t in args.inputs]
+    inputs, streamed = [], {}
+    for i, t in enumerate(args.inputs):
+        if "~" in t:  # a stream factor: the input cut into k chunks computed one after another
+            s, d, k = parse_stream(t, mesh)
+            inputs.append(s)
+            streamed[i] = (d, k)
+        else:
+            inputs.append(_parse_input(t, mesh))
     params = dict(_parse_param(p) for p in args.param or [])
     p = propagate(args.op, inputs, **params)
     data = p.to_json()
+    streams = [_explain_stream(args.op, p, params, i, d, k) for i, (d, k) in sorted(streamed.items())]
+    if streams:
+        data["streams"] = streams
     if args.json:
         print(json.dumps(data))
         return 0
@@ -280,6 +292,8 @@ def cmd_explain(args) -> int:
     else:
         print("collectives: none")
     print(f"total estimated cost: {p.cost * 1e6:.2f} µs")
+    for st in streams:
+        print(f"stream: {st['text']}")
     if p.candidates:
         ranked = sorted(p.candidates, key=lambda c: c.cost)
         shown = ranked if args.all else ranked[: args.top]
@@ -293,6 +307,34 @@ def cmd_explain(args) -> int:
             for x in c.collectives:
                 print(f"               {_collective_line(x, cm)}")
     return 0
+
+
+def _explain_stream(op: str, p, params: dict, i: int, d: int, k: int) -> dict:
+    """What a stream factor on input ``i`` (dim ``d``, ``k`` chunks) means for the op: the dim
+    passes through to an output dim (each chunk runs the same strategy on a k-th of it), or the op
+    contracts or reduces it (no stream can cut it)."""
+    from .plan.stream import _letters, stream_text
+
+    tgt = p.input_targets[i]
+    got = _letters(op, params, p.input_targets, p.outputs)
+    out = {"input": i, "dim": d, "chunks": k, "output": None, "output_dim": None}
+    if got is None or got[0][i] is None:
+        out["text"] = (f"input {i} {stream_text(tgt, d, k)}: this op has no index map saying where dim {d} goes; "
+                       "plan finds the streams of whole programs (views and pointwise ops between a move and matmuls)")
+        return out
+    letter = got[0][i][d]
+    for o, letters in enumerate(got[1]):
+        if letter in letters:
+            e = letters.index(letter)
+            out.update(output=o, output_dim=e)
+            out["text"] = (f"input {i} {stream_text(tgt, d, k)} passes dim {d} through to output {o} dim {e} "
+                           f"({stream_text(p.outputs[o], e, k)}): each of the {k} chunks runs this strategy on a "
+                           f"{k}th of it, one after another, so a chunk's collective can overlap the next chunk's "
+                           "compute")
+            return out
+    out["text"] = (f"input {i} {stream_text(tgt, d, k)}: this op contracts or reduces dim {d} (index {letter!r}), so "
+                   "stream chunks of it are not chunks of the output; a stream cannot cut this dim here")
+    return out
 
 
 def _collective_line(c, cm) -> str:

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from shardlayout import Mesh, Sharding
@@ -150,3 +150,36 @@ def test_a_pinned_outputs_move_is_shown_from_what_the_op_made():
     p = _plan("megatron-sp", mesh="dp=2,tp=2", layers=1, dim=512, seq=1024, batch=1, heads=8, ffn=1376)
     for c in stream_plan(p).choices:
         assert "tp*~" in c.text  # cut after the tp axis the moved tensor is sequence-sharded on
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_parse_stream_reads_back_what_stream_text_writes(data):
+    from shardlayout.plan.stream import parse_stream
+
+    m = Mesh.parse("dp=2,tp=4")
+    n = data.draw(st.sampled_from([16, 32, 48, 64]), label="n")
+    axes = data.draw(st.sampled_from(["", "tp", "dp", "dp*tp"]), label="axes")
+    size = n // (8 if axes == "dp*tp" else 4 if axes == "tp" else 2 if axes == "dp" else 1)
+    s = Sharding.parse(f"[{axes + '*' if axes else ''}{size}, 4]", m)
+    ks = [k for k in CHUNKS if chunk_layout(s.dims[0], s.shape[0], k) is not None]
+    assume(ks)
+    k = data.draw(st.sampled_from(ks), label="k")
+    text = stream_text(s, 0, k)
+    assert parse_stream(text, m) == (s, 0, k)
+    assert parse_stream(str(s), m) == (s, None, 1)
+
+
+@pytest.mark.parametrize("text,words", [("[~4*tp*16, 32]", "after the dim's mesh-axis factors"),
+                                        ("[tp*~4*16, ~2*(32)]", "one stream factor"),
+                                        ("[tp*~x*16, 3]", "positive int"), ("[tp*~3*5, 3]", None)])
+def test_parse_stream_refuses_a_misplaced_factor_naming_the_fix(text, words):
+    from shardlayout.errors import ShardingSpecError
+    from shardlayout.plan.stream import parse_stream
+
+    m = Mesh.parse("tp=2")
+    if words is None:  # ~3*5: a local factor of 15 cut in 3 chunks of 5 — fine
+        assert parse_stream(text, m)[1:] == (0, 3)
+        return
+    with pytest.raises(ShardingSpecError, match=words):
+        parse_stream(text, m)

@@ -137,6 +137,50 @@ def stream_text(s: Sharding, dim: int, k: int) -> str:
     return body
 
 
+def parse_stream(text: str, mesh) -> tuple:
+    """``(sharding, dim, k)`` of a sharding written with a stream factor (``stream_text``'s form:
+    ``~k`` right after the dim's mesh-axis factors, before its local factor; ``~k*(...)`` on a dim
+    without any); ``(sharding, None, 1)`` when the text has none. Raises ShardingSpecError naming
+    the fix for a stream factor elsewhere, twice, or not dividing its local factor.
+    ``parse_stream("[tp*~4*16, 32]", Mesh.parse("tp=2"))`` -> ``([tp*64, 32], 0, 4)``"""
+    import re
+
+    from ..errors import ShardingSpecError
+    from ..sharding.core import split_top_level
+
+    text = text.strip()
+    if "~" not in text:
+        return Sharding.parse(text, mesh), None, 1
+    close = text.find("]")
+    if not text.startswith("[") or close < 0:
+        return Sharding.parse(text, mesh), None, 1  # its own error
+    parts = split_top_level(text[1:close])
+    marked = [d for d, part in enumerate(parts) if "~" in part]
+    if len(marked) != 1 or text[close:].count("~") or parts[marked[0]].count("~") != 1:
+        raise ShardingSpecError(f"{text!r}: one stream factor ~k in one dim, e.g. '[tp*~4*16, 32]'")
+    d = marked[0]
+    whole = re.fullmatch(r"~(\d+)\*\((.*)\)", parts[d].strip())
+    if whole:  # a dim without mesh-axis factors, cut outermost
+        k, parts[d] = int(whole.group(1)), whole.group(2)
+    else:
+        tokens = [t.strip() for t in parts[d].split("*")]
+        at = next(i for i, t in enumerate(tokens) if t.startswith("~"))
+        if not re.fullmatch(r"~\d+", tokens[at]) or int(tokens[at][1:]) < 1:
+            raise ShardingSpecError(f"{text!r}: write a stream factor as ~k with k a positive int, e.g. ~4")
+        k = int(tokens[at][1:])
+        after = tokens[at + 1:]
+        if any(not t.isdigit() for t in after):
+            raise ShardingSpecError(f"{text!r}: the stream factor ~{k} comes after the dim's mesh-axis factors and "
+                                    f"before its local factor (e.g. 'tp*~{k}*16'), not before {after[0]!r}")
+        local = k * math.prod(int(t) for t in after)
+        parts[d] = "*".join(tokens[:at] + [str(local)])
+    s = Sharding.parse("[" + ", ".join(parts) + "]" + text[close + 1:], mesh)
+    if chunk_layout(s.dims[d], s.shape[d], k) is None:
+        raise ShardingSpecError(f"{text!r}: dim {d} of {s} cannot be cut into {k} stream chunks (its local factor "
+                                f"after the mesh axes must be a multiple of {k})")
+    return s, d, k
+
+
 def _factor_text(f: Factor, s: Sharding) -> str:
     from ..sharding.core import _fmt_factor
 
@@ -407,5 +451,5 @@ def stream_plan(plan, flop_rate: float | None = None) -> StreamPlan:
     return StreamPlan(tuple(c for _, c in chosen), serial, serial - math.fsum(s for s, _ in chosen))
 
 
-__all__ = ["CHUNKS", "MIN_SAVING", "StreamChoice", "StreamPlan", "chunk_layout", "chunk_positions", "pipelined",
-           "run_streamed_move", "stream_plan", "stream_text"]
+__all__ = ["CHUNKS", "MIN_SAVING", "StreamChoice", "StreamPlan", "chunk_layout", "chunk_positions", "parse_stream",
+           "pipelined", "run_streamed_move", "stream_plan", "stream_text"]
