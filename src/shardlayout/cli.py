@@ -250,9 +250,8 @@ def _parse_param(text: str):
 
 def cmd_explain(args) -> int:
     from .mesh import Mesh
-    from .propagation import propagate
-
     from .plan.stream import parse_stream
+    from .propagation import propagate
 
     mesh = Mesh.parse(args.mesh)
     inputs, streamed = [], {}
