@@ -42,12 +42,11 @@ from shardlayout import Mesh  # noqa: E402
 from shardlayout.cli import main  # noqa: E402
 from shardlayout.errors import ShardingError, UnsupportedOp  # noqa: E402
 from shardlayout.execute.verify import reference_run  # noqa: E402
-from shardlayout.ops.result import canonical_op_name  # noqa: E402
 from shardlayout.plan import plan  # noqa: E402
 from shardlayout.program import ProgramError  # noqa: E402
 from shardlayout.program.models import style_pins  # noqa: E402
 from shardlayout.program.torch_import import from_torch  # noqa: E402
-from shardlayout.run.torch_ops import torch_op  # noqa: E402
+from tests.program.moe_oracle import run_unsharded, targets  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 TITAN = ROOT / "examples" / "titan_moe.py"
@@ -73,22 +72,6 @@ def _quiet(caplog):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch.export's deprecation chatter
         yield
-
-
-def targets(prog) -> list:
-    return [canonical_op_name(op.target) for op in prog.ops]
-
-
-def run_unsharded(module, x, prog):
-    """The program's output run on torch without sharding (a plan over ep=1), from the module's
-    own parameters (by name) and ``x``."""
-    mesh = Mesh.parse("ep=1")
-    p = plan(prog, mesh, style_pins(prog, mesh, "ep"))
-    inputs = {n: t.detach() for n, t in module.named_parameters()}
-    inputs["x"] = x
-    assert set(inputs) == set(prog.inputs())
-    with torch.no_grad():
-        return reference_run(p, inputs, torch_op, torch)[prog.outputs[0]]
 
 
 # -- the layer: a token-choice router and a per-expert loop, in the forms users write ----------------

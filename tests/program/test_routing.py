@@ -27,6 +27,7 @@ from shardlayout.program.models import llama, moe, style_pins  # noqa: E402
 from shardlayout.program.routing import recognise_routing  # noqa: E402
 from shardlayout.program.torch_import import from_torch  # noqa: E402
 from shardlayout.run.torch_ops import torch_op  # noqa: E402
+from tests.program.moe_oracle import run_unsharded, targets  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -52,22 +53,6 @@ def _quiet():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch.export's deprecation chatter
         yield
-
-
-def targets(prog) -> list:
-    return [canonical_op_name(op.target) for op in prog.ops]
-
-
-def run_unsharded(module, x, prog):
-    """The program's output run on torch without sharding (a plan over ep=1), from the module's
-    own parameters (by name) and ``x``."""
-    mesh = Mesh.parse("ep=1")
-    p = plan(prog, mesh, style_pins(prog, mesh, "ep"))
-    inputs = {n: t.detach() for n, t in module.named_parameters()}
-    inputs["x"] = x
-    assert set(inputs) == set(prog.inputs())
-    with torch.no_grad():
-        return reference_run(p, inputs, torch_op, torch)[prog.outputs[0]]
 
 
 # -- 1. every variant of the torchtitan layer is recognised, and still computes the module ----------
