@@ -5,7 +5,7 @@ stream chunks and run its move and the matmuls on the far side of it one chunk a
 :func:`segments` turns each choice into a :class:`Segment` — the ops that run per chunk (the
 views and pointwise ops between the move and the matmuls, and the matmuls), the dim of every
 tensor of it that the chunks cut, and the global positions along that dim of each chunk (chunk
-``j`` is the ``j``-th part of every rank's shard: ``plan.stream.chunk_layout``) — and
+``j`` is the ``j``-th part of every rank's shard: ``chunk_layout``) — and
 :func:`run_segment` runs one on any executor: per chunk, this rank's positions of the chunk are
 taken from each input (``executor.chunk``), the move runs as ``plan_move`` between the chunk's
 shardings (its collective is the whole move's cut ``k`` ways), the ops run on the chunk, and at
@@ -31,8 +31,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..ops.families import MATMULS
 from ..ops.result import canonical_op_name
-from ..sharding import Sharding
+from ..sharding import Factor, Sharding
 from ..sharding.move import plan_move
 
 MAX_GROUP = 1 << 22  # elements of a view's merged dims a chunk's positions are carried through
@@ -59,12 +60,77 @@ class Segment:
         return self.ops[0]
 
 
+def chunk_layout(fs, n: int, k: int) -> tuple | None:
+    """``(pre, post)``: the dim's factors ``fs`` (of ``n``) read as ``pre + [~k] + post`` — the
+    stream cuts the local factor right after the last mesh-axis factor, so chunk ``j`` is the
+    ``j``-th part of every rank's shard (every rank takes part in every chunk's collective); a
+    dim without mesh-axis factors is cut outermost. None when that factor is not local, not
+    divisible by ``k``, or the dim is uneven.
+    ``chunk_layout((Factor(8, "tp"), Factor(512)), 4096, 8) -> ((Factor(8, 'tp'),), (Factor(64),))``"""
+    fs = tuple(fs) or (Factor(n),)
+    if math.prod(f.size for f in fs) != n:
+        return None
+    last = max((i for i, f in enumerate(fs) if f.axis is not None), default=-1)
+    if last + 1 >= len(fs) or fs[last + 1].axis is not None or fs[last + 1].size % k:
+        return None
+    inner = fs[last + 1].size // k
+    return fs[: last + 1], ((Factor(inner),) if inner > 1 else ()) + fs[last + 2:]
+
+
+def _letters(op_name: str, params: dict, targets, outputs) -> tuple | None:
+    """``(input letters, output letters)`` of a matmul-like op (its index map), or None."""
+    from ..execute.indexmap import index_map
+
+    try:
+        imap = index_map(op_name, tuple(targets), params, len(outputs))
+    except Exception:  # noqa: BLE001 - an op without a map simply does not stream
+        return None
+    if imap is None or imap.kind != "letters":
+        return None
+    return imap.inputs, imap.outputs
+
+
+def _group_dim(src: tuple, dst: tuple, d: int) -> int | None:
+    """The dim of a row-major reshape ``src -> dst`` holding dim ``d``'s outermost part (the
+    merged dim, or the first of the dims it splits into); None when it cannot be told."""
+    i = j = 0
+    while i < len(src) and j < len(dst):
+        a, b, gi, gj = src[i], dst[j], [i], [j]
+        while a != b:
+            if a < b and i + 1 < len(src):
+                i += 1
+                a *= src[i]
+                gi.append(i)
+            elif b < a and j + 1 < len(dst):
+                j += 1
+                b *= dst[j]
+                gj.append(j)
+            else:
+                return None
+        if d in gi:
+            return next((k for k in gj if dst[k] > 1), gj[0])
+        i, j = i + 1, j + 1
+    return None
+
+
+def _through(op, d: int, in_shape: tuple, out_shape: tuple) -> int | None:
+    """Where dim ``d`` of a view's or a pointwise op's (first) input lands in its output."""
+    from ..program.blocks import VIEWS, short, track_dims
+
+    base = short(op)
+    if base in ("permute", "transpose", "t", "expand"):
+        got = track_dims(op, tuple(range(len(in_shape))), in_shape, out_shape)
+        return None if got is None or d not in got else got.index(d)
+    if base in VIEWS:
+        return d if in_shape == out_shape else _group_dim(in_shape, out_shape, d)
+    lead = len(out_shape) - len(in_shape)
+    return d + lead if lead >= 0 and out_shape[d + lead] == in_shape[d] else None
+
+
 def chunk_positions_global(s: Sharding, dim: int, k: int) -> tuple | None:
     """The global positions along ``dim`` of each of the ``k`` stream chunks of ``s`` (its
     ``chunk_layout``: chunk ``j`` is the ``j``-th part of every rank's shard), ascending.
     ``chunk_positions_global(Sharding.parse("[tp*4]", Mesh.parse("tp=2")), 0, 2)[1].tolist() -> [2, 3, 6, 7]``"""
-    from ..plan.stream import chunk_layout
-
     lay = chunk_layout(s.dims[dim], s.shape[dim], k)
     if lay is None:
         return None
@@ -141,8 +207,6 @@ def _op_carry(plan, i: int, pos_in: int, d: int, positions: tuple):
     """Where chunks cutting dim ``d`` of op ``i``'s input ``pos_in`` land in its output: ``(dim,
     positions)``, or None when the op is not one a chunk passes through exactly (views, permutes,
     pointwise ops on their first input, matmuls along a pass-through dim)."""
-    from ..plan.estimate import MATMULS
-    from ..plan.stream import _letters
     from ..program.blocks import VIEWS, short, track_dims
 
     prog = plan.program
@@ -174,8 +238,6 @@ def _other_dim(plan, i: int, k_in: int, out_dim: int) -> int | None:
     """The dim of op ``i``'s input ``k_in`` (not the chunked one) that the chunk cuts too: the
     same index letter of a matmul, the broadcast-aligned full-size dim of a pointwise op; None
     when that input has no such dim (a weight, a broadcast size-1 dim)."""
-    from ..plan.estimate import MATMULS
-    from ..plan.stream import _letters
 
     prog = plan.program
     op = prog.ops[i]
@@ -199,10 +261,8 @@ def segments(plan, flop_rate: float | None = None, chunks: int | None = None) ->
     number (a benchmark's sweep; a choice whose dim does not cut so is skipped)."""
     from dataclasses import replace
 
-    from ..plan.stream import stream_plan
-
     out, skipped = [], []
-    for choice in stream_plan(plan, flop_rate).choices:
+    for choice in plan.stream_choices(flop_rate):
         if chunks is not None:
             choice = replace(choice, chunks=int(chunks))
         seg = _segment(plan, choice)
@@ -255,7 +315,6 @@ def _segment(plan, choice) -> Segment | None:
 def _forward(plan, ops_of, x: str, tgt, sites: set, dims: dict, positions: dict):
     """The ops from the move of ``x`` at ``tgt`` to the matmuls ``sites``, with every tensor's
     chunk dim and positions filled in; None when a path the chunks take is not exact."""
-    from ..plan.estimate import MATMULS
 
     prog = plan.program
     found, reach = set(), {}
@@ -301,8 +360,6 @@ def _forward(plan, ops_of, x: str, tgt, sites: set, dims: dict, positions: dict)
 def _backward(plan, producer, y: str, sites: set, dims: dict, positions: dict):
     """The ops from the matmul in ``sites`` to ``y`` (whose reduction runs per chunk), with
     their chunk dims and positions (found backwards through the views); None when not exact."""
-    from ..plan.estimate import MATMULS
-    from ..plan.stream import _through
     from ..program.blocks import VIEWS, short
 
     prog = plan.program
@@ -383,8 +440,6 @@ def local_positions(s: Sharding, dim: int, want: np.ndarray, rank: int) -> np.nd
 def chunk_sharding(s: Sharding, dim: int, n: int, k: int) -> Sharding:
     """The sharding of one stream chunk (``n`` positions) of a tensor sharded ``s``: the dim
     whole when ``s`` holds it whole, else its ``chunk_layout``."""
-    from ..plan.stream import chunk_layout
-
     shape = s.shape[:dim] + (n,) + s.shape[dim + 1:]
     if not any(f.axis is not None for f in s.dims[dim]):
         fs = []

@@ -39,6 +39,10 @@ LETTERS = "abcdefghijklmnopqrstuvwxyz"
 _erf = np.vectorize(math.erf)
 
 
+
+MATMULS = {"mm": 0, "bmm": 0, "matmul": 0, "linear": 0, "addmm": 1, "baddbmm": 1}
+"""Matmul-like ops and the input whose last dim is contracted."""
+
 # ------------------------------------------------------------------------------------------
 # pointwise
 # ------------------------------------------------------------------------------------------

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 
 from ..caches import memo
 from ..errors import ShardingError
+from ..ops.families import MATMULS
 from ..ops.result import canonical_op_name
 from ..sharding import Sharding
 from ..sharding.collective import AxisPiece, Collective, CollectiveKind
@@ -63,8 +64,6 @@ ALIASES = frozenset({"view", "_unsafe_view", "reshape", "transpose", "t", "permu
                      "as_strided", "view_as", "expand_as", "contiguous", "clone_alias"})
 """Ops whose output is a view of their input: no FLOPs, no memory of their own."""
 
-MATMULS = {"mm": 0, "bmm": 0, "matmul": 0, "linear": 0, "addmm": 1, "baddbmm": 1}
-"""Matmul-like ops and the input whose last dim is contracted."""
 
 
 class TrainingModeError(ShardingError):

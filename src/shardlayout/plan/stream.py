@@ -38,9 +38,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from ..execute.stream import _letters, _through, chunk_layout
+from ..ops.families import MATMULS
 from ..sharding import Factor, Sharding
 from ..sharding.core import format_dim
-from .estimate import MATMULS, check_flop_rate, compute_seconds, op_flops
+from .estimate import check_flop_rate, compute_seconds, op_flops
 
 CHUNKS = (2, 4, 8, 16)
 """The stream chunk counts tried (1: no stream)."""
@@ -99,23 +101,6 @@ class StreamPlan:
         """JSON-able form."""
         return {"serial_seconds": self.serial_seconds, "overlapped_seconds": self.overlapped_seconds,
                 "choices": [c.to_json() for c in self.choices]}
-
-
-def chunk_layout(fs, n: int, k: int) -> tuple | None:
-    """``(pre, post)``: the dim's factors ``fs`` (of ``n``) read as ``pre + [~k] + post`` — the
-    stream cuts the local factor right after the last mesh-axis factor, so chunk ``j`` is the
-    ``j``-th part of every rank's shard (every rank takes part in every chunk's collective); a
-    dim without mesh-axis factors is cut outermost. None when that factor is not local, not
-    divisible by ``k``, or the dim is uneven.
-    ``chunk_layout((Factor(8, "tp"), Factor(512)), 4096, 8) -> ((Factor(8, 'tp'),), (Factor(64),))``"""
-    fs = tuple(fs) or (Factor(n),)
-    if math.prod(f.size for f in fs) != n:
-        return None
-    last = max((i for i, f in enumerate(fs) if f.axis is not None), default=-1)
-    if last + 1 >= len(fs) or fs[last + 1].axis is not None or fs[last + 1].size % k:
-        return None
-    inner = fs[last + 1].size // k
-    return fs[: last + 1], ((Factor(inner),) if inner > 1 else ()) + fs[last + 2:]
 
 
 def stream_text(s: Sharding, dim: int, k: int) -> str:
@@ -246,56 +231,6 @@ def pipelined(a: float, m: float, k: int) -> float:
     """Seconds of a two-stage pipeline of ``k`` chunks, ``a`` then ``m`` each (or ``m`` then ``a``).
     ``pipelined(1.0, 1.0, 4) -> 5.0``"""
     return a + (k - 1) * max(a, m) + m
-
-
-def _letters(op_name: str, params: dict, targets, outputs) -> tuple | None:
-    """``(input letters, output letters)`` of a matmul-like op (its index map), or None."""
-    from ..execute.indexmap import index_map
-
-    try:
-        imap = index_map(op_name, tuple(targets), params, len(outputs))
-    except Exception:  # noqa: BLE001 - an op without a map simply does not stream
-        return None
-    if imap is None or imap.kind != "letters":
-        return None
-    return imap.inputs, imap.outputs
-
-
-def _group_dim(src: tuple, dst: tuple, d: int) -> int | None:
-    """The dim of a row-major reshape ``src -> dst`` holding dim ``d``'s outermost part (the
-    merged dim, or the first of the dims it splits into); None when it cannot be told."""
-    i = j = 0
-    while i < len(src) and j < len(dst):
-        a, b, gi, gj = src[i], dst[j], [i], [j]
-        while a != b:
-            if a < b and i + 1 < len(src):
-                i += 1
-                a *= src[i]
-                gi.append(i)
-            elif b < a and j + 1 < len(dst):
-                j += 1
-                b *= dst[j]
-                gj.append(j)
-            else:
-                return None
-        if d in gi:
-            return next((k for k in gj if dst[k] > 1), gj[0])
-        i, j = i + 1, j + 1
-    return None
-
-
-def _through(op, d: int, in_shape: tuple, out_shape: tuple) -> int | None:
-    """Where dim ``d`` of a view's or a pointwise op's (first) input lands in its output."""
-    from ..program.blocks import VIEWS, short, track_dims
-
-    base = short(op)
-    if base in ("permute", "transpose", "t", "expand"):
-        got = track_dims(op, tuple(range(len(in_shape))), in_shape, out_shape)
-        return None if got is None or d not in got else got.index(d)
-    if base in VIEWS:
-        return d if in_shape == out_shape else _group_dim(in_shape, out_shape, d)
-    lead = len(out_shape) - len(in_shape)
-    return d + lead if lead >= 0 and out_shape[d + lead] == in_shape[d] else None
 
 
 def _downstream(plan, ops_of, tensor: str, d: int, target, hops: int = 6):
