@@ -118,7 +118,11 @@ def output_ragged(op, ins: list, out_shapes: list) -> list:
 
 
 def with_ragged(tensors: dict, ops) -> dict:
-    """``tensors`` with every op output's ``ragged`` set from the ops, in program order."""
+    """``tensors`` with every op output's ``ragged`` set from the ops, in program order (as they
+    are when no op routes or combines: only ``route`` makes a ragged tensor)."""
+    if not any(canonical_op_name(op.target) in ("route", "unroute") for op in ops) and \
+            all(t.ragged is None for t in tensors.values()):
+        return tensors
     out = dict(tensors)
     for op in ops:
         ins = [out[i] for i in op.inputs if isinstance(i, str)]
