@@ -305,3 +305,10 @@ def test_explain_reads_a_stream_factor_and_says_where_the_chunks_go(capsys):
     assert main(["explain", "mm", "--mesh", "tp=2", "--inputs", "[~4*tp*16, 32]", "[32, 32]"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("shardlayout: error:") and "mesh-axis factors" in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("op", ["softmax", "cumsum"])
+def test_explain_does_not_claim_a_stream_passes_through_a_normalised_or_scanned_dim(op, capsys):
+    assert main(["explain", op, "--mesh", "tp=2", "--inputs", "[tp*~2*8, 16]", "--param", "dim=0"]) == 0
+    out = capsys.readouterr().out
+    assert "reads dim 0 whole" in out and "passes dim 0 through" not in out

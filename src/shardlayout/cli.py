@@ -321,16 +321,24 @@ def _explain_stream(op: str, p, params: dict, i: int, d: int, k: int) -> dict:
         out["text"] = (f"input {i} {stream_text(tgt, d, k)}: this op has no index map saying where dim {d} goes; "
                        "plan finds the streams of whole programs (views and pointwise ops between a move and matmuls)")
         return out
+    from .ops.families import MATMULS, pointwise_ops
+    from .ops.result import canonical_op_name
+
     letter = got[0][i][d]
-    for o, letters in enumerate(got[1]):
+    follows = canonical_op_name(op) in MATMULS or canonical_op_name(op) in pointwise_ops()
+    for o, letters in enumerate(got[1] if follows else ()):
         if letter in letters:
             e = letters.index(letter)
             out.update(output=o, output_dim=e)
             out["text"] = (f"input {i} {stream_text(tgt, d, k)} passes dim {d} through to output {o} dim {e} "
-                           f"({stream_text(p.outputs[o], e, k)}): each of the {k} chunks runs this strategy on a "
-                           f"{k}th of it, one after another, so a chunk's collective can overlap the next chunk's "
-                           "compute")
+                           f"({stream_text(p.outputs[o], e, k)}): each of the {k} chunks runs this strategy on 1/{k} "
+                           "of it, one after another, so a chunk's collective can overlap the next chunk's compute")
             return out
+    if not follows and any(letter in letters for letters in got[1]):
+        out["text"] = (f"input {i} {stream_text(tgt, d, k)}: this op reads dim {d} whole (a normalisation, scan, sort "
+                       "or reorder along it), so stream chunks of it are not chunks of the output; streams follow "
+                       "only matmuls' pass-through dims, pointwise ops and views")
+        return out
     out["text"] = (f"input {i} {stream_text(tgt, d, k)}: this op contracts or reduces dim {d} (index {letter!r}), so "
                    "stream chunks of it are not chunks of the output; a stream cannot cut this dim here")
     return out

@@ -171,8 +171,11 @@ def test_parse_stream_reads_back_what_stream_text_writes(data):
 
 
 @pytest.mark.parametrize("text,words", [("[~4*tp*16, 32]", "after the dim's mesh-axis factors"),
+                                        ("[tp*16*~4, 32]", "not after a local factor"),
                                         ("[tp*~4*16, ~2*(32)]", "one stream factor"),
-                                        ("[tp*~x*16, 3]", "positive int"), ("[tp*~3*5, 3]", None)])
+                                        ("[tp*~x*16, 3]", "2 or more"), ("[tp*~\u0664*16, 3]", "2 or more"),
+                                        ("[~0*(128), 3]", "no stream"), ("[tp*~1*64, 3]", "no stream"),
+                                        ("[~2*(tp*64), 3]", "no mesh axis cuts"), ("[tp*~3*5, 3]", None)])
 def test_parse_stream_refuses_a_misplaced_factor_naming_the_fix(text, words):
     from shardlayout.errors import ShardingSpecError
     from shardlayout.plan.stream import parse_stream

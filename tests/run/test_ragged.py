@@ -83,3 +83,10 @@ def test_training_through_a_gather_of_routed_rows_is_refused_before_any_rank_sta
     r = run("--model", "moe", "--size", "tokens=256,dim=64,experts=8,ffn=128", "--mesh", "ep=2,tp=2", "--style",
             "ep", "--pin", "x=[ep*tp*64, 64]", "--pin", "expert_act=[ep*4, 64, 128]", "--nproc", "4", "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["equal"] is True
+
+
+def test_training_with_a_rank_holding_no_experts_is_refused_before_any_rank_starts():
+    # 6 experts on ep=4 are cut 2, 2, 2, 0: the last rank would never join the backward exchange
+    r = run("--model", "moe", "--size", "tokens=256,dim=64,experts=6,ffn=128", "--mesh", "ep=4", "--style", "ep",
+            "--nproc", "4", "--train", "--timeout", "20")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "holds none of the 6 experts" in r.stderr

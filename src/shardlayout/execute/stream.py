@@ -299,6 +299,8 @@ def _segment(plan, choice) -> Segment | None:
     dims, positions = {choice.tensor: choice.dim}, {choice.tensor: base}
     if choice.side == "before":
         for tgt in _moves_of(plan, choice.tensor, "before"):
+            if tgt == plan.shardings[choice.tensor]:
+                continue  # the producer's own output move (run where the op runs, before the segment): whole
             got = _forward(plan, ops_of, choice.tensor, tgt, sites, dims, positions)
             if got is not None:
                 return _finish(plan, got, choice.chunks, dims, positions, before=(choice.tensor, tgt))
@@ -423,6 +425,13 @@ def _finish(plan, ops: list, k: int, dims: dict, positions: dict, before=None, a
             d = _other_dim(plan, i, k_in, dims[out])
             if d is not None:
                 dims[x], positions[x] = d, positions[out]
+    inside = {o for i in ops for o in prog.ops[i].outputs}
+    made_at = {o: i for i, op in enumerate(prog.ops) for o in op.outputs}
+    first = min(ops)
+    for i in ops:  # everything else the segment reads exists when it runs (at its first op)
+        for x in prog.ops[i].inputs:
+            if isinstance(x, str) and x not in inside and made_at.get(x, -1) > first:
+                return None
     return Segment(tuple(ops), k, dict(dims), dict(positions), before, after)
 
 

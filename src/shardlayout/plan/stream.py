@@ -144,21 +144,28 @@ def parse_stream(text: str, mesh) -> tuple:
     if len(marked) != 1 or text[close:].count("~") or parts[marked[0]].count("~") != 1:
         raise ShardingSpecError(f"{text!r}: one stream factor ~k in one dim, e.g. '[tp*~4*16, 32]'")
     d = marked[0]
-    whole = re.fullmatch(r"~(\d+)\*\((.*)\)", parts[d].strip())
+    whole = re.fullmatch(r"~([0-9]+)\*\((.*)\)", parts[d].strip())
     if whole:  # a dim without mesh-axis factors, cut outermost
         k, parts[d] = int(whole.group(1)), whole.group(2)
+        if not re.fullmatch(r"[0-9]+", parts[d].strip()):
+            raise ShardingSpecError(f"{text!r}: '~k*(n)' is for a dim no mesh axis cuts; write a sharded dim's stream "
+                                    "factor after its mesh axes, e.g. 'tp*~4*16'")
     else:
         tokens = [t.strip() for t in parts[d].split("*")]
         at = next(i for i, t in enumerate(tokens) if t.startswith("~"))
-        if not re.fullmatch(r"~\d+", tokens[at]) or int(tokens[at][1:]) < 1:
-            raise ShardingSpecError(f"{text!r}: write a stream factor as ~k with k a positive int, e.g. ~4")
+        if not re.fullmatch(r"~[0-9]+", tokens[at]):
+            raise ShardingSpecError(f"{text!r}: write a stream factor as ~k with k an int of 2 or more, e.g. ~4")
         k = int(tokens[at][1:])
-        after = tokens[at + 1:]
-        if any(not t.isdigit() for t in after):
-            raise ShardingSpecError(f"{text!r}: the stream factor ~{k} comes after the dim's mesh-axis factors and "
-                                    f"before its local factor (e.g. 'tp*~{k}*16'), not before {after[0]!r}")
+        after, before = tokens[at + 1:], tokens[:at]
+        if any(not re.fullmatch(r"[0-9]+", t) for t in after) or any(re.fullmatch(r"[0-9]+", t) for t in before):
+            wrong = next((t for t in after if not re.fullmatch(r"[0-9]+", t)), None)
+            raise ShardingSpecError(f"{text!r}: the stream factor ~{k} comes right after the dim's mesh-axis factors "
+                                    f"and before its local factor (e.g. 'tp*~{k}*16')"
+                                    + (f", not before {wrong!r}" if wrong else ", not after a local factor"))
         local = k * math.prod(int(t) for t in after)
-        parts[d] = "*".join(tokens[:at] + [str(local)])
+        parts[d] = "*".join(before + [str(local)])
+    if k < 2:
+        raise ShardingSpecError(f"{text!r}: a stream of {k} chunk(s) is no stream; give ~k with k >= 2, or drop it")
     s = Sharding.parse("[" + ", ".join(parts) + "]" + text[close + 1:], mesh)
     if chunk_layout(s.dims[d], s.shape[d], k) is None:
         raise ShardingSpecError(f"{text!r}: dim {d} of {s} cannot be cut into {k} stream chunks (its local factor "

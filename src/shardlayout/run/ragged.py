@@ -149,6 +149,12 @@ def untrainable(plan) -> str | None:
         for c in chain:
             if not c.kind.communicates or c.reduce_op is not None:
                 continue
+            for side, s in (("source", c.src), ("target", c.dst)):
+                idle = [q for q in range(plan.mesh.size) if not held(s, r, q)[0]]
+                if idle:  # its backward exchange would not run there: the others would wait for it
+                    return (f"{c.kind.value} of {name} ({c.src} -> {c.dst}): rank {idle[0]} holds none of the "
+                            f"{r.components} experts on the {side} side, so it has no gradient to send back; give a "
+                            "number of experts the expert axis divides, or run the forward pass (drop --train)")
             whole = int(np.prod([f.size for f in c.ragged[1]], dtype=np.int64)) if c.ragged else 1
             fs, n_src = routed_sources(c, c.src, c.dst, r, whole)  # a piece holding every source holds them all
             for members in sorted({group_ranks(plan.mesh, q, c.axes) for q in range(plan.mesh.size)}):
