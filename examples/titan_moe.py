@@ -93,3 +93,8 @@ def make_bincount_index_add():
 def make_loop(tokens: int = 1024, **kw):
     """The experts as torchtitan's for-loop (``run="loop"``), the routing as ``make``'s."""
     return make(tokens, run="loop", **kw)
+
+
+def make_small():
+    """A small layer (128 tokens, dim 32, 8 experts, ffn 64) for quick runs and tests."""
+    return make(tokens=128, dim=32, experts=8, ffn=64)

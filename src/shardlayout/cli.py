@@ -615,9 +615,10 @@ def cmd_run(args) -> int:
         if report["grads_max_abs_err"] is not None:
             print(f"gradients and updated parameters: max abs error {report['grads_max_abs_err']:.2e}")
         verdict = "equal to" if report["equal"] else "NOT equal to"
+        half = str(report.get("tolerance", "")).startswith(("bfloat16", "float16"))
         print(f"{verdict} the unsharded run: {report['tensors_compared']} tensors compared on every rank, "
               f"max abs error {report['max_abs_err']:.2e}, relative to each tensor's scale "
-              f"{report['max_rel_err']:.1e}")
+              f"{report['max_rel_err']:.1e}" + (f" (the program computes in {report['tolerance']})" if half else ""))
     return 0 if report["equal"] else 1
 
 
