@@ -34,13 +34,21 @@ class Executor(Protocol):
     (inputs already moved to the op's targets; ``outputs`` are the output shardings) and
     returns one local value per output; ``collective(c, value)`` runs one collective;
     ``use(tensor, target, value)`` sees a value once before its consumers under that target
-    (identity for the simulator; where a training run reduces the consumers' gradients)."""
+    (identity for the simulator; where a training run reduces the consumers' gradients).
+    ``ranks``: the ranks whose pieces it holds; ``chunk`` / ``join`` take a stream chunk of a
+    value and put chunks back together (``execute.stream``)."""
+
+    ranks: tuple
 
     def op(self, opdef, inputs: list, params: dict, outputs: tuple) -> list: ...
 
     def collective(self, c, value): ...
 
     def use(self, tensor: str, target, value): ...
+
+    def chunk(self, value, dim: int, positions: dict): ...
+
+    def join(self, parts: list, dim: int, positions: list, shapes: dict): ...
 
 
 def walk(plan, executor: Executor, inputs: dict, streams=()):

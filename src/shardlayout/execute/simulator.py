@@ -116,6 +116,7 @@ class NumpySimulator:
 
     def __init__(self, mesh: Mesh):
         self.mesh = mesh
+        self.ranks = tuple(mesh.ranks())  # the ranks whose pieces it holds: all
 
     def op(self, opdef, inputs: list, params: dict, outputs: tuple) -> list:
         """Run ``opdef``'s numpy implementation on every rank's pieces."""

@@ -79,7 +79,7 @@ def chunk_layout(fs, n: int, k: int) -> tuple | None:
 
 def _letters(op_name: str, params: dict, targets, outputs) -> tuple | None:
     """``(input letters, output letters)`` of a matmul-like op (its index map), or None."""
-    from ..execute.indexmap import index_map
+    from .indexmap import index_map
 
     try:
         imap = index_map(op_name, tuple(targets), params, len(outputs))
@@ -92,25 +92,11 @@ def _letters(op_name: str, params: dict, targets, outputs) -> tuple | None:
 
 def _group_dim(src: tuple, dst: tuple, d: int) -> int | None:
     """The dim of a row-major reshape ``src -> dst`` holding dim ``d``'s outermost part (the
-    merged dim, or the first of the dims it splits into); None when it cannot be told."""
-    i = j = 0
-    while i < len(src) and j < len(dst):
-        a, b, gi, gj = src[i], dst[j], [i], [j]
-        while a != b:
-            if a < b and i + 1 < len(src):
-                i += 1
-                a *= src[i]
-                gi.append(i)
-            elif b < a and j + 1 < len(dst):
-                j += 1
-                b *= dst[j]
-                gj.append(j)
-            else:
-                return None
-        if d in gi:
-            return next((k for k in gj if dst[k] > 1), gj[0])
-        i, j = i + 1, j + 1
-    return None
+    merged dim, or the first of the dims it splits into, by ``_groups``); None when it cannot be
+    told, or ``d`` has size 1 (no chunk cuts it)."""
+    groups = _groups(tuple(src), tuple(dst)) if src[d] > 1 else None
+    gj = next((gj for gi, gj in groups or () if d in gi), ())
+    return next((k for k in gj if dst[k] > 1), gj[0]) if gj else None
 
 
 def _through(op, d: int, in_shape: tuple, out_shape: tuple) -> int | None:
@@ -198,11 +184,6 @@ def carry_view(pos: tuple, a: tuple, da: int, b: tuple) -> tuple | None:
     return gj[dim], tuple(out)
 
 
-def _pointwise_dim(d: int, in_shape: tuple, out_shape: tuple) -> int | None:
-    lead = len(out_shape) - len(in_shape)
-    return d + lead if lead >= 0 and out_shape[d + lead] == in_shape[d] else None
-
-
 def _op_carry(plan, i: int, pos_in: int, d: int, positions: tuple):
     """Where chunks cutting dim ``d`` of op ``i``'s input ``pos_in`` land in its output: ``(dim,
     positions)``, or None when the op is not one a chunk passes through exactly (views, permutes,
@@ -230,7 +211,7 @@ def _op_carry(plan, i: int, pos_in: int, d: int, positions: tuple):
 
     if canonical_op_name(op.target) not in pointwise_ops():
         return None
-    got = _pointwise_dim(d, a, b)
+    got = _through(op, d, a, b)
     return None if got is None else (got, positions)
 
 
@@ -271,14 +252,14 @@ def segments(plan, flop_rate: float | None = None, chunks: int | None = None) ->
     final = []
     for seg in out:  # an op runs in one segment only
         if used & set(seg.ops):
-            skipped.append(next(iter(seg.dims)))
+            skipped.append((seg.before or seg.after)[0])
             continue
         used |= set(seg.ops)
         final.append(seg)
     return tuple(final), tuple(skipped)
 
 
-def _moves_of(plan, name: str, side: str) -> list:
+def _moves_of(plan, name: str) -> list:
     return [tgt for (n, tgt), cs in sorted(plan.moves.items(), key=lambda kv: str(kv[0][1]))
             if n == name and any(c.kind.communicates for c in cs)]
 
@@ -298,7 +279,7 @@ def _segment(plan, choice) -> Segment | None:
     producer = {o: i for i, op in enumerate(prog.ops) for o in op.outputs}
     dims, positions = {choice.tensor: choice.dim}, {choice.tensor: base}
     if choice.side == "before":
-        for tgt in _moves_of(plan, choice.tensor, "before"):
+        for tgt in _moves_of(plan, choice.tensor):
             if tgt == plan.shardings[choice.tensor]:
                 continue  # the producer's own output move (run where the op runs, before the segment): whole
             got = _forward(plan, ops_of, choice.tensor, tgt, sites, dims, positions)
@@ -308,7 +289,7 @@ def _segment(plan, choice) -> Segment | None:
     chain = _backward(plan, producer, choice.tensor, sites, dims, positions)
     if chain is None:
         return None
-    tgts = _moves_of(plan, choice.tensor, "after")
+    tgts = _moves_of(plan, choice.tensor)
     if len(tgts) != 1:
         return None
     return _finish(plan, chain, choice.chunks, dims, positions, after=(choice.tensor, tgts[0]))
@@ -464,7 +445,7 @@ def run_segment(plan, seg: Segment, executor, fetch, opdefs: dict) -> tuple:
     moves it. Returns ``(made, moved)``: the local value of every tensor the segment's ops make,
     and of its chunked move's result ``{(tensor, target): value}`` — each equal to the whole run's."""
     prog = plan.program
-    ranks = tuple(plan.mesh.ranks())
+    ranks = executor.ranks  # the ranks whose pieces this executor holds
     made = {o: [] for i in seg.ops for o in prog.ops[i].outputs}
     moved_parts: list = []
     inside = {o for i in seg.ops for o in prog.ops[i].outputs}
@@ -473,13 +454,12 @@ def run_segment(plan, seg: Segment, executor, fetch, opdefs: dict) -> tuple:
         d = seg.dims[name]
         return executor.chunk(value, d, {r: local_positions(s, d, seg.positions[name][j], r) for r in ranks})
 
-    def move(name, src, tgt, v, j):
-        """Chunk j's move, issued: a function that waits for it and gives its result. A move of
+    cs = chunk_moves(plan, seg)  # every chunk moves alike (the chunks are equal cuts)
+
+    def move(v):
+        """A chunk's move, issued: a function that waits for it and gives its result. A move of
         one communicating collective is started without waiting where the executor can
         (``executor.start``: torch's ``async_op``); the pipeline waits for it one chunk later."""
-        n = len(seg.positions[name][j])
-        a, b = chunk_sharding(src, seg.dims[name], n, seg.k), chunk_sharding(tgt, seg.dims[name], n, seg.k)
-        cs = plan_move(a, b, prog.tensors[name].dtype, plan.cost_model)
         for c in cs[:-1]:
             v = executor.collective(c, v)
         if cs and hasattr(executor, "start"):
@@ -495,12 +475,12 @@ def run_segment(plan, seg: Segment, executor, fetch, opdefs: dict) -> tuple:
                 whole[(name, tgt)] = fetch(name, tgt)
     pending: dict = {}  # chunk -> its issued move (the pipeline: chunk j + 1 moves while chunk j computes)
     if seg.before is not None:
-        x_name, x_tgt = seg.before
+        x_name = seg.before[0]
         x_src = plan.shardings[x_name]
         source = fetch(x_name, x_src)
 
         def issue(j):
-            pending[j] = move(x_name, x_src, x_tgt, pick(source, x_src, x_name, j), j)
+            pending[j] = move(pick(source, x_src, x_name, j))
 
         issue(0)
     for j in range(seg.k):
@@ -528,8 +508,7 @@ def run_segment(plan, seg: Segment, executor, fetch, opdefs: dict) -> tuple:
                 local[(o, plan.shardings[o])] = v
                 made[o].append(v)
         if seg.after is not None:
-            y, tgt = seg.after
-            pending[j] = move(y, _made_sharding(plan, y), tgt, made[y][-1], j)  # waited for after the last chunk
+            pending[j] = move(made[seg.after[0]][-1])  # waited for after the last chunk
     if seg.after is not None:
         moved_parts = [pending.pop(j)() for j in range(seg.k)]
     out = {}

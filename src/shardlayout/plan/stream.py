@@ -38,7 +38,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from ..execute.stream import _letters, _through, chunk_layout
+from ..execute.stream import _letters, _through, chunk_layout, chunk_sharding
 from ..ops.families import MATMULS
 from ..sharding import Factor, Sharding
 from ..sharding.core import format_dim
@@ -195,16 +195,6 @@ def chunk_positions(s: Sharding, dim: int, k: int, j: int, rank: int, like: Shar
     return local_slice(np.arange(n), 0, groups, j, groups, k)
 
 
-def _chunk(s: Sharding, dim: int, k: int, like: Sharding) -> Sharding:
-    """One stream chunk of ``s``: dim ``dim`` is ``pre + post`` of ``like``'s layout (mesh-axis
-    factors kept where ``s`` has them, local where it holds the dim whole)."""
-    pre, post = chunk_layout(like.dims[dim], like.shape[dim], k)
-    own = any(f.axis is not None for f in s.dims[dim])
-    fs = pre + post if own else ()
-    shape = s.shape[:dim] + (like.shape[dim] // k,) + s.shape[dim + 1:]
-    return Sharding(s.mesh, shape, list(s.dims[:dim]) + [list(fs)] + list(s.dims[dim + 1:]), s.partial)
-
-
 def run_streamed_move(src: Sharding, dst: Sharding, dim: int, k: int, pieces: dict) -> dict:
     """Move ``{rank: piece}`` from ``src`` to ``dst`` as ``k`` stream chunks along ``dim``, in
     order, each by ``plan_move`` between the chunks' shardings on the numpy simulator: what a
@@ -221,7 +211,8 @@ def run_streamed_move(src: Sharding, dst: Sharding, dim: int, k: int, pieces: di
     sharded = src if any(f.axis is not None for f in src.dims[dim]) else dst
     if chunk_layout(sharded.dims[dim], sharded.shape[dim], k) is None:
         raise ValueError(f"dim {dim} of {sharded} has no local factor after its mesh axes divisible by {k}")
-    a, b = _chunk(src, dim, k, sharded), _chunk(dst, dim, k, sharded)
+    n = sharded.shape[dim] // k
+    a, b = chunk_sharding(src, dim, n, k), chunk_sharding(dst, dim, n, k)
     ranks = list(src.mesh.ranks())
     out = {r: np.zeros(dst.local_shape(r), dtype=np.result_type(pieces[r], np.float64)) for r in ranks}
     for j in range(k):

@@ -68,6 +68,7 @@ class TorchRankExecutor:
 
     def __init__(self, mesh, rank: int, groups: dict, after_collective=None, reductions=None):
         self.mesh, self.rank, self.groups = mesh, rank, groups
+        self.ranks = (rank,)  # the ranks whose pieces it holds: its own
         self.reductions = reductions or {}  # (tensor, target) -> axis pieces its gradient is reduced over
         self.counts: dict = {}
         self.primitives: dict = {}  # the torch.distributed calls that actually ran, by name
