@@ -81,6 +81,16 @@ class Mesh:
     def __str__(self) -> str:
         return ",".join(f"{n}={s}" for n, s in zip(self.names, self.shape))
 
+    def __hash__(self) -> int:  # computed once: every Sharding's hash and memo key holds its mesh
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash((self.shape, self.names))
+            object.__setattr__(self, "_hash", h)
+        return h
+
+    def __reduce__(self):  # rebuilt from its fields: a hash is valid in one process only
+        return (Mesh, (self.shape, self.names))
+
     @property
     def ndim(self) -> int:
         """Number of axes. ``Mesh.parse("dp=2,tp=4").ndim -> 2``."""

@@ -9,7 +9,12 @@ import random
 import numpy as np
 import pytest
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from shardlayout import Mesh, Sharding, ShardingError, UnsupportedOp, propagate
+from shardlayout.ops.strategy import choose
+from shardlayout.sharding.cost import DEFAULT_COST_MODEL
 from shardlayout.execute import run_moves
 from shardlayout.sharding.move import plan_move
 
@@ -260,3 +265,54 @@ def test_a_search_too_large_is_refused_at_once_naming_the_fix():
         propagate("neg", [x])
     assert str(MAX_AXIS_COMBINATIONS) in str(e.value) and "6 axes" in str(e.value)
     propagate("neg", [Sharding(Mesh((2,) * 4, tuple("abcd")), (4, 4, 4, 4))])  # 4 axes: searched
+
+
+# ------------------------------------------------------------------------------------------
+# the ordered search (bounds, early stop) against the exhaustive minimum
+# ------------------------------------------------------------------------------------------
+
+def _search_cases(rng):
+    """(FactorMap, input shapes, retarget or None, number of pinned outputs) of random ops."""
+    from shardlayout.ops.families import _bias_target
+    from shardlayout.ops.strategy import MM, FactorMap
+
+    m, k, n, b = (rng.choice([1, 2, 3, 4, 6, 8, 12]) for _ in range(4))
+    return rng.choice([
+        (MM, [(m, k), (k, n)], None),
+        (FactorMap(("bmk", "bkn"), "bmn", linear="multi", broadcast=frozenset("b")), [(b, m, k), (b, k, n)], None),
+        (FactorMap(("mn", "mn"), "mn", linear="sum", broadcast=frozenset("mn")), [(m, n), (m, n)], None),
+        (FactorMap(("mn", "n"), "mn", linear="sum", broadcast=frozenset("mn")), [(m, n), (n,)], None),
+        (FactorMap(("mn",), "m", linear="sum"), [(m, n)], None),
+        (FactorMap(("mn",), "m", reduce="max", linear="max"), [(m, n)], None),
+        (FactorMap(("mn",), "mn", whole=frozenset("n"), even=frozenset("m")), [(m, n)], None),
+        (FactorMap(("n", "mk", "kn"), "mn", linear="multi"), [(n,), (m, k), (k, n)],
+         lambda t, o: _bias_target(t, o[0], 0)),
+    ])
+
+
+@given(st.integers(0, 2**32 - 1), st.booleans())
+@settings(max_examples=60, deadline=None)
+def test_the_ordered_search_finds_the_exhaustive_minimum(seed, pinned):
+    """``choose`` visits combinations by a lower bound of their tie-break and stops at the first
+    free candidate that beats every remaining bound: the winner must be the least (seconds,
+    tie-break, order) over every candidate the exhaustive enumeration builds, and the bound must
+    never exceed a built candidate's tie-break (which would fall back to the full list)."""
+    from shardlayout.ops.strategy import _all_candidates, _search, _Space, infer_out_shape
+
+    rng = random.Random(seed)
+    mesh = rand_mesh(rng, max_dims=3)
+    fm, shapes, retarget = _search_cases(rng)
+    ins = [_rand_operand(rng, mesh, sh) for sh in shapes]
+    out_shape = infer_out_shape(fm, ins)
+    pins = (_rand_operand(rng, mesh, out_shape),) if pinned else (None,)
+    space = _Space(fm, ins, [out_shape], pins)
+    fast = _search(space, pins, DEFAULT_COST_MODEL, "float32", retarget)
+    assert fast is not None, "a tie-break bound exceeded a built candidate's tie-break"
+    full = min(_all_candidates(space, pins, DEFAULT_COST_MODEL, "float32", retarget), key=lambda c: c[0])[1]
+    got = (fast.choices, fast.input_targets, fast.outputs, fast.cost)
+    want = (full.choices, full.input_targets, full.outputs, full.cost)
+    assert got == want, ([str(x) for x in ins], str(pins[0]), fast.describe(), full.describe())
+    # the candidates a user reads (explain) hold the winner, priced the same
+    listed = choose(fm, ins, [out_shape], None, "float32", pins, retarget).candidates
+    assert any(c.input_targets == fast.input_targets and c.outputs == fast.outputs and c.cost == fast.cost
+               for c in listed)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from functools import cached_property
+from collections.abc import Sequence
 from itertools import product as cartesian
 
 from ..caches import memo
@@ -318,13 +319,18 @@ def _carriers(fm, inputs, pins, L, n) -> list:
     return out
 
 
-@memo(1 << 16)
-def _build(mesh, shape, letters, structure, partial) -> Sharding:
-    table = dict(structure)
-    dims = []
-    for d, L in enumerate(letters):
+def _dims(shape: tuple, letters: str, table: dict) -> tuple:
+    """Each dim's factors under a structure ``{letter: (size, factors)}``: its letter's factors
+    where the sizes agree (a broadcast dim of size 1 stays whole)."""
+    out = []
+    for n, L in zip(shape, letters):
         got = table.get(L)
-        dims.append(got[1] if shape[d] > 1 and got is not None and got[0] == shape[d] else ())
+        out.append(got[1] if n > 1 and got is not None and got[0] == n else ())
+    return tuple(out)
+
+
+@memo(1 << 16)
+def _build(mesh, shape, dims, partial) -> Sharding:
     return Sharding._trusted(mesh, shape, dims, partial)
 
 
@@ -368,31 +374,122 @@ def carrier_structures(fm: FactorMap, inputs: list, sizes: dict, mesh) -> list:
 def candidates(fm: FactorMap, inputs: list, out_shapes: list, out_pins: tuple = ()):
     """Every distinct candidate ``(choices, input_targets, outputs)``: the product of the
     per-axis options and, per sharded letter, of its factor structures; then the operands'
-    own layouts carried through whole."""
-    mesh = _mesh(inputs)
+    own layouts carried through whole (each layout pair once, with its first choices)."""
     seen = set()
-    yield from _per_axis_candidates(fm, inputs, out_shapes, out_pins, mesh, seen)
-    order = {n: i for i, n in enumerate(mesh.names)}
-    sizes = _letter_sizes(fm, inputs, out_shapes)
-    for struct in carrier_structures(fm, inputs, sizes, mesh):
-        structure = tuple((L, (sizes[L], fs)) for L, fs in sorted(struct.items()))
-        red = sorted({f.axis for L, fs in struct.items() if L not in fm.output for f in fs if f.axis},
-                     key=order.get)
-        out_partial = tuple((a, fm.reduce) for a in red)
-        targets = tuple(None if x is None else _build(mesh, x.shape, lt, structure, ())
-                        for x, lt in zip(inputs, fm.inputs))
-        outputs = tuple(_build(mesh, shape, fm.output, structure, out_partial) for shape in out_shapes)
+    for _, choices, targets, outputs in _productions(_Space(fm, inputs, out_shapes, out_pins)):
         key = (targets, outputs)
-        if key in seen:
-            continue
-        seen.add(key)
-        letters_of: dict = {}
-        for L, fs in sorted(struct.items()):
-            for f in fs:
-                if f.axis is not None and L not in letters_of.setdefault(f.axis, []):
-                    letters_of[f.axis].append(L)
-        choices = tuple((a, ("S", ",".join(letters_of[a])) if a in letters_of else ("R",)) for a in mesh.names)
-        yield choices, targets, outputs
+        if key not in seen:
+            seen.add(key)
+            yield choices, targets, outputs
+
+
+class _Space:
+    """What the candidates of one search share: sizes, per-axis options, carriers, the inputs'
+    axis usage; and the carried-through structures (``carrier_entries``)."""
+
+    def __init__(self, fm, inputs, out_shapes, out_pins):
+        self.fm, self.inputs, self.out_shapes = fm, list(inputs), list(out_shapes)
+        self.mesh = mesh = _mesh(inputs)
+        self.sizes = sizes = _letter_sizes(fm, inputs, out_shapes)
+        self.per_axis = [axis_options(fm, inputs, a) for a in mesh.names]
+        _check_search_size(fm, mesh, self.per_axis)
+        self.order = {n: i for i, n in enumerate(mesh.names)}
+        self.carriers = {L: tuple(_carriers(fm, inputs, out_pins, L, n)) for L, n in sizes.items()}
+        self.uses = [None if x is None else axis_usage(x) for x in inputs]
+        self.summing = fm.linear in ("sum", "max", "min")
+
+    def combo(self, combo) -> tuple:
+        """One per-axis combination's ``(choices, [(targets, outputs)] per structure pick)``, lazily."""
+        fm, mesh, sizes = self.fm, self.mesh, self.sizes
+        letter_axes: dict = {}
+        partial = []
+        for a, opt in zip(mesh.names, combo):
+            if opt[0] == "S":
+                letter_axes.setdefault(opt[1], []).append(a)
+            elif opt[0] == "P":
+                partial.append((a, opt[1]))
+        letters = sorted(letter_axes)
+        options = [_letter_options(tuple(letter_axes[L]), sizes[L], self.carriers[L], mesh, L in fm.even)
+                   for L in letters]
+        red = [(a, fm.reduce) for L in letters if L not in fm.output for a in letter_axes[L]]
+        order = self.order
+        out_partial = tuple(sorted(partial + red, key=lambda p: order[p[0]]))
+        summing = self.summing
+        keeps = [None if use is None else tuple((a, op) for a, op in partial if summing or use[a] == ("P", op))
+                 for use in self.uses]
+
+        def picks():
+            for pick in cartesian(*options):
+                table = {L: (sizes[L], fs) for L, fs in zip(letters, pick)}
+                targets = tuple(None if x is None else _build(mesh, x.shape, _dims(x.shape, lt, table), keep)
+                                for x, lt, keep in zip(self.inputs, fm.inputs, keeps))
+                yield targets, tuple(_build(mesh, shape, _dims(shape, fm.output, table), out_partial)
+                                     for shape in self.out_shapes)
+
+        return tuple(zip(mesh.names, combo)), picks()
+
+    def carrier_entries(self) -> list:
+        """``(choices, targets, outputs)`` of each structure carried whole from the operands."""
+        fm, mesh, sizes, out = self.fm, self.mesh, self.sizes, []
+        for struct in carrier_structures(fm, self.inputs, sizes, mesh):
+            table = {L: (sizes[L], fs) for L, fs in struct.items()}
+            red = sorted({f.axis for L, fs in struct.items() if L not in fm.output for f in fs if f.axis},
+                         key=self.order.get)
+            out_partial = tuple((a, fm.reduce) for a in red)
+            targets = tuple(None if x is None else _build(mesh, x.shape, _dims(x.shape, lt, table), ())
+                            for x, lt in zip(self.inputs, fm.inputs))
+            outputs = tuple(_build(mesh, shape, _dims(shape, fm.output, table), out_partial)
+                            for shape in self.out_shapes)
+            letters_of: dict = {}
+            for L, fs in sorted(struct.items()):
+                for f in fs:
+                    if f.axis is not None and L not in letters_of.setdefault(f.axis, []):
+                        letters_of[f.axis].append(L)
+            choices = tuple((a, ("S", ",".join(letters_of[a])) if a in letters_of else ("R",)) for a in mesh.names)
+            out.append((choices, targets, outputs))
+        return out
+
+    def changed_bound(self, retarget) -> list:
+        """Per mesh axis, per option: how many (input, axis) usages the option changes — summed
+        over the axes of a combination, the ``changed`` part of its tie-break (exact; a retarget
+        may change targets afterwards, so then 0, a lower bound)."""
+        fm, mesh, sizes = self.fm, self.mesh, self.sizes
+        out = []
+        for a, opts in zip(mesh.names, self.per_axis):
+            row = {}
+            for opt in opts:
+                n = 0
+                if retarget is None:
+                    for x, lt, use in zip(self.inputs, fm.inputs, self.uses):
+                        if x is None:
+                            continue
+                        n += use[a] != _usage_under(opt, a, x, lt, use, sizes, mesh, self.summing)
+                row[opt] = n
+            out.append(row)
+        return out
+
+
+def _usage_under(opt, a, x, lt, use, sizes, mesh, summing) -> tuple:
+    """How an input's target uses axis ``a`` when ``a`` takes option ``opt`` (``axis_usage``)."""
+    if opt[0] == "P":
+        return opt if summing or use[a] == opt else ("R",)
+    if opt[0] == "S" and mesh.axis_size(a) > 1:
+        for d, L in enumerate(lt):
+            if L == opt[1] and x.shape[d] > 1 and sizes.get(L) == x.shape[d]:
+                return ("S", d)
+    return ("R",)
+
+
+def _productions(space: _Space):
+    """Every ``(index, choices, targets, outputs)`` in generation order, duplicates included:
+    the per-axis combinations (index ``(combination, pick)``), then the carried structures."""
+    n = 0
+    for n, combo in enumerate(cartesian(*space.per_axis)):
+        choices, picks = space.combo(combo)
+        for j, (targets, outputs) in enumerate(picks):
+            yield (n, j), choices, targets, outputs
+    for j, (choices, targets, outputs) in enumerate(space.carrier_entries()):
+        yield (n + 1 + j, 0), choices, targets, outputs
 
 
 @memo(1 << 14)
@@ -418,41 +515,6 @@ def _check_search_size(fm, mesh, per_axis) -> None:
             f"{MAX_AXIS_COMBINATIONS}); merge mesh axes that play one role (e.g. plan dp and fsdp as one "
             "axis) or plan on a mesh of fewer axes"
         )
-
-
-def _per_axis_candidates(fm, inputs, out_shapes, out_pins, mesh, seen):
-    sizes = _letter_sizes(fm, inputs, out_shapes)
-    per_axis = [axis_options(fm, inputs, a) for a in mesh.names]
-    _check_search_size(fm, mesh, per_axis)
-    order = {n: i for i, n in enumerate(mesh.names)}
-    carriers = {L: tuple(_carriers(fm, inputs, out_pins, L, n)) for L, n in sizes.items()}
-    uses = [None if x is None else axis_usage(x) for x in inputs]
-    summing = fm.linear in ("sum", "max", "min")
-    for combo in cartesian(*per_axis):
-        letter_axes: dict = {}
-        partial = []
-        for a, opt in zip(mesh.names, combo):
-            if opt[0] == "S":
-                letter_axes.setdefault(opt[1], []).append(a)
-            elif opt[0] == "P":
-                partial.append((a, opt[1]))
-        letters = sorted(letter_axes)
-        options = [_letter_options(tuple(letter_axes[L]), sizes[L], carriers[L], mesh, L in fm.even)
-                   for L in letters]
-        red = [(a, fm.reduce) for L in letters if L not in fm.output for a in letter_axes[L]]
-        out_partial = tuple(sorted(partial + red, key=lambda p: order[p[0]]))
-        choices = tuple(zip(mesh.names, combo))
-        keeps = [None if use is None else tuple((a, op) for a, op in partial if summing or use[a] == ("P", op))
-                 for use in uses]
-        for pick in cartesian(*options):
-            structure = tuple((L, (sizes[L], fs)) for L, fs in zip(letters, pick))
-            targets = tuple(None if x is None else _build(mesh, x.shape, lt, structure, keep)
-                            for x, lt, keep in zip(inputs, fm.inputs, keeps))
-            outputs = tuple(_build(mesh, shape, fm.output, structure, out_partial) for shape in out_shapes)
-            key = (targets, outputs)
-            if key not in seen:
-                seen.add(key)
-                yield choices, targets, outputs
 
 
 def input_moves(src: Sharding, dst: Sharding, tensor_dtype="float32", cost_model=None) -> tuple:
@@ -515,9 +577,16 @@ def _tie_key(choices, inputs, targets, outputs, out_pins) -> tuple:
 
 def choose(fm: FactorMap, inputs: list, out_shapes: list | None = None, cost_model: CostModel | None = None,
            tensor_dtype: str = "float32", out_pins=(), retarget=None) -> Strategy:
-    """The minimum-cost candidate and all candidates priced. ``retarget(targets, outputs)``, when
-    given, adjusts each candidate's input targets (None drops the candidate), e.g. a bias made
-    partial with its product (``families.bias_once``). ``choose(MM, [a, b])``."""
+    """The minimum-cost candidate and all candidates (``Strategy.candidates``, enumerated and
+    priced when first read). ``retarget(targets, outputs)``, when given, adjusts each
+    candidate's input targets (None drops the candidate), e.g. a bias made partial with its
+    product (``families.bias_once``). ``choose(MM, [a, b])``.
+
+    The winner is the least ``(seconds, tie-break, generation order)`` over every candidate
+    (a layout pair several combinations produce takes its best tie-break). Combinations are
+    visited in the order of their tie-break's lower bound (exact without pins or a retarget:
+    ``_Space.changed_bound``); once a free candidate is found, every combination whose bound is
+    above it loses even at no cost (prices are >= 0), so it is never built."""
     inputs = list(inputs)
     if len(inputs) != len(fm.inputs):
         raise ShardingSpecError(f"op expects {len(fm.inputs)} inputs, got {len(inputs)}")
@@ -526,24 +595,111 @@ def choose(fm: FactorMap, inputs: list, out_shapes: list | None = None, cost_mod
     cm = cost_model or DEFAULT_COST_MODEL
     pins = tuple(out_pins or ()) + (None,) * (len(out_shapes) - len(out_pins or ()))
     pins = tuple(p if p is not None and p.shape == shp else None for p, shp in zip(pins, out_shapes))
-    best, priced = None, []
+    space = _Space(fm, inputs, list(out_shapes), pins)
     ins = tuple(inputs)
-    for choices, targets, outputs in candidates(fm, inputs, list(out_shapes), pins):
+    chosen = _search(space, pins, cm, tensor_dtype, retarget)
+    if chosen is None:  # a bound was not a bound (never seen): decide over the full list instead
+        chosen = min(_all_candidates(space, pins, cm, tensor_dtype, retarget), key=lambda c: c[0])[1]
+    return Strategy(chosen, Candidates(lambda: tuple(c for _, c in _all_candidates(space, pins, cm, tensor_dtype,
+                                                                                   retarget, chosen))))
+
+
+def _search(space: _Space, pins, cm, tensor_dtype, retarget):
+    """The winning Candidate, visiting combinations by their tie-break's lower bound (None when
+    a built candidate's tie-break falls below its bound)."""
+    inputs, ins = space.inputs, tuple(space.inputs)
+    bound = space.changed_bound(retarget)
+    combos = list(cartesian(*space.per_axis))
+    entries = []
+    for n, combo in enumerate(combos):
+        lb = (0, sum(row[o] for row, o in zip(bound, combo)), sum(OPTION_RANK[o[0]] for o in combo),
+              tuple(str(o) for o in combo))
+        entries.append((lb, (n, 0), combo))
+    for j, (choices, targets, outputs) in enumerate(space.carrier_entries()):
+        if retarget is not None:
+            targets = retarget(targets, outputs)
+            if targets is None:
+                continue
+        entries.append((_tie_key(choices, inputs, targets, outputs, pins), (len(combos) + j, 0),
+                        (choices, targets, outputs)))
+    entries.sort(key=lambda e: (e[0], e[1]))
+    best = None
+    for lb, first, what in entries:
+        if best is not None and (0.0,) + lb + (first,) > best[0]:
+            break  # this and every later entry loses even at no cost
+        if first[0] >= len(combos):
+            made = [(first, what)]
+        else:
+            choices, picks = space.combo(what)
+            made = (((first[0], j), (choices, t, o)) for j, (t, o) in enumerate(picks))
+        for idx, (choices, targets, outputs) in made:
+            if retarget is not None and first[0] < len(combos):
+                targets = retarget(targets, outputs)
+                if targets is None:
+                    continue
+            tie = _tie_key(choices, inputs, targets, outputs, pins)
+            if tie < lb:
+                return None
+            if best is not None and (0.0,) + tie + (idx,) > best[0]:
+                continue
+            seconds = price(inputs, targets, outputs, pins, cm, tensor_dtype)
+            key = (seconds,) + tie + (idx,)
+            if best is None or key < best[0]:
+                best = (key, Candidate(choices, targets, outputs, seconds, ins, pins, tensor_dtype, cm))
+    return best[1]
+
+
+def _all_candidates(space: _Space, pins, cm, tensor_dtype, retarget, chosen=None) -> list:
+    """``[(key, Candidate)]``: each layout pair once, in order of first appearance, described by
+    its producing combination of least tie-break; ``chosen`` stands for its own pair."""
+    inputs, ins = space.inputs, tuple(space.inputs)
+    best: dict = {}
+    for idx, choices, targets, outputs in _productions(space):
+        pair = (targets, outputs)
         if retarget is not None:
             targets = retarget(targets, outputs)
             if targets is None:
                 continue
         tie = _tie_key(choices, inputs, targets, outputs, pins)
-        if best is not None and (0.0,) + tie > best[0]:  # loses even at no cost (prices are >= 0): not priced now
-            priced.append(Candidate(choices, targets, outputs, None, ins, pins, tensor_dtype, cm))
+        got = best.get(pair)
+        if got is None or tie + (idx,) < got[0]:
+            best[pair] = (tie + (idx,), choices, targets, outputs)
+    out = []
+    for tie, choices, targets, outputs in best.values():
+        if chosen is not None and chosen.input_targets == targets and chosen.outputs == outputs:
+            out.append(((chosen.cost,) + tie, chosen))
             continue
-        seconds = price(inputs, targets, outputs, pins, cm, tensor_dtype)
-        cand = Candidate(choices, targets, outputs, seconds, ins, pins, tensor_dtype, cm)
-        priced.append(cand)
-        key = (seconds,) + tie
-        if best is None or key < best[0]:
-            best = (key, cand)
-    return Strategy(best[1], tuple(priced))
+        c = Candidate(choices, targets, outputs, None, ins, pins, tensor_dtype, cm)
+        out.append(((c.cost,) + tie, c) if chosen is None else ((None,) + tie, c))
+    return out
+
+
+class Candidates(Sequence):
+    """Every candidate of a search, enumerated when first read (a plan reads only the winner;
+    ``explain`` and the ragged fallback read them all). Compares as the tuple it holds."""
+
+    def __init__(self, make):
+        self._make, self._items = make, None
+
+    def _all(self) -> tuple:
+        if self._items is None:
+            self._items, self._make = self._make(), None
+        return self._items
+
+    def __getitem__(self, i):
+        return self._all()[i]
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+    def __eq__(self, other) -> bool:
+        return tuple(self) == (tuple(other) if isinstance(other, (tuple, Candidates)) else other)
+
+    def __hash__(self) -> int:
+        return hash(self._all())
+
+    def __repr__(self) -> str:
+        return f"Candidates({len(self)})"
 
 
 def infer_out_shape(fm: FactorMap, inputs: list) -> tuple:

@@ -130,6 +130,9 @@ class Sharding:
         sa(obj, "_hash", None)
         return obj
 
+    def __reduce__(self):  # pickled by its fields (a hash is valid in one process only)
+        return (_restore, (self.mesh, self.shape, self.dims, self.partial))
+
     # -- identity -------------------------------------------------------------------------
     def _key(self):
         return (self.mesh, self.shape, self.dims, self.partial)
@@ -449,3 +452,11 @@ def parse_sharding(text: str, mesh: Mesh) -> Sharding:
             f"Sharding.parse: unexpected {leftover!r} after the dims in {src!r}; partial axes read '+sum(tp)'"
         )
     return Sharding(mesh, tuple(shape), dims, partial)
+
+
+def _restore(mesh, shape, dims, partial) -> Sharding:
+    """A pickled Sharding (its fields were canonical when it was pickled)."""
+    obj = object.__new__(Sharding)
+    for k, v in (("mesh", mesh), ("shape", shape), ("dims", dims), ("partial", partial), ("_hash", None)):
+        object.__setattr__(obj, k, v)
+    return obj
