@@ -38,7 +38,7 @@ from ..errors import OpError, SearchTooLarge, ShardingSpecError
 from ..sharding import Factor, Sharding
 from ..sharding.core import ChunkProgram, _product
 from ..sharding.cost import DEFAULT_COST_MODEL, CostModel
-from ..sharding.move import plan_move
+from ..sharding.move import is_local_move, plan_move
 
 
 @dataclass(frozen=True)
@@ -623,6 +623,8 @@ def _search(space: _Space, pins, cm, tensor_dtype, retarget):
         entries.append((_tie_key(choices, inputs, targets, outputs, pins), (len(combos) + j, 0),
                         (choices, targets, outputs)))
     entries.sort(key=lambda e: (e[0], e[1]))
+    # every collective on groups of more than one device costs at least the cost model's latency
+    floor = cm.latency if all(n > 1 for n in space.mesh.shape) else 0.0
     best = None
     for lb, first, what in entries:
         if best is not None and (0.0,) + lb + (first,) > best[0]:
@@ -640,13 +642,26 @@ def _search(space: _Space, pins, cm, tensor_dtype, retarget):
             tie = _tie_key(choices, inputs, targets, outputs, pins)
             if tie < lb:
                 return None
-            if best is not None and (0.0,) + tie + (idx,) > best[0]:
-                continue
+            if best is not None and ((0.0,) + tie + (idx,) > best[0] or floor and best[0][0] > 0.0 and (
+                    floor * _moving(inputs, targets, outputs, pins),) + tie + (idx,) > best[0]):
+                continue  # loses even at the least price its moves can have
             seconds = price(inputs, targets, outputs, pins, cm, tensor_dtype)
             key = (seconds,) + tie + (idx,)
             if best is None or key < best[0]:
                 best = (key, Candidate(choices, targets, outputs, seconds, ins, pins, tensor_dtype, cm))
     return best[1]
+
+
+def _moving(inputs, targets, outputs, pins) -> int:
+    """How many of a candidate's moves communicate (each costs at least one collective)."""
+    n = 0
+    for x, t in zip(inputs, targets):
+        if x is not None and t is not None and not is_local_move(x, t):
+            n += 1
+    for o, p in zip(outputs, pins):
+        if p is not None and not is_local_move(o, p):
+            n += 1
+    return n
 
 
 def _all_candidates(space: _Space, pins, cm, tensor_dtype, retarget, chosen=None) -> list:

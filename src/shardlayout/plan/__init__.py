@@ -29,7 +29,7 @@ import json
 import time
 from dataclasses import dataclass, field, replace
 
-from ..caches import paused_gc
+from ..caches import paused_gc, register_clearer
 from ..errors import NotRepresentable, ShardingError
 from ..execute.verify import DEFAULT_BUDGET, Verification
 from ..execute.verify import verify as verify_plan
@@ -451,23 +451,39 @@ def _infer_backward(program: Program, p: "Plan", pinned: set) -> dict:
 def _op_table(program: Program) -> tuple:
     """Per op, what does not depend on the mesh or the pins: the OpDef, params as a dict and as
     a memo key, the operand dtypes, and whether it is a creation op (no tensor input, a mesh
-    param). Computed once per Program (programs are immutable)."""
+    param). Computed once per Program (programs are immutable); the per-op part shared by ops
+    of one target and params (a model's layers) once per process."""
     table = program.__dict__.get("_op_table")
     if table is None:
-        from ..ops.registry import _typed
-
-        rows = []
+        tensors, rows = program.tensors, []
         for op in program.ops:
-            opdef = get_op(op.target)
-            kw = op.kwargs()
-            dtypes = tuple(program.tensors[i].dtype if isinstance(i, str) else "float32" for i in op.inputs) + tuple(
-                program.tensors[o].dtype for o in op.outputs)
-            creation = (not any(isinstance(i, str) for i in op.inputs)
-                        and opdef.signature.param("mesh") is not None)
-            rows.append((op, opdef, kw, None if creation else _typed(kw), dtypes or "float32", creation))
+            opdef, kw, typed, has_mesh = _op_row(op.target, op.params)
+            dtypes = tuple(tensors[i].dtype if type(i) is str else "float32" for i in op.inputs) + tuple(
+                tensors[o].dtype for o in op.outputs)
+            creation = has_mesh and not any(type(i) is str for i in op.inputs)
+            rows.append((op, opdef, kw, None if creation else typed, dtypes or "float32", creation))
         table = tuple(rows)
         object.__setattr__(program, "_op_table", table)
     return table
+
+
+def _op_row(target: str, params: tuple) -> tuple:
+    """``(OpDef, params dict, params memo key, has a mesh param)`` of an op's target and params."""
+    key = (target, params)
+    hit = _ROWS.get(key)
+    if hit is None:
+        from ..ops.registry import _typed
+
+        opdef = get_op(target)
+        kw = {k: v for k, v in params}
+        if len(_ROWS) >= 1 << 14:
+            _ROWS.clear()
+        hit = _ROWS[key] = (opdef, kw, _typed(kw), opdef.signature.param("mesh") is not None)
+    return hit
+
+
+_ROWS: dict = {}
+register_clearer("shardlayout.plan._ROWS", _ROWS.clear, _ROWS.__len__)
 
 
 def _forward(program: Program, mesh: Mesh, pins: dict, cm: CostModel) -> "Plan":

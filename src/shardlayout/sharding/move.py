@@ -48,6 +48,13 @@ def plan_move(src: Sharding, dst: Sharding, dtype: str = "float32", cost_model=N
     return _plan_move(src, dst, itemsize(dtype), cost_model or DEFAULT_COST_MODEL)
 
 
+def is_local_move(src: Sharding, dst: Sharding) -> bool:
+    """Does moving ``src`` to ``dst`` (same tensor) only slice locally — no collective? Decided
+    from the factor lists; every other move emits at least one communicating collective.
+    ``is_local_move(Sharding.parse("[8, 8]", m), Sharding.parse("[tp*2, 8]", m)) -> True``"""
+    return src == dst or _only_local(src, dst)
+
+
 def communicating(moves) -> tuple:
     """The moves that communicate (drops local slices). ``communicating(()) -> ()``."""
     return tuple(c for c in moves if c.kind.communicates)
