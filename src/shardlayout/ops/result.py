@@ -99,12 +99,21 @@ def at_rank(params: dict, mesh, rank: int) -> dict:
 
 def canonical_op_name(op: str) -> str:
     """``"aten.view.default" -> "view"``; ``"aten::reshape" -> "reshape"``; ``"t" -> "t"``."""
+    got = _NAMES.get(op) if type(op) is str else None
+    if got is not None:
+        return got
     name = str(op)
     for prefix in ("torch.ops.aten.", "aten::", "aten."):
         if name.startswith(prefix):
             name = name[len(prefix):]
             break
-    return name.split(".")[0]
+    name = name.split(".")[0]
+    if type(op) is str and len(_NAMES) < 4096:  # op names are few: a bounded table, never cleared
+        _NAMES[op] = name
+    return name
+
+
+_NAMES: dict = {}
 
 
 __all__ = ["ByCoord", "Propagation", "at_rank", "canonical_op_name"]

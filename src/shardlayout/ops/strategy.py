@@ -449,22 +449,29 @@ class _Space:
             out.append((choices, targets, outputs))
         return out
 
-    def changed_bound(self, retarget) -> list:
-        """Per mesh axis, per option: how many (input, axis) usages the option changes — summed
-        over the axes of a combination, the ``changed`` part of its tie-break (exact; a retarget
-        may change targets afterwards, so then 0, a lower bound)."""
+    def bounds(self, retarget) -> list:
+        """Per mesh axis, per option: ``(changed, moved)`` — how many (input, axis) usages the
+        option changes (summed over a combination's axes: the ``changed`` part of its tie-break,
+        exact) and the bit set of the inputs it certainly moves off their devices (a piece leaves
+        its dim, a partial axis is reduced: each such input costs at least one collective).
+        With a retarget, which may change targets afterwards, both are 0 (still lower bounds)."""
         fm, mesh, sizes = self.fm, self.mesh, self.sizes
         out = []
         for a, opts in zip(mesh.names, self.per_axis):
             row = {}
             for opt in opts:
-                n = 0
+                n = moved = 0
                 if retarget is None:
-                    for x, lt, use in zip(self.inputs, fm.inputs, self.uses):
+                    for k, (x, lt, use) in enumerate(zip(self.inputs, fm.inputs, self.uses)):
                         if x is None:
                             continue
-                        n += use[a] != _usage_under(opt, a, x, lt, use, sizes, mesh, self.summing)
-                row[opt] = n
+                        now = use[a]
+                        then = _usage_under(opt, a, x, lt, use, sizes, mesh, self.summing)
+                        if now != then:
+                            n += 1
+                            if now[0] != "R":
+                                moved |= 1 << k
+                row[opt] = (n, moved)
             out.append(row)
         return out
 
@@ -605,30 +612,36 @@ def choose(fm: FactorMap, inputs: list, out_shapes: list | None = None, cost_mod
 
 
 def _search(space: _Space, pins, cm, tensor_dtype, retarget):
-    """The winning Candidate, visiting combinations by their tie-break's lower bound (None when
-    a built candidate's tie-break falls below its bound)."""
+    """The winning Candidate, visiting combinations by lower bounds of their price and tie-break
+    (None when a built candidate falls below its bound: the caller then decides over the full
+    list)."""
     inputs, ins = space.inputs, tuple(space.inputs)
-    bound = space.changed_bound(retarget)
+    bound = space.bounds(retarget)
+    # every collective on groups of more than one device costs at least the cost model's latency
+    floor = cm.latency if all(n > 1 for n in space.mesh.shape) else 0.0
     combos = list(cartesian(*space.per_axis))
     entries = []
     for n, combo in enumerate(combos):
-        lb = (0, sum(row[o] for row, o in zip(bound, combo)), sum(OPTION_RANK[o[0]] for o in combo),
-              tuple(str(o) for o in combo))
-        entries.append((lb, (n, 0), combo))
+        changed = moved = 0
+        for row, o in zip(bound, combo):
+            c, m = row[o]
+            changed += c
+            moved |= m
+        lb = (0, changed, sum(OPTION_RANK[o[0]] for o in combo), tuple(str(o) for o in combo))
+        entries.append((floor * moved.bit_count(), lb, (n, 0), combo))
     for j, (choices, targets, outputs) in enumerate(space.carrier_entries()):
         if retarget is not None:
             targets = retarget(targets, outputs)
             if targets is None:
                 continue
-        entries.append((_tie_key(choices, inputs, targets, outputs, pins), (len(combos) + j, 0),
-                        (choices, targets, outputs)))
-    entries.sort(key=lambda e: (e[0], e[1]))
-    # every collective on groups of more than one device costs at least the cost model's latency
-    floor = cm.latency if all(n > 1 for n in space.mesh.shape) else 0.0
+        entries.append((floor * _moving(inputs, targets, outputs, pins), _tie_key(choices, inputs, targets, outputs,
+                                                                                    pins),
+                        (len(combos) + j, 0), (choices, targets, outputs)))
+    entries.sort(key=lambda e: (e[0], e[1], e[2]))
     best = None
-    for lb, first, what in entries:
-        if best is not None and (0.0,) + lb + (first,) > best[0]:
-            break  # this and every later entry loses even at no cost
+    for least, lb, first, what in entries:
+        if best is not None and (least,) + lb + (first,) > best[0]:
+            break  # this and every later entry loses even at the least price its moves can have
         if first[0] >= len(combos):
             made = [(first, what)]
         else:
@@ -642,8 +655,10 @@ def _search(space: _Space, pins, cm, tensor_dtype, retarget):
             tie = _tie_key(choices, inputs, targets, outputs, pins)
             if tie < lb:
                 return None
-            if best is not None and ((0.0,) + tie + (idx,) > best[0] or floor and best[0][0] > 0.0 and (
-                    floor * _moving(inputs, targets, outputs, pins),) + tie + (idx,) > best[0]):
+            moving = floor * _moving(inputs, targets, outputs, pins) if floor else 0.0
+            if moving < least:
+                return None
+            if best is not None and (moving,) + tie + (idx,) > best[0]:
                 continue  # loses even at the least price its moves can have
             seconds = price(inputs, targets, outputs, pins, cm, tensor_dtype)
             key = (seconds,) + tie + (idx,)

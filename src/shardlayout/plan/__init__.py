@@ -381,14 +381,7 @@ def _hoist_moves(program: Program, p: "Plan", pinned: set, cm: CostModel) -> dic
 
     if not any(any(c.kind.communicates for c in chain) for chain in p.moves.values()):
         return {}
-    producer = {o: op for op in program.ops for o in op.outputs}
-    users: dict = {}
-    for op in program.ops:
-        if not op.outputs:  # a runtime assert reads no values
-            continue
-        for i in op.inputs:
-            if isinstance(i, str):
-                users[i] = users.get(i, 0) + 1
+    producer, users = _producers_users(program)
     moved_for = {}  # op name -> the inputs it moves (communicating)
     for c in p.collectives:
         moved_for.setdefault(c.op, set()).add(c.tensor)
@@ -420,6 +413,24 @@ def _hoist_moves(program: Program, p: "Plan", pinned: set, cm: CostModel) -> dic
     return out
 
 
+def _producers_users(program: Program) -> tuple:
+    """``({tensor: the op making it}, {tensor: how many ops read it})`` (runtime asserts, which
+    read no values, not counted); once per Program."""
+    got = program.__dict__.get("_producers_users")
+    if got is None:
+        producer = {o: op for op in program.ops for o in op.outputs}
+        users: dict = {}
+        for op in program.ops:
+            if not op.outputs:  # a runtime assert reads no values
+                continue
+            for i in op.inputs:
+                if type(i) is str:
+                    users[i] = users.get(i, 0) + 1
+        got = (producer, users)
+        object.__setattr__(program, "_producers_users", got)
+    return got
+
+
 def _check_pins(program: Program, pins: dict) -> None:
     for name, s in pins.items():
         if name not in program.tensors:
@@ -432,27 +443,35 @@ def _check_pins(program: Program, pins: dict) -> None:
 
 def _infer_backward(program: Program, p: "Plan", pinned: set) -> dict:
     """Unpinned tensors whose consumers all slice them (for free) to one sharding."""
-    wanted: dict = {}
+    wanted: dict = {}  # tensor -> the one target its consumers want (None: more than one)
     for po in reversed(p.ops):
         for i, tgt in zip(po.inputs, po.input_targets):
-            if isinstance(i, str) and isinstance(tgt, Sharding):
-                wanted.setdefault(i, set()).add(tgt)
+            if type(i) is str and type(tgt) is Sharding:
+                got = wanted.get(i, _NONE)
+                if got is _NONE:
+                    wanted[i] = tgt
+                elif got is not None and got is not tgt and got != tgt:
+                    wanted[i] = None
     out = {}
-    for name, targets in wanted.items():
-        if name in pinned or len(targets) != 1:
+    for name, tgt in wanted.items():
+        if tgt is None or name in pinned:
             continue
-        (tgt,) = targets
         cur = p.shardings[name]
-        if tgt != cur and not any(c.kind.communicates for c in p.moves.get((name, tgt), ())) and not tgt.partial:
+        if tgt is not cur and tgt != cur and not tgt.partial and not any(
+                c.kind.communicates for c in p.moves.get((name, tgt), ())):
             out[name] = tgt
     return out
 
 
+_NONE = object()
+
+
 def _op_table(program: Program) -> tuple:
     """Per op, what does not depend on the mesh or the pins: the OpDef, params as a dict and as
-    a memo key, the operand dtypes, and whether it is a creation op (no tensor input, a mesh
-    param). Computed once per Program (programs are immutable); the per-op part shared by ops
-    of one target and params (a model's layers) once per process."""
+    a memo key, the operand dtypes, and its kind (``_PLAIN``; ``_CREATION``: no tensor input and
+    a mesh param; ``_UNROUTE`` of a ragged tensor; ``_ROUTE`` to a ragged tensor). Computed once
+    per Program (programs are immutable); the part shared by ops of one target and params (a
+    model's layers) once per process. Also the program's inputs."""
     table = program.__dict__.get("_op_table")
     if table is None:
         tensors, rows = program.tensors, []
@@ -460,11 +479,20 @@ def _op_table(program: Program) -> tuple:
             opdef, kw, typed, has_mesh = _op_row(op.target, op.params)
             dtypes = tuple(tensors[i].dtype if type(i) is str else "float32" for i in op.inputs) + tuple(
                 tensors[o].dtype for o in op.outputs)
-            creation = has_mesh and not any(type(i) is str for i in op.inputs)
-            rows.append((op, opdef, kw, None if creation else typed, dtypes or "float32", creation))
-        table = tuple(rows)
+            kind = _PLAIN
+            if has_mesh and not any(type(i) is str for i in op.inputs):
+                kind, typed = _CREATION, None
+            elif opdef.name == "unroute" and tensors[op.inputs[0]].ragged is not None:
+                kind = _UNROUTE
+            elif op.outputs and tensors[op.outputs[0]].ragged is not None and opdef.name == "route":
+                kind = _ROUTE
+            rows.append((op, opdef, kw, typed, dtypes or "float32", kind))
+        table = (tuple(rows), tuple(program.inputs()))
         object.__setattr__(program, "_op_table", table)
     return table
+
+
+_PLAIN, _CREATION, _UNROUTE, _ROUTE = 0, 1, 2, 3
 
 
 def _op_row(target: str, params: tuple) -> tuple:
@@ -490,14 +518,16 @@ def _forward(program: Program, mesh: Mesh, pins: dict, cm: CostModel) -> "Plan":
     t0 = time.perf_counter()
     same: dict = {}  # equal pins become one object, so memo probes compare by identity
     pins = {k: same.setdefault(v, v) for k, v in pins.items()}
+    pinned = pins.get
+    table, inputs = _op_table(program)
     shard: dict = {}
-    for name in program.inputs():
-        shard[name] = pins.get(name) or Sharding(mesh, program.tensors[name].shape)
+    for name in inputs:
+        shard[name] = pinned(name) or Sharding(mesh, program.tensors[name].shape)
     moves: dict = {}
     collectives: list = []
     planned: list = []
+    add = planned.append
     tensors = program.tensors
-
     routed: dict = {}  # a routing's counts -> the source factors its rows were routed from
 
     def move(tensor, src, dst, opname):
@@ -510,31 +540,32 @@ def _forward(program: Program, mesh: Mesh, pins: dict, cm: CostModel) -> "Plan":
             moves[key] = tuple(replace(c, ragged=(r.dim, routed.get(r.counts, ()))) for c in moves[key])
         collectives.extend(c.attributed(tensor, opname) for c in moves[key] if c.kind.communicates)
 
-    for op, opdef, kw, typed, dtypes, creation in _op_table(program):
-        args = tuple(shard[i] if type(i) is str else i for i in op.inputs)
-        if creation:
-            kw, typed = {**kw, "mesh": mesh}, None  # creation ops: replicated (consumers slice them for free)
-        elif opdef.name == "unroute" and tensors[op.inputs[0]].ragged is not None:  # combine where routed from
-            kw, typed = {**kw, "routed": routed.get(tensors[op.inputs[0]].ragged.counts, ())}, None
+    for op, opdef, kw, typed, dtypes, kind in table:
+        ins, outs = op.inputs, op.outputs
+        args = tuple([shard[i] if type(i) is str else i for i in ins])
+        if kind == _CREATION:
+            kw = {**kw, "mesh": mesh}  # creation ops: replicated (consumers slice them for free)
+        elif kind == _UNROUTE:  # combine where routed from
+            kw, typed = {**kw, "routed": routed.get(tensors[ins[0]].ragged.counts, ())}, None
         try:
-            p, params = opdef.resolve(args, kw, tuple(pins.get(o) for o in op.outputs), cm, dtypes, typed)
+            p, params = opdef.resolve(args, kw, tuple([pinned(o) for o in outs]), cm, dtypes, typed)
         except ShardingError as e:
             raise type(e)(f"op {op.name} ({op.target}): {e}") from None
-        if op.outputs and tensors[op.outputs[0]].ragged is not None and canonical_op_name(op.target) == "route":
-            r = tensors[op.outputs[0]].ragged
+        if kind == _ROUTE:
+            r = tensors[outs[0]].ragged
             routed[r.counts] = source_factors(p.outputs[0], r)
         elif routed and not _ragged_fits(op, p.input_targets, p.outputs, tensors, routed):
             p = _ragged_candidate(p, op, args, tensors, routed)
-        for i, a, tgt in zip(op.inputs, args, p.input_targets):
+        targets, made = p.input_targets, p.outputs
+        for i, a, tgt in zip(ins, args, targets):
             if tgt is not a and type(a) is Sharding and tgt != a:
                 move(i, a, tgt, op.name)
-        for o, s in zip(op.outputs, p.outputs):
-            final = pins.get(o, s)
+        for o, s in zip(outs, made):
+            final = pinned(o, s)
             if final is not s and final != s:
                 move(o, s, final, op.name)
             shard[o] = final
-        planned.append(PlannedOp(op.name, op.target, op.inputs, tuple(p.input_targets), tuple(p.outputs), params,
-                                 p.local))
+        add(PlannedOp(op.name, op.target, ins, tuple(targets), tuple(made), params, p.local))
     return Plan(program, mesh, shard, planned, collectives, time.perf_counter() - t0, moves, cm)
 
 

@@ -183,9 +183,10 @@ def op_table(program, index: int, doms: dict, ctx: Context) -> OpTable:
     """Every combination of op ``index``'s tensors' shardings, resolved exactly as ``plan()``
     resolves the op with all its tensors pinned; combinations the rule refuses are left out.
     ``op_table(prog, 0, doms, Context.of(prog, mesh)).combos``"""
-    from . import _op_table
+    from . import _CREATION, _op_table
 
-    op, opdef, kw, typed, dtypes, creation = _op_table(program)[index]
+    op, opdef, kw, typed, dtypes, kind = _op_table(program)[0][index]
+    creation = kind == _CREATION
     tensors = tuple(dict.fromkeys([i for i in op.inputs if type(i) is str] + list(op.outputs)))
     tspec = program.tensors
     cm = ctx.cost_model

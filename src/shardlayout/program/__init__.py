@@ -74,11 +74,14 @@ class Op:
 
 
 def _freeze(v):
+    t = type(v)
+    if t is int or t is str or t is float or t is bool or v is None:
+        return v
     if isinstance(v, (list, tuple)):
-        return tuple(_freeze(x) for x in v)
+        return tuple([_freeze(x) for x in v])
     if isinstance(v, dict):
         return tuple(sorted((k, _freeze(x)) for k, x in v.items()))
-    if v is None or isinstance(v, (bool, int, float, str)):
+    if isinstance(v, (bool, int, float, str)):
         return v
     raise ProgramError(f"op parameter {v!r} is not JSON-able (ints, floats, strings, lists)")
 
@@ -522,9 +525,7 @@ class ProgramBuilder:
 
     def _op(self, target: str, inputs, name, n_out, dtypes, params: dict, sym_outs=None):
         """``op``; ``sym_outs``: the outputs' symbolic shapes when the source knows them (torch.export)."""
-        from .shapes import shape_of
-
-        tensors = self._tensors
+        tensors, sym = self._tensors, self._sym
         in_shapes, dtype = [], None
         symbolic = False
         for i in inputs:
@@ -533,8 +534,10 @@ class ProgramBuilder:
                 if spec is None:
                     raise ProgramError(f"op {name or target}: input {i!r} is not a tensor defined before it")
                 in_shapes.append(spec.shape)
-                symbolic = symbolic or i in self._sym
-                dtype = dtype or spec.dtype
+                if sym and i in sym:
+                    symbolic = True
+                if dtype is None:
+                    dtype = spec.dtype
             else:
                 in_shapes.append(i)
         dtype = dtype or "float32"
@@ -567,7 +570,7 @@ class ProgramBuilder:
             tensors[o] = TensorSpec(o, tuple(shp), str(dt or dtype), "value")  # shapes from the op rules
             if sym_shapes is not None and _sy.is_symbolic_shape(sym_shapes[k]):
                 self._sym[o] = sym_shapes[k]
-        frozen = tuple(sorted((k, _freeze(v)) for k, v in params.items())) if params else ()
+        frozen = tuple(sorted([(k, _freeze(v)) for k, v in params.items()])) if params else ()
         sym_frozen = tuple(sorted((k, _freeze(_sy.params_text(v))) for k, v in sym_params.items())) \
             if sym_params else ()
         self._ops.append(Op(target, tuple(inputs), frozen, tuple(outs), base, sym_frozen))
@@ -600,5 +603,7 @@ def _ragged_tensors(tensors: dict, ops) -> dict:
     except RaggedError as e:
         raise ProgramError(str(e)) from None
 
+
+from .shapes import shape_of  # noqa: E402 - the builder's shape inference (it needs nothing above)
 
 __all__ = ["Op", "Program", "ProgramBuilder", "ProgramError", "TensorSpec"]

@@ -16,14 +16,33 @@ _ONE = Mesh((1,), ("one",))
 def shape_of(target: str, input_shapes: list, params: dict) -> list:
     """Output shapes of ``target`` on inputs of ``input_shapes`` (non-tuples are constants);
     memoised per (op, input shapes, params), so a repeated layer costs a dictionary probe."""
-    from ..ops.registry import _typed
-
+    _typed = _TYPED[0] if _TYPED else _load_typed()
     try:
-        key = (target, _typed(list(input_shapes)), _typed(params))
-        hash(key)
+        key = (target, tuple([s if type(s) is tuple and _ints(s) else _typed(s) for s in input_shapes]),
+               _typed(params) if params else None)
+        hit = _SHAPES.get(key)
     except TypeError:  # an unhashable param: computed every time
         return _shape_of(target, input_shapes, params)
-    return list(_shape_memo(key, target, tuple(input_shapes), params))
+    if hit is None:
+        hit = _shape_memo(key, target, tuple(input_shapes), params)
+    return list(hit)
+
+
+_TYPED: list = []  # ops.registry._typed, imported on first use (ops imports this package)
+
+
+def _load_typed():
+    from ..ops.registry import _typed
+
+    _TYPED.append(_typed)
+    return _typed
+
+
+def _ints(shape: tuple) -> bool:
+    for n in shape:
+        if type(n) is not int:
+            return False
+    return True
 
 
 def _shape_memo(key, target, input_shapes, params):
