@@ -449,41 +449,64 @@ class _Space:
             out.append((choices, targets, outputs))
         return out
 
-    def bounds(self, retarget) -> list:
-        """Per mesh axis, per option: ``(changed, moved)`` — how many (input, axis) usages the
-        option changes (summed over a combination's axes: the ``changed`` part of its tie-break,
-        exact) and the bit set of the inputs it certainly moves off their devices (a piece leaves
-        its dim, a partial axis is reduced: each such input costs at least one collective).
-        With a retarget, which may change targets afterwards, both are 0 (still lower bounds)."""
+    def bounds(self, retarget, pins) -> list:
+        """Per mesh axis, per option: ``(changed, moved, differ)`` — how many (input, axis) usages
+        the option changes (summed over a combination's axes: the ``changed`` part of its
+        tie-break, exact); the bit set of the operands it certainly moves off their devices (a
+        piece leaves its dim, a partial axis is reduced: each costs at least one collective;
+        inputs, then pinned outputs); the bit set of pinned outputs it makes differ from their pin
+        (the ``mismatch`` part). With a retarget, which may change targets afterwards, the input
+        parts are 0 (lower bounds still)."""
         fm, mesh, sizes = self.fm, self.mesh, self.sizes
+        n_in = len(self.inputs)
+        pinned = [(k, shape, axis_usage(p)) for k, (shape, p) in enumerate(zip(self.out_shapes, pins))
+                  if p is not None]
         out = []
         for a, opts in zip(mesh.names, self.per_axis):
             row = {}
             for opt in opts:
-                n = moved = 0
+                n = moved = differ = 0
                 if retarget is None:
                     for k, (x, lt, use) in enumerate(zip(self.inputs, fm.inputs, self.uses)):
                         if x is None:
                             continue
                         now = use[a]
-                        then = _usage_under(opt, a, x, lt, use, sizes, mesh, self.summing)
+                        then = _usage_under(opt, a, x.shape, lt, use, sizes, mesh, self.summing)
                         if now != then:
                             n += 1
                             if now[0] != "R":
                                 moved |= 1 << k
-                row[opt] = (n, moved)
+                for k, shape, want in pinned:
+                    made = _out_usage_under(opt, a, shape, fm, sizes, mesh)
+                    if made != want[a]:
+                        differ |= 1 << k
+                        if made[0] != "R":
+                            moved |= 1 << (n_in + k)
+                row[opt] = (n, moved, differ)
             out.append(row)
         return out
 
 
-def _usage_under(opt, a, x, lt, use, sizes, mesh, summing) -> tuple:
+def _usage_under(opt, a, shape, lt, use, sizes, mesh, summing) -> tuple:
     """How an input's target uses axis ``a`` when ``a`` takes option ``opt`` (``axis_usage``)."""
     if opt[0] == "P":
         return opt if summing or use[a] == opt else ("R",)
     if opt[0] == "S" and mesh.axis_size(a) > 1:
         for d, L in enumerate(lt):
-            if L == opt[1] and x.shape[d] > 1 and sizes.get(L) == x.shape[d]:
+            if L == opt[1] and shape[d] > 1 and sizes.get(L) == shape[d]:
                 return ("S", d)
+    return ("R",)
+
+
+def _out_usage_under(opt, a, shape, fm, sizes, mesh) -> tuple:
+    """How an output uses axis ``a`` when ``a`` takes option ``opt`` (``axis_usage``): partial
+    when the option keeps partial values or shards a reduced letter."""
+    if opt[0] == "P":
+        return opt
+    if opt[0] == "S":
+        if opt[1] not in fm.output:
+            return ("P", fm.reduce)
+        return _usage_under(opt, a, shape, fm.output, None, sizes, mesh, False)
     return ("R",)
 
 
@@ -616,18 +639,19 @@ def _search(space: _Space, pins, cm, tensor_dtype, retarget):
     (None when a built candidate falls below its bound: the caller then decides over the full
     list)."""
     inputs, ins = space.inputs, tuple(space.inputs)
-    bound = space.bounds(retarget)
+    bound = space.bounds(retarget, pins)
     # every collective on groups of more than one device costs at least the cost model's latency
     floor = cm.latency if all(n > 1 for n in space.mesh.shape) else 0.0
     combos = list(cartesian(*space.per_axis))
     entries = []
     for n, combo in enumerate(combos):
-        changed = moved = 0
+        changed = moved = differ = 0
         for row, o in zip(bound, combo):
-            c, m = row[o]
+            c, m, f = row[o]
             changed += c
             moved |= m
-        lb = (0, changed, sum(OPTION_RANK[o[0]] for o in combo), tuple(str(o) for o in combo))
+            differ |= f
+        lb = (differ.bit_count(), changed, sum(OPTION_RANK[o[0]] for o in combo), tuple(str(o) for o in combo))
         entries.append((floor * moved.bit_count(), lb, (n, 0), combo))
     for j, (choices, targets, outputs) in enumerate(space.carrier_entries()):
         if retarget is not None:

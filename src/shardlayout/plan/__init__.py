@@ -34,7 +34,8 @@ from ..errors import NotRepresentable, ShardingError
 from ..execute.verify import DEFAULT_BUDGET, Verification
 from ..execute.verify import verify as verify_plan
 from ..mesh import Mesh
-from ..ops.registry import get_op
+from ..config import settings
+from ..ops.registry import _SEEN, get_op
 from ..ops.result import canonical_op_name
 from ..program import Program
 from ..sharding import Sharding
@@ -54,6 +55,14 @@ class PlannedOp:
     outputs: tuple
     params: dict = field(default_factory=dict, compare=False)
     local: tuple = field(default=(), compare=False)  # the local run's own params (Propagation.local)
+
+
+def _planned(name, target, inputs, input_targets, outputs, params, local) -> PlannedOp:
+    """``PlannedOp(...)`` without the frozen dataclass's per-field setattr (a plan makes one per op)."""
+    obj = object.__new__(PlannedOp)
+    obj.__dict__.update(name=name, target=target, inputs=inputs, input_targets=input_targets, outputs=outputs,
+                        params=params, local=local)
+    return obj
 
 
 @dataclass
@@ -474,40 +483,53 @@ def _op_table(program: Program) -> tuple:
     model's layers) once per process. Also the program's inputs."""
     table = program.__dict__.get("_op_table")
     if table is None:
-        tensors, rows = program.tensors, []
+        tensors, rows, known = program.tensors, [], _ROWS.get
         for op in program.ops:
-            opdef, kw, typed, has_mesh = _op_row(op.target, op.params)
-            dtypes = tuple(tensors[i].dtype if type(i) is str else "float32" for i in op.inputs) + tuple(
-                tensors[o].dtype for o in op.outputs)
+            try:
+                row = known((op.target, op.params)) or _op_row(op.target, op.params)
+            except TypeError:  # params built by hand with a list in them: not shared
+                row = _op_row(op.target, op.params, memo=False)
+            opdef, kw, typed, has_mesh = row
+            specs = [tensors[i] if type(i) is str else None for i in op.inputs]
+            outs = [tensors[o] for o in op.outputs]
+            dtypes = tuple([s.dtype if s is not None else "float32" for s in specs] + [s.dtype for s in outs])
             kind = _PLAIN
-            if has_mesh and not any(type(i) is str for i in op.inputs):
+            if has_mesh and specs.count(None) == len(specs):  # no tensor input
                 kind, typed = _CREATION, None
-            elif opdef.name == "unroute" and tensors[op.inputs[0]].ragged is not None:
-                kind = _UNROUTE
-            elif op.outputs and tensors[op.outputs[0]].ragged is not None and opdef.name == "route":
-                kind = _ROUTE
+            elif None not in specs and typed is not None:
+                kind = _PLAIN_TENSORS
+            if kind != _CREATION and opdef.name in ("route", "unroute"):
+                if opdef.name == "unroute" and specs and specs[0] is not None and specs[0].ragged is not None:
+                    kind = _UNROUTE
+                elif outs and outs[0].ragged is not None and opdef.name == "route":
+                    kind = _ROUTE
             rows.append((op, opdef, kw, typed, dtypes or "float32", kind))
         table = (tuple(rows), tuple(program.inputs()))
         object.__setattr__(program, "_op_table", table)
     return table
 
 
-_PLAIN, _CREATION, _UNROUTE, _ROUTE = 0, 1, 2, 3
+_PLAIN, _CREATION, _UNROUTE, _ROUTE, _PLAIN_TENSORS = 0, 1, 2, 3, 4  # _PLAIN_TENSORS: tensor inputs only
 
 
-def _op_row(target: str, params: tuple) -> tuple:
-    """``(OpDef, params dict, params memo key, has a mesh param)`` of an op's target and params."""
-    key = (target, params)
-    hit = _ROWS.get(key)
-    if hit is None:
-        from ..ops.registry import _typed
+def _op_row(target: str, params: tuple, memo: bool = True) -> tuple:
+    """``(OpDef, params dict, params memo key or None, has a mesh param)`` of an op's target and
+    params (``memo``: shared by every op of that target and params)."""
+    from ..ops.registry import _typed
 
-        opdef = get_op(target)
-        kw = {k: v for k, v in params}
+    opdef = get_op(target)
+    kw = {k: v for k, v in params}
+    typed = _typed(kw)
+    try:
+        hash(typed)
+    except TypeError:  # an unhashable param (a list of lists): resolved and validated every time
+        typed = None
+    row = (opdef, kw, typed, opdef.signature.param("mesh") is not None)
+    if memo:
         if len(_ROWS) >= 1 << 14:
             _ROWS.clear()
-        hit = _ROWS[key] = (opdef, kw, _typed(kw), opdef.signature.param("mesh") is not None)
-    return hit
+        _ROWS[(target, params)] = row
+    return row
 
 
 _ROWS: dict = {}
@@ -540,17 +562,27 @@ def _forward(program: Program, mesh: Mesh, pins: dict, cm: CostModel) -> "Plan":
             moves[key] = tuple(replace(c, ragged=(r.dim, routed.get(r.counts, ()))) for c in moves[key])
         collectives.extend(c.attributed(tensor, opname) for c in moves[key] if c.kind.communicates)
 
+    seen, subaxes = _SEEN.get, settings.subaxes
     for op, opdef, kw, typed, dtypes, kind in table:
         ins, outs = op.inputs, op.outputs
-        args = tuple([shard[i] if type(i) is str else i for i in ins])
-        if kind == _CREATION:
-            kw = {**kw, "mesh": mesh}  # creation ops: replicated (consumers slice them for free)
-        elif kind == _UNROUTE:  # combine where routed from
-            kw, typed = {**kw, "routed": routed.get(tensors[ins[0]].ragged.counts, ())}, None
-        try:
-            p, params = opdef.resolve(args, kw, tuple([pinned(o) for o in outs]), cm, dtypes, typed)
-        except ShardingError as e:
-            raise type(e)(f"op {op.name} ({op.target}): {e}") from None
+        out_pins = tuple([pinned(o) for o in outs])
+        if kind == _PLAIN_TENSORS:  # the fast path of OpDef.resolve: a call seen before is one probe
+            args = tuple([shard[i] for i in ins])
+            hit = seen((opdef, args, typed, out_pins, cm, dtypes, subaxes))
+        else:
+            args = tuple([shard[i] if type(i) is str else i for i in ins])
+            hit = None
+        if hit is not None:
+            p, params = hit[0], dict(hit[1])
+        else:
+            if kind == _CREATION:
+                kw = {**kw, "mesh": mesh}  # creation ops: replicated (consumers slice them for free)
+            elif kind == _UNROUTE:  # combine where routed from
+                kw, typed = {**kw, "routed": routed.get(tensors[ins[0]].ragged.counts, ())}, None
+            try:
+                p, params = opdef.resolve(args, kw, out_pins, cm, dtypes, typed)
+            except ShardingError as e:
+                raise type(e)(f"op {op.name} ({op.target}): {e}") from None
         if kind == _ROUTE:
             r = tensors[outs[0]].ragged
             routed[r.counts] = source_factors(p.outputs[0], r)
@@ -565,7 +597,7 @@ def _forward(program: Program, mesh: Mesh, pins: dict, cm: CostModel) -> "Plan":
             if final is not s and final != s:
                 move(o, s, final, op.name)
             shard[o] = final
-        add(PlannedOp(op.name, op.target, ins, tuple(targets), tuple(made), params, p.local))
+        add(_planned(op.name, op.target, ins, tuple(targets), tuple(made), params, p.local))
     return Plan(program, mesh, shard, planned, collectives, time.perf_counter() - t0, moves, cm)
 
 
