@@ -398,6 +398,9 @@ def _hoist_moves(program: Program, p: "Plan", pinned: set, cm: CostModel) -> dic
     for (name, tgt), chain in p.moves.items():
         if not any(c.kind.communicates for c in chain) or name in pinned or tgt.partial:
             continue
+        op = producer.get(name)
+        if op is None or canonical_op_name(op.target) not in ROWWISE or len(op.outputs) != 1:
+            continue  # nothing to hoist above
         best, best_cost = None, cost(chain, cm)
         cur, saves = name, False
         for _ in range(8):
@@ -565,7 +568,7 @@ def _forward(program: Program, mesh: Mesh, pins: dict, cm: CostModel) -> "Plan":
     seen, subaxes = _SEEN.get, settings.subaxes
     for op, opdef, kw, typed, dtypes, kind in table:
         ins, outs = op.inputs, op.outputs
-        out_pins = tuple([pinned(o) for o in outs])
+        out_pins = (pinned(outs[0]),) if len(outs) == 1 else tuple([pinned(o) for o in outs])
         if kind == _PLAIN_TENSORS:  # the fast path of OpDef.resolve: a call seen before is one probe
             args = tuple([shard[i] for i in ins])
             hit = seen((opdef, args, typed, out_pins, cm, dtypes, subaxes))

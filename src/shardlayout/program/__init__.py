@@ -171,8 +171,13 @@ class Program:
 
     def inputs(self, kind: str | None = None) -> list:
         """Names of tensors no op produces (optionally of one kind), in definition order."""
-        produced = {o for op in self.ops for o in op.outputs}
-        return [n for n, t in self.tensors.items() if n not in produced and (kind is None or t.kind == kind)]
+        names = self.__dict__.get("_inputs")
+        if names is None:  # once per Program (programs are immutable)
+            produced = {o for op in self.ops for o in op.outputs}
+            names = tuple(n for n in self.tensors if n not in produced)
+            object.__setattr__(self, "_inputs", names)
+        tensors = self.tensors
+        return [n for n in names if kind is None or tensors[n].kind == kind]
 
     def to_json(self) -> str:
         """Deterministic JSON text. ``Program.from_json(p.to_json()) == p``. A symbolic program adds
