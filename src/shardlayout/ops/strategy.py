@@ -643,29 +643,31 @@ def _search(space: _Space, pins, cm, tensor_dtype, retarget):
     # every collective on groups of more than one device costs at least the cost model's latency
     floor = cm.latency if all(n > 1 for n in space.mesh.shape) else 0.0
     combos = list(cartesian(*space.per_axis))
-    entries = []
+    ranks = [{o: OPTION_RANK[o[0]] for o in opts} for opts in space.per_axis]
+    entries = []  # (least price, mismatch, changed, rank): lower bounds of a candidate's key; then order
     for n, combo in enumerate(combos):
-        changed = moved = differ = 0
-        for row, o in zip(bound, combo):
+        changed = moved = differ = rank = 0
+        for row, rk, o in zip(bound, ranks, combo):
             c, m, f = row[o]
             changed += c
             moved |= m
             differ |= f
-        lb = (differ.bit_count(), changed, sum(OPTION_RANK[o[0]] for o in combo), tuple(str(o) for o in combo))
-        entries.append((floor * moved.bit_count(), lb, (n, 0), combo))
+            rank += rk[o]
+        entries.append((floor * moved.bit_count(), differ.bit_count(), changed, rank, n, combo))
     for j, (choices, targets, outputs) in enumerate(space.carrier_entries()):
         if retarget is not None:
             targets = retarget(targets, outputs)
             if targets is None:
                 continue
-        entries.append((floor * _moving(inputs, targets, outputs, pins), _tie_key(choices, inputs, targets, outputs,
-                                                                                    pins),
-                        (len(combos) + j, 0), (choices, targets, outputs)))
-    entries.sort(key=lambda e: (e[0], e[1], e[2]))
+        tie = _tie_key(choices, inputs, targets, outputs, pins)
+        entries.append((floor * _moving(inputs, targets, outputs, pins),) + tie[:3] + (len(combos) + j,
+                                                                                     (choices, targets, outputs)))
+    entries.sort(key=lambda e: e[:5])
     best = None
-    for least, lb, first, what in entries:
-        if best is not None and (least,) + lb + (first,) > best[0]:
+    for least, differ, changed, rank, n, what in entries:
+        if best is not None and (least, differ, changed, rank) > best[0][:4]:
             break  # this and every later entry loses even at the least price its moves can have
+        first = (n, 0)
         if first[0] >= len(combos):
             made = [(first, what)]
         else:
@@ -677,7 +679,7 @@ def _search(space: _Space, pins, cm, tensor_dtype, retarget):
                 if targets is None:
                     continue
             tie = _tie_key(choices, inputs, targets, outputs, pins)
-            if tie < lb:
+            if tie[0] < differ or tie[1] < changed:
                 return None
             moving = floor * _moving(inputs, targets, outputs, pins) if floor else 0.0
             if moving < least:

@@ -21,7 +21,7 @@ counts at run time, ``sharding.ragged``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from enum import Enum
 from typing import NamedTuple
 
@@ -93,7 +93,10 @@ class Collective:
 
     def attributed(self, tensor, op: str | None = None) -> "Collective":
         """The same collective, saying whose data moves: ``c.attributed("x", "mm_1")``."""
-        return replace(self, tensor=tensor, op=op)
+        out = object.__new__(Collective)  # a copy with two fields changed (``replace`` re-runs __init__)
+        out.__dict__.update(self.__dict__)
+        out.__dict__["tensor"], out.__dict__["op"] = tensor, op
+        return out
 
     def to_json(self, cost_model=None) -> dict:
         """JSON-able form; with a cost model, its estimated ``seconds`` too."""
