@@ -177,7 +177,7 @@ def ours_call(op, a, b):
 
 
 def ours_run(op, shape, case):
-    """(cold seconds, warm seconds, candidates priced)."""
+    """(cold seconds, warm seconds, (candidates priced, candidates in the set))."""
     clear_ours()
     a, b = ours_inputs(shape, case)
     t_cold, p = timed(lambda: ours_call(op, a, b))
@@ -187,7 +187,27 @@ def ours_run(op, shape, case):
         p2 = ours_call(op, a, b)
         warm.append(time.perf_counter() - t0)
         assert p2 is p, "the warm call should be a memo hit"
-    return t_cold, statistics.median(warm), len(p.candidates)
+    return t_cold, statistics.median(warm), (_priced(op, shape, case), len(p.candidates))
+
+
+def _priced(op, shape, case) -> int:
+    """How many candidates the search prices (untimed: the call again, cold, with ``price`` counted)."""
+    from shardlayout.ops import strategy
+
+    clear_ours()
+    a, b = ours_inputs(shape, case)
+    real, n = strategy.price, [0]
+
+    def counted(*args, **kw):
+        n[0] += 1
+        return real(*args, **kw)
+
+    strategy.price = counted
+    try:
+        ours_call(op, a, b)
+    finally:
+        strategy.price = real
+    return n[0]
 
 
 # ------------------------------------------------------------------------------------------
@@ -235,11 +255,13 @@ def main() -> int:
     elapsed = time.perf_counter() - t_start
 
     header = ["op", "mesh", "DTensor propagation, ms", "ours cold, ms", "DTensor ÷ ours cold", "ours warm (memo hit)",
-              "candidates we price", "DTensor fake shape inference (excluded), ms"]
+              "candidates we price / in the set", "DTensor fake shape inference (excluded), ms"]
     table = []
     for op, shape, t_dt, t_meta, t_cold, t_warm, cands, _ in rows:
         mesh = "x".join(map(str, shape))
-        cand = f"{statistics.median(cands):.0f} ({min(cands)}–{max(cands)})"
+        priced, whole = [c[0] for c in cands], [c[1] for c in cands]
+        cand = (f"{statistics.median(priced):.0f} ({min(priced)}–{max(priced)}) / "
+                f"{statistics.median(whole):.0f} ({min(whole)}–{max(whole)})")
         if t_dt:
             r = statistics.median(t_dt) / statistics.median(t_cold)
             paired = [d / c for d, c in zip(t_dt, t_cold)]

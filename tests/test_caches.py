@@ -29,6 +29,7 @@ def test_plans_are_byte_identical_cold_and_warm(style):
 def test_plan_identical_when_every_memo_is_cleared_between_ops(monkeypatch):
     """The strongest form: no memo survives from one op to the next, so nothing is ever a hit."""
     import shardlayout.ops.registry as registry
+    import shardlayout.plan as plan_module
 
     mesh = Mesh.parse("dp=2,tp=4")
     prog = llama(layers=2)
@@ -41,6 +42,7 @@ def test_plan_identical_when_every_memo_is_cleared_between_ops(monkeypatch):
         return real(self, *a, **k)
 
     monkeypatch.setattr(registry.OpDef, "resolve", uncached)
+    monkeypatch.setattr(plan_module, "_SEEN", {})  # plan's own probe of the op memo never hits either
     assert plan(prog, mesh, pins).to_json(include_timing=False) == warm
 
 

@@ -171,3 +171,14 @@ def test_creation_ops_take_their_sharding_from_consumers():
     m = Mesh.parse("d=2")
     p = plan(b.build(), m, {"x": Sharding.parse("[d*4, 4]", m)})
     assert str(p.shardings["z"]) == "[d*4, 4]" and not p.collectives and p.verify().ok
+
+
+def test_an_op_with_a_list_param_is_planned_and_not_shared():
+    """Params built by hand may hold a list (unhashable): the op is resolved every time instead of
+    sharing a memo row, and planned the same."""
+    from shardlayout.program import Op, Program, TensorSpec
+
+    prog = Program({"x": TensorSpec("x", (4, 8), kind="input"), "y": TensorSpec("y", (2, 16))},
+                   (Op("view", ("x",), (("size", [2, 16]),), ("y",), "v"),), ("y",))
+    p = plan(prog, Mesh.parse("tp=2"), {"x": "[tp*2, 8]"})
+    assert str(p.shardings["y"]) == "[tp, 16]" and p.verify().ok

@@ -84,3 +84,22 @@ def test_mesh_basics():
     assert M.size == 8 and M.coord(5) == (1, 1) and M.rank_of((1, 1)) == 5
     assert [M.rank_of(M.coord(r)) for r in M.ranks()] == list(range(8))
     assert M.submesh(["tp"]) == Mesh((4,), ("tp",)) and str(M) == "dp=2,tp=4"
+
+
+def test_shardings_and_meshes_pickle_across_processes():
+    """A pickled Sharding or Mesh carries its fields, not its hash (string hashes differ between
+    processes): unpickled in another process it is equal to, and finds, the same layout there."""
+    import os
+    import pickle
+    import subprocess
+    import sys
+
+    code = ("import pickle, sys\nfrom shardlayout import Mesh, Sharding\nm = Mesh.parse('dp=2,tp=4')\n"
+            "s = Sharding.parse('[dp*4, tp*2] +sum(x)', Mesh.parse('dp=2,tp=4,x=2'))\n"
+            "hash(m), hash(s)\nsys.stdout.buffer.write(pickle.dumps((m, s)))\n")
+    env = {**os.environ, "PYTHONHASHSEED": "12345"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, check=True, env=env).stdout
+    m2, s2 = pickle.loads(out)
+    m, s = Mesh.parse("dp=2,tp=4"), Sharding.parse("[dp*4, tp*2] +sum(x)", Mesh.parse("dp=2,tp=4,x=2"))
+    assert m2 == m and s2 == s and {m: 1}[m2] == 1 and {s: 2}[s2] == 2
+    assert str(s2) == str(s) and pickle.loads(pickle.dumps(s)) == s

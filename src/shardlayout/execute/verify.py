@@ -577,6 +577,10 @@ def verify_plan(plan, seed: int = 0, rtol: float = 1e-6, atol: float = 1e-6, bud
                     return fail(i, tensor, run.message, run.max_error)
         dtypes = tuple(tensors[n].dtype if isinstance(n, str) else type(n).__name__ for n in op.inputs)
         key = (po.target, op.params, po.input_targets, po.outputs, dtypes)  # bound params follow from these
+        try:
+            hash(key)
+        except TypeError:  # params built by hand with a list in them: keyed by their text
+            key = (po.target, repr(op.params), po.input_targets, po.outputs, dtypes)
         if key not in op_done:
             opdef = get_op(po.target)
             try:
