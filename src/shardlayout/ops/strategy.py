@@ -7,16 +7,20 @@ dim). A single-dim strategy says what one mesh axis does: replicate (``R``), sha
 in every operand that carries it (``S(letter)``), or keep partial values partial through a
 linear op (``P(op)``).
 
-**Search: exhaustive, priced by the moves that run.** A candidate is one option per mesh axis
+**Search: exact, priced by the moves that run.** A candidate is one option per mesh axis
 (the full N-D product of the per-axis options that are valid) and, for each sharded letter, a
 factor structure: the order and digit of its axes inside the dim (the operands' own
 structures merged where they agree — so ``[8, b*4] @ [2*a*2, 8]`` finds ``k = b*a*2`` in both,
-for free — each operand's structure as it is, or plain mesh order). Every candidate's input
-targets and output shardings are built, and its price is ``cost(plan_move(input, target) for
-every input + plan_move(output, pin) for pinned outputs)`` — the very collectives the plan
-then emits. The cheapest wins (ties: produce pinned outputs as pinned, change how the
-inputs use the fewest mesh axes, prefer sharding to partial to replicate, then option text), so the chosen strategy is
-the minimum under our own cost model over the whole candidate set.
+for free — each operand's structure as it is, or plain mesh order). A candidate's price is
+``cost(plan_move(input, target) for every input + plan_move(output, pin) for pinned outputs)`` —
+the very collectives the plan then emits. The cheapest wins (ties: produce pinned outputs as
+pinned, change how the inputs use the fewest mesh axes, prefer sharding to partial to replicate,
+then option text, then generation order), so the chosen strategy is the minimum under our own
+cost model over the whole candidate set. It is found without building most of it: each
+combination's options give lower bounds of its candidates' keys (``_Space.bounds``: the usages it
+changes, the operands it certainly moves — a collective's latency each — and the pins it misses);
+combinations are visited in bound order and the visit stops at the first that cannot win
+(``_search``). ``Strategy.candidates`` enumerates the whole set when read.
 
     >>> from shardlayout import Mesh, Sharding
     >>> m = Mesh.parse("dp=2,tp=4")
