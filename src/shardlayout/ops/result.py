@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from ..caches import register_clearer
 from ..sharding.cost import DEFAULT_COST_MODEL, CostModel, cost
 
 
@@ -114,6 +115,7 @@ def canonical_op_name(op: str) -> str:
 
 
 _NAMES: dict = {}
+register_clearer("shardlayout.ops.result._NAMES", _NAMES.clear, _NAMES.__len__)
 
 
 __all__ = ["ByCoord", "Propagation", "at_rank", "canonical_op_name"]
