@@ -8,14 +8,13 @@ import random
 
 import numpy as np
 import pytest
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardlayout import Mesh, Sharding, ShardingError, UnsupportedOp, propagate
+from shardlayout.execute import run_moves
 from shardlayout.ops.strategy import choose
 from shardlayout.sharding.cost import DEFAULT_COST_MODEL
-from shardlayout.execute import run_moves
 from shardlayout.sharding.move import plan_move
 
 from .pricing import placement_alternatives, price_collectives

@@ -245,9 +245,9 @@ def bias_once(name: str, inputs, fm: FactorMap, bias: int, out_shapes=None, cost
     st = choose(fm, ins, out_shapes, cm, tensor_dtype, out_pins,
                 retarget=lambda targets, outputs: _bias_target(targets, outputs[0], bias))
     c = st.chosen
-    return Propagation(name, tuple(inputs), tuple(t if t is not None else s for s, t in zip(inputs, c.input_targets)),
-                       c.outputs, c.collectives, tuple(f"{a}: {fmt_option(o)}" for a, o in c.choices),
-                       st.candidates, cm)
+    targets = tuple(s if t is None or t == s else t for s, t in zip(inputs, c.input_targets))  # unmoved: itself
+    notes = tuple(f"{a}: {fmt_option(o)}" for a, o in c.choices)
+    return Propagation(name, tuple(inputs), targets, c.outputs, c.collectives, notes, st.candidates, cm)
 
 
 def _bias_target(targets: tuple, out: Sharding, bias: int):

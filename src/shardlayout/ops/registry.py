@@ -372,8 +372,6 @@ class OpDef:
                       tensor_dtype=tensor_dtype, out_pins=pins or (), **bound)
         if len(p.input_targets) < len(inputs):  # inputs a rule leaves alone are not moved
             p = replace(p, input_targets=tuple(p.input_targets) + tuple(inputs[len(p.input_targets):]))
-        if any(t is not a and t == a for a, t in zip(inputs, p.input_targets)):  # unmoved: the input itself
-            p = replace(p, input_targets=tuple(a if t == a else t for a, t in zip(inputs, p.input_targets)))
         return p if p.cost_model is cm or p.cost_model == cm else replace(p, cost_model=cm)
 
     def run_numpy(self, args: list, params: dict, out_shapes: list) -> list:

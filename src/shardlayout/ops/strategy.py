@@ -32,9 +32,9 @@ combinations are visited in bound order and the visit stops at the first that ca
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from collections.abc import Sequence
 from itertools import product as cartesian
 
 from ..caches import memo
@@ -630,7 +630,6 @@ def choose(fm: FactorMap, inputs: list, out_shapes: list | None = None, cost_mod
     pins = tuple(out_pins or ()) + (None,) * (len(out_shapes) - len(out_pins or ()))
     pins = tuple(p if p is not None and p.shape == shp else None for p, shp in zip(pins, out_shapes))
     space = _Space(fm, inputs, list(out_shapes), pins)
-    ins = tuple(inputs)
     chosen = _search(space, pins, cm, tensor_dtype, retarget)
     if chosen is None:  # a bound was not a bound (never seen): decide over the full list instead
         chosen = min(_all_candidates(space, pins, cm, tensor_dtype, retarget), key=lambda c: c[0])[1]
@@ -667,7 +666,7 @@ def _search(space: _Space, pins, cm, tensor_dtype, retarget):
         entries.append((floor * _moving(inputs, targets, outputs, pins),) + tie[:3] + (len(combos) + j,
                                                                                      (choices, targets, outputs)))
     entries.sort(key=lambda e: e[:5])
-    best = None
+    best, priced = None, {}
     for least, differ, changed, rank, n, what in entries:
         if best is not None and (least, differ, changed, rank) > best[0][:4]:
             break  # this and every later entry loses even at the least price its moves can have
@@ -678,6 +677,7 @@ def _search(space: _Space, pins, cm, tensor_dtype, retarget):
             choices, picks = space.combo(what)
             made = (((first[0], j), (choices, t, o)) for j, (t, o) in enumerate(picks))
         for idx, (choices, targets, outputs) in made:
+            pair = (targets, outputs)
             if retarget is not None and first[0] < len(combos):
                 targets = retarget(targets, outputs)
                 if targets is None:
@@ -690,7 +690,9 @@ def _search(space: _Space, pins, cm, tensor_dtype, retarget):
                 return None
             if best is not None and (moving,) + tie + (idx,) > best[0]:
                 continue  # loses even at the least price its moves can have
-            seconds = price(inputs, targets, outputs, pins, cm, tensor_dtype)
+            seconds = priced.get(pair)  # a layout pair several combinations make is priced once
+            if seconds is None:
+                seconds = priced[pair] = price(inputs, targets, outputs, pins, cm, tensor_dtype)
             key = (seconds,) + tie + (idx,)
             if best is None or key < best[0]:
                 best = (key, Candidate(choices, targets, outputs, seconds, ins, pins, tensor_dtype, cm))
@@ -801,7 +803,7 @@ def factor_map_result(name: str, inputs, fm: FactorMap, out_shapes=None, cost_mo
     st = choose(fm, ins, out_shapes, cost_model, tensor_dtype, pins)
     c = st.chosen
     notes = tuple(f"{a}: {fmt_option(o)}" for a, o in c.choices)
-    targets = tuple(t if t is not None else s for s, t in zip(inputs, c.input_targets))
+    targets = tuple(s if t is None or t == s else t for s, t in zip(inputs, c.input_targets))  # unmoved: itself
     outs = c.outputs * n_out if n_out > 1 else c.outputs
     return Propagation(name, tuple(inputs), targets, outs, c.collectives, notes, st.candidates,
                        cost_model or DEFAULT_COST_MODEL)

@@ -30,11 +30,11 @@ import time
 from dataclasses import dataclass, field, replace
 
 from ..caches import paused_gc, register_clearer
+from ..config import settings
 from ..errors import NotRepresentable, ShardingError
 from ..execute.verify import DEFAULT_BUDGET, Verification
 from ..execute.verify import verify as verify_plan
 from ..mesh import Mesh
-from ..config import settings
 from ..ops.registry import _SEEN, get_op
 from ..ops.result import canonical_op_name
 from ..program import Program
