@@ -434,24 +434,32 @@ class _Space:
 
     def carrier_entries(self) -> list:
         """``(choices, targets, outputs)`` of each structure carried whole from the operands."""
+        return [(choices, *made()) for choices, made in self.carriers_lazy()]
+
+    def carriers_lazy(self) -> list:
+        """``(choices, build)`` of each structure carried whole from the operands: its choices at
+        once, its ``(targets, outputs)`` when ``build()`` is called."""
         fm, mesh, sizes, out = self.fm, self.mesh, self.sizes, []
         for struct in carrier_structures(fm, self.inputs, sizes, mesh):
-            table = {L: (sizes[L], fs) for L, fs in struct.items()}
-            red = sorted({f.axis for L, fs in struct.items() if L not in fm.output for f in fs if f.axis},
-                         key=self.order.get)
-            out_partial = tuple((a, fm.reduce) for a in red)
-            targets = tuple(None if x is None else _build(mesh, x.shape, _dims(x.shape, lt, table), ())
-                            for x, lt in zip(self.inputs, fm.inputs))
-            outputs = tuple(_build(mesh, shape, _dims(shape, fm.output, table), out_partial)
-                            for shape in self.out_shapes)
             letters_of: dict = {}
             for L, fs in sorted(struct.items()):
                 for f in fs:
                     if f.axis is not None and L not in letters_of.setdefault(f.axis, []):
                         letters_of[f.axis].append(L)
             choices = tuple((a, ("S", ",".join(letters_of[a])) if a in letters_of else ("R",)) for a in mesh.names)
-            out.append((choices, targets, outputs))
+            out.append((choices, lambda struct=struct: self._carried(struct)))
         return out
+
+    def _carried(self, struct: dict) -> tuple:
+        fm, mesh, sizes = self.fm, self.mesh, self.sizes
+        table = {L: (sizes[L], fs) for L, fs in struct.items()}
+        red = sorted({f.axis for L, fs in struct.items() if L not in fm.output for f in fs if f.axis},
+                     key=self.order.get)
+        out_partial = tuple((a, fm.reduce) for a in red)
+        targets = tuple(None if x is None else _build(mesh, x.shape, _dims(x.shape, lt, table), ())
+                        for x, lt in zip(self.inputs, fm.inputs))
+        outputs = tuple(_build(mesh, shape, _dims(shape, fm.output, table), out_partial) for shape in self.out_shapes)
+        return targets, outputs
 
     def bounds(self, retarget, pins) -> list:
         """Per mesh axis, per option: ``(changed, moved, differ)`` — how many (input, axis) usages
@@ -657,14 +665,8 @@ def _search(space: _Space, pins, cm, tensor_dtype, retarget):
             differ |= f
             rank += rk[o]
         entries.append((floor * moved.bit_count(), differ.bit_count(), changed, rank, n, combo))
-    for j, (choices, targets, outputs) in enumerate(space.carrier_entries()):
-        if retarget is not None:
-            targets = retarget(targets, outputs)
-            if targets is None:
-                continue
-        tie = _tie_key(choices, inputs, targets, outputs, pins)
-        entries.append((floor * _moving(inputs, targets, outputs, pins),) + tie[:3] + (len(combos) + j,
-                                                                                     (choices, targets, outputs)))
+    for j, (choices, made) in enumerate(space.carriers_lazy()):  # built only when visited
+        entries.append((0.0, 0, 0, sum(OPTION_RANK[o[0]] for _, o in choices), len(combos) + j, (choices, made)))
     entries.sort(key=lambda e: e[:5])
     best, priced = None, {}
     for least, differ, changed, rank, n, what in entries:
@@ -672,13 +674,14 @@ def _search(space: _Space, pins, cm, tensor_dtype, retarget):
             break  # this and every later entry loses even at the least price its moves can have
         first = (n, 0)
         if first[0] >= len(combos):
-            made = [(first, what)]
+            choices, build = what
+            made = [(first, (choices, *build()))]
         else:
             choices, picks = space.combo(what)
             made = (((first[0], j), (choices, t, o)) for j, (t, o) in enumerate(picks))
         for idx, (choices, targets, outputs) in made:
             pair = (targets, outputs)
-            if retarget is not None and first[0] < len(combos):
+            if retarget is not None:
                 targets = retarget(targets, outputs)
                 if targets is None:
                     continue
