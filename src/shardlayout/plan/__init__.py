@@ -592,14 +592,18 @@ def _forward(program: Program, mesh: Mesh, pins: dict, cm: CostModel) -> "Plan":
         elif routed and not _ragged_fits(op, p.input_targets, p.outputs, tensors, routed):
             p = _ragged_candidate(p, op, args, tensors, routed)
         targets, made = p.input_targets, p.outputs
-        for i, a, tgt in zip(ins, args, targets):
-            if tgt is not a and type(a) is Sharding and tgt != a:
-                move(i, a, tgt, op.name)
-        for o, s in zip(outs, made):
-            final = pinned(o, s)
-            if final is not s and final != s:
-                move(o, s, final, op.name)
-            shard[o] = final
+        if targets != args:  # identical elements compare by identity: most ops move nothing
+            for i, a, tgt in zip(ins, args, targets):
+                if tgt is not a and type(a) is Sharding and tgt != a:
+                    move(i, a, tgt, op.name)
+        if len(outs) == 1 and out_pins[0] is None:
+            shard[outs[0]] = made[0]
+        else:
+            for o, s in zip(outs, made):
+                final = pinned(o, s)
+                if final is not s and final != s:
+                    move(o, s, final, op.name)
+                shard[o] = final
         add(_planned(op.name, op.target, ins, tuple(targets), tuple(made), params, p.local))
     return Plan(program, mesh, shard, planned, collectives, time.perf_counter() - t0, moves, cm)
 
