@@ -4,8 +4,10 @@ per-rank simulation where that is feasible.
 
 Method (printed in the header too):
 
-* Every measurement is a fresh Python process: imports, ``llama(layers=32)``, ``style_pins`` and
-  ``plan`` first (the plan time is ``Plan.plan_seconds``), then the timed call. Per mesh the
+* Every measurement is a fresh Python process: imports, a warm-up plan and verify of a 1-layer
+  Llama of other sizes on the same mesh (one-time set-up and lazy imports, paid untimed as in
+  ``bench_plan``), ``shardlayout.caches.clear_caches()``, then ``llama(layers=32)``, ``style_pins``
+  and ``plan`` (the plan time is ``Plan.plan_seconds``: cold), then the timed call (cold too). Per mesh the
   processes alternate classes, full, classes, full ... ``ROUNDS`` times; medians with p25–p75.
 * **classes**: ``Plan.verify()`` (``mode="classes"``). **full**: ``Plan.verify(mode="full")``, every
   rank simulated in numpy (run only where one call stays under ``FULL_LIMIT`` seconds; issue 19
@@ -39,8 +41,12 @@ CHILD = """
 import json, resource, sys, time, tracemalloc
 from shardlayout import Mesh
 from shardlayout.plan import plan
+from shardlayout.caches import clear_caches
 from shardlayout.program.models import llama, style_pins
 mesh = Mesh.parse(sys.argv[1])
+warm = llama(layers=1, dim=32, heads=2, ffn=64)  # pays imports and one-time set-up, other shapes
+plan(warm, mesh, style_pins(warm, mesh, sys.argv[3])).verify(mode=sys.argv[4])
+clear_caches()
 prog = llama(layers=int(sys.argv[2]))
 p = plan(prog, mesh, style_pins(prog, mesh, sys.argv[3]))
 t0 = time.perf_counter()
@@ -93,8 +99,9 @@ def main(rounds: int = ROUNDS) -> None:
                      f"{last['ops']} / {last['collectives']}", last["classes"], last["simulated"], full_cell])
     header = ["ranks", "mesh", "plan s", "verify s (classes)", "verify / plan", "peak RSS MiB",
               "verify alloc MiB", "distinct ops / collectives", "rank classes", "local runs", "full simulation s"]
-    method = (f"Verify the plan of a {LAYERS}-layer Llama ({STYLE}); each cell a fresh process (imports, build and "
-              f"plan untimed), medians (p25–p75) of {rounds} rounds, classes and full alternating. `classes`: "
+    method = (f"Verify the plan of a {LAYERS}-layer Llama ({STYLE}); each cell a fresh process (imports and a warm-up "
+              "on a 1-layer model of other sizes, then every memo cleared; build and plan untimed, plan and verify "
+              f"both cold), medians (p25–p75) of {rounds} rounds, classes and full alternating. `classes`: "
               "Plan.verify() — the index-level proof for every rank plus numeric runs of two representatives per "
               "rank class; `full`: Plan.verify(mode='full') — every rank simulated in numpy, where feasible. "
               "Peak RSS: the whole process after the timed call; verify alloc: tracemalloc peak of one verify.")

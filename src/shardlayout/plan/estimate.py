@@ -212,6 +212,15 @@ def reduction_seconds(target: Sharding, axes, dtype: str, cm) -> float:
 def op_flops(target: str, params: dict, input_targets, outputs) -> int:
     """FLOPs of one op on its largest local pieces (module docstring).
     ``op_flops("mm", {}, (a, b), (c,))`` is ``2*m*k*n`` of the local shapes."""
+    try:  # only an einsum's equation among the params counts
+        return _op_flops(target, params.get("equation"), tuple(input_targets), tuple(outputs))
+    except TypeError:  # an unhashable operand: computed every time
+        return _op_flops.__wrapped__(target, params.get("equation"), tuple(input_targets), tuple(outputs))
+
+
+@memo(1 << 14)
+def _op_flops(target: str, equation, input_targets: tuple, outputs: tuple) -> int:
+    params = {} if equation is None else {"equation": equation}
     name = canonical_op_name(target)
     if name in ALIASES:
         return 0

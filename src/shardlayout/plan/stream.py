@@ -36,7 +36,7 @@ choices and both estimates; ``plan`` prints them beside each other.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from ..execute.stream import _letters, _through, chunk_layout, chunk_sharding
 from ..ops.families import MATMULS
@@ -330,7 +330,7 @@ def _candidates(plan, rate: float):
             for k in CHUNKS:
                 if chunk_layout(shown.dims[d], shown.shape[d], k) is None:
                     continue
-                a = sum(cm.seconds(replace(c, bytes=math.ceil(c.bytes / k))) for c in cs)
+                a = sum(cm.seconds(c.with_bytes(math.ceil(c.bytes / k))) for c in cs)
                 t = pipelined(a, comp / k, k)
                 if best is None or t < best[0] - 1e-15:
                     best = (t, k, a)

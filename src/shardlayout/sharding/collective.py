@@ -98,6 +98,13 @@ class Collective:
         out.__dict__["tensor"], out.__dict__["op"] = tensor, op
         return out
 
+    def with_bytes(self, n: int) -> "Collective":
+        """The same collective moving ``n`` bytes (a stream chunk's share): ``c.with_bytes(c.bytes // 4)``."""
+        out = object.__new__(Collective)
+        out.__dict__.update(self.__dict__)
+        out.__dict__["bytes"] = n
+        return out
+
     def to_json(self, cost_model=None) -> dict:
         """JSON-able form; with a cost model, its estimated ``seconds`` too."""
         out = {
