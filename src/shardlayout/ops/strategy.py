@@ -670,9 +670,15 @@ def _search(space: _Space, pins, cm, tensor_dtype, retarget):
     entries.sort(key=lambda e: e[:5])
     best, priced = None, {}
     for least, differ, changed, rank, n, what in entries:
-        if best is not None and (least, differ, changed, rank) > best[0][:4]:
-            break  # this and every later entry loses even at the least price its moves can have
         first = (n, 0)
+        if best is not None:
+            bound = (least, differ, changed, rank)
+            if bound > best[0][:4]:
+                break  # this and every later entry loses even at the least price its moves can have
+            if bound == best[0][:4]:  # ties so far: its option text decides (then its order)
+                text = tuple(str(o) for _, o in what[0]) if n >= len(combos) else tuple(str(o) for o in what)
+                if (text, first) > best[0][4:]:
+                    continue
         if first[0] >= len(combos):
             choices, build = what
             made = [(first, (choices, *build()))]
