@@ -652,7 +652,7 @@ def check_wiring(plan, i: int, memo: dict | None = None) -> Check:
     memo = {} if memo is None else memo
 
     def chain(name, src, dst, what):
-        if src == dst:
+        if src is dst or src == dst:
             return PROVEN
         moves = plan.moves.get((name, dst), ())
         key = (src, dst, moves)
@@ -662,27 +662,30 @@ def check_wiring(plan, i: int, memo: dict | None = None) -> Check:
         return got if not got.failed else _fail(f"{what} ({name}): {got.message}")
 
     for j, (name, tgt) in enumerate(zip(op.inputs, po.input_targets)):
-        if not isinstance(name, str):
+        if type(name) is not str:
             continue
         src, shape = shardings.get(name), tensors[name].shape
-        for what, s in (("sharding", src), ("target", tgt)):
+        for what, s in (("sharding", src), ("target", tgt)) if tgt is not src else (("sharding", src),):
             if not _fits(s, shape, mesh):
                 return _fail(f"input {j} ({name}): its {what} {s} does not fit the tensor of shape {shape} on "
                              f"mesh {mesh}")
-        got = chain(name, src, tgt, f"input {j}")
-        if got.failed:
-            return got
+        if tgt is not src:
+            got = chain(name, src, tgt, f"input {j}")
+            if got.failed:
+                return got
     if len(po.outputs) != len(op.outputs):
         return _fail(f"the op has {len(op.outputs)} outputs but {len(po.outputs)} output shardings")
     for k, (name, out) in enumerate(zip(op.outputs, po.outputs)):
         final, shape = shardings.get(name), tensors[name].shape
-        for what, s in (("output sharding", out), ("final sharding", final)):
+        for what, s in (("output sharding", out), ("final sharding", final)) if final is not out else (
+                ("output sharding", out),):
             if not _fits(s, shape, mesh):
                 return _fail(f"output {k} ({name}): its {what} {s} does not fit the tensor of shape {shape} on "
                              f"mesh {mesh}")
-        got = chain(name, out, final, f"output {k}")
-        if got.failed:
-            return got
+        if final is not out:
+            got = chain(name, out, final, f"output {k}")
+            if got.failed:
+                return got
     return PROVEN
 
 

@@ -555,7 +555,7 @@ def verify_plan(plan, seed: int = 0, rtol: float = 1e-6, atol: float = 1e-6, bud
         w = check_wiring(plan, i, wiring)
         if w.failed:
             return fail(i, first_out, w.message)
-        if ragged & (set(op.outputs) | {n for n in op.inputs if isinstance(n, str)}):
+        if ragged and ragged & (set(op.outputs) | {n for n in op.inputs if isinstance(n, str)}):
             ragged_ops.append(i)  # data-dependent rows: checked below, by simulating the whole plan
             checked += len(op.outputs)
             continue
