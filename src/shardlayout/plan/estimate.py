@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from itertools import product
 
 from ..caches import memo
 from ..errors import ShardingError
@@ -50,6 +51,8 @@ from ..ops.result import canonical_op_name
 from ..sharding import Sharding
 from ..sharding.collective import AxisPiece, Collective, CollectiveKind
 from ..sharding.cost import itemsize
+from ..sharding.factors import ChunkProgram, digit_classes
+from ..sharding.shards import dim_length
 from .backward import grad_tensors, op_reductions, slice_completions
 
 DEFAULT_FLOP_RATE = 100e12
@@ -128,8 +131,16 @@ def largest_piece(s: Sharding) -> tuple:
                     k *= f.size
             out.append(n // k)
         return tuple(out)
-    shapes = [s.local_shape(r) for r in range(s.mesh.size)]
-    return tuple(max(sh[d] for sh in shapes) for d in range(s.ndim))
+    return tuple(_largest_extent(n, fs) for n, fs in zip(s.shape, s.dims))
+
+
+def _largest_extent(n: int, fs) -> int:
+    """The most elements of a dim of size ``n`` cut by ``fs`` any device holds: a dim's extent
+    depends on its own digits only, and ``digit_classes`` stands for all of them (a DTensor chunk
+    program: each of its steps' digits), so this never enumerates the mesh's ranks."""
+    if isinstance(fs, ChunkProgram):
+        return max(dim_length(n, fs, list(g)) for g in product(*(range(st.size) for st in fs)))
+    return max(dim_length(n, fs, digits) for digits in digit_classes(n, fs))
 
 
 @memo(1 << 16)
