@@ -45,3 +45,14 @@ def test_a_later_coordinate_can_hold_more_than_coordinate_zero():
     mesh = Mesh.parse("a=2,b=2")
     s = Sharding(mesh, (7,), [[Factor(2, "a"), Factor(3), Factor(2, "b")]])
     assert s.local_shape(0) == (2,) and largest_piece(s) == (3,) == _every_rank(s)
+
+
+@given(shardings())
+@settings(max_examples=300, deadline=None)
+def test_local_bytes_is_the_largest_piece_over_every_rank(s):
+    import math
+
+    from shardlayout.plan.estimate import local_bytes
+
+    want = max(math.prod(s.local_shape(r)) for r in range(s.mesh.size)) * 4
+    assert local_bytes(s, "float32") == want

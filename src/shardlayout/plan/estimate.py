@@ -146,9 +146,20 @@ def _largest_extent(n: int, fs) -> int:
 @memo(1 << 16)
 def local_bytes(s: Sharding, dtype: str) -> int:
     """Bytes of the largest piece of ``s`` one rank holds. ``local_bytes(Sharding.parse("[8]", m), "float32") -> 32``"""
-    if s.is_even():
+    if s.is_even() or _independent_dims(s):  # each dim's extent at its own largest: the largest product
         return math.prod(largest_piece(s)) * itemsize(dtype)
     return max(math.prod(s.local_shape(r)) for r in range(s.mesh.size)) * itemsize(dtype)
+
+
+def _independent_dims(s: Sharding) -> bool:
+    """Does no mesh axis cut two dims (then the dims' digits are independent coordinates)?"""
+    seen: set = set()
+    for fs in s.dims:
+        axes = {f.axis for f in fs if f.axis is not None}
+        if axes & seen:
+            return False
+        seen |= axes
+    return True
 
 
 def grads_of(program) -> frozenset:
