@@ -360,10 +360,11 @@ def _plan(program: Program, mesh: Mesh, user: dict, cost_model, backward: bool, 
     inferred: dict = {}
     with paused_gc():
         for _ in range(8 if backward else 1):
-            p = _forward(program, mesh, {**inferred, **user}, cm)
+            wanted: dict | None = {} if backward else None
+            p = _forward(program, mesh, {**inferred, **user}, cm, wanted)
             if not backward:
                 break
-            new = _infer_backward(program, p, set(user) | set(inferred))
+            new = _infer_backward(program, p, set(user) | set(inferred), wanted)
             if not new:
                 break
             inferred.update(new)
@@ -428,19 +429,8 @@ def _hoist_moves(program: Program, p: "Plan", pinned: set, cm: CostModel) -> dic
 def _producers_users(program: Program) -> tuple:
     """``({tensor: the op making it}, {tensor: how many ops read it})`` (runtime asserts, which
     read no values, not counted); once per Program."""
-    got = program.__dict__.get("_producers_users")
-    if got is None:
-        producer = {o: op for op in program.ops for o in op.outputs}
-        users: dict = {}
-        for op in program.ops:
-            if not op.outputs:  # a runtime assert reads no values
-                continue
-            for i in op.inputs:
-                if type(i) is str:
-                    users[i] = users.get(i, 0) + 1
-        got = (producer, users)
-        object.__setattr__(program, "_producers_users", got)
-    return got
+    _op_table(program)  # made with the op table
+    return program.__dict__["_producers_users"]
 
 
 def _check_pins(program: Program, pins: dict) -> None:
@@ -453,17 +443,13 @@ def _check_pins(program: Program, pins: dict) -> None:
             )
 
 
-def _infer_backward(program: Program, p: "Plan", pinned: set) -> dict:
-    """Unpinned tensors whose consumers all slice them (for free) to one sharding."""
-    wanted: dict = {}  # tensor -> the one target its consumers want (None: more than one)
-    for po in reversed(p.ops):
-        for i, tgt in zip(po.inputs, po.input_targets):
-            if type(i) is str and type(tgt) is Sharding:
-                got = wanted.get(i, _NONE)
-                if got is _NONE:
-                    wanted[i] = tgt
-                elif got is not None and got is not tgt and got != tgt:
-                    wanted[i] = None
+def _infer_backward(program: Program, p: "Plan", pinned: set, wanted: dict | None = None) -> dict:
+    """Unpinned tensors whose consumers all slice them (for free) to one sharding. ``wanted``:
+    tensor -> the one target its consumers want (None: more than one), as ``_forward`` collects it."""
+    if wanted is None:
+        wanted = {}
+        for po in p.ops:
+            _want(wanted, po.inputs, po.input_targets)
     out = {}
     for name, tgt in wanted.items():
         if tgt is None or name in pinned:
@@ -478,6 +464,17 @@ def _infer_backward(program: Program, p: "Plan", pinned: set) -> dict:
 _NONE = object()
 
 
+def _want(wanted: dict, names: tuple, targets: tuple) -> None:
+    """Record the targets an op's consumers want of its input tensors (``_infer_backward``)."""
+    for i, tgt in zip(names, targets):
+        if type(i) is str and type(tgt) is Sharding:
+            got = wanted.get(i, _NONE)
+            if got is _NONE:
+                wanted[i] = tgt
+            elif got is not None and got is not tgt and got != tgt:
+                wanted[i] = None
+
+
 def _op_table(program: Program) -> tuple:
     """Per op, what does not depend on the mesh or the pins: the OpDef, params as a dict and as
     a memo key, the operand dtypes, and its kind (``_PLAIN``; ``_CREATION``: no tensor input and
@@ -487,7 +484,15 @@ def _op_table(program: Program) -> tuple:
     table = program.__dict__.get("_op_table")
     if table is None:
         tensors, rows, known = program.tensors, [], _ROWS.get
+        producer: dict = {}
+        users: dict = {}
         for op in program.ops:
+            for o in op.outputs:
+                producer[o] = op
+            if op.outputs:  # a runtime assert reads no values
+                for i in op.inputs:
+                    if type(i) is str:
+                        users[i] = users.get(i, 0) + 1
             try:
                 row = known((op.target, op.params)) or _op_row(op.target, op.params)
             except TypeError:  # params built by hand with a list in them: not shared
@@ -507,8 +512,9 @@ def _op_table(program: Program) -> tuple:
                 elif outs and outs[0].ragged is not None and opdef.name == "route":
                     kind = _ROUTE
             rows.append((op, opdef, kw, typed, dtypes or "float32", kind))
-        table = (tuple(rows), tuple(program.inputs()))
+        table = (tuple(rows), tuple(n for n in tensors if n not in producer))
         object.__setattr__(program, "_op_table", table)
+        object.__setattr__(program, "_producers_users", (producer, users))
     return table
 
 
@@ -539,7 +545,9 @@ _ROWS: dict = {}
 register_clearer("shardlayout.plan._ROWS", _ROWS.clear, _ROWS.__len__)
 
 
-def _forward(program: Program, mesh: Mesh, pins: dict, cm: CostModel) -> "Plan":
+def _forward(program: Program, mesh: Mesh, pins: dict, cm: CostModel, wanted: dict | None = None) -> "Plan":
+    """One forward pass: every op's strategy given ``pins``; ``wanted`` (a dict) collects what
+    each tensor's consumers want of it (``_infer_backward``)."""
     t0 = time.perf_counter()
     same: dict = {}  # equal pins become one object, so memo probes compare by identity
     pins = {k: same.setdefault(v, v) for k, v in pins.items()}
@@ -566,6 +574,7 @@ def _forward(program: Program, mesh: Mesh, pins: dict, cm: CostModel) -> "Plan":
         collectives.extend(c.attributed(tensor, opname) for c in moves[key] if c.kind.communicates)
 
     seen, subaxes = _SEEN.get, settings.subaxes
+    want = None if wanted is None else wanted.get
     for op, opdef, kw, typed, dtypes, kind in table:
         ins, outs = op.inputs, op.outputs
         out_pins = (pinned(outs[0]),) if len(outs) == 1 else tuple([pinned(o) for o in outs])
@@ -592,6 +601,15 @@ def _forward(program: Program, mesh: Mesh, pins: dict, cm: CostModel) -> "Plan":
         elif routed and not _ragged_fits(op, p.input_targets, p.outputs, tensors, routed):
             p = _ragged_candidate(p, op, args, tensors, routed)
         targets, made = p.input_targets, p.outputs
+        if wanted is not None:
+            for i, tgt in zip(ins, targets):
+                if type(tgt) is Sharding and type(i) is str:
+                    got = want(i, _NONE)
+                    if got is not tgt:
+                        if got is _NONE:
+                            wanted[i] = tgt
+                        elif got is not None and got != tgt:
+                            wanted[i] = None
         if targets != args:  # identical elements compare by identity: most ops move nothing
             for i, a, tgt in zip(ins, args, targets):
                 if tgt is not a and type(a) is Sharding and tgt != a:
