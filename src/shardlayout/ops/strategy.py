@@ -686,12 +686,10 @@ def _search(space: _Space, pins, cm, tensor_dtype, retarget):
             choices, picks = space.combo(what)
             made = (((first[0], j), (choices, t, o)) for j, (t, o) in enumerate(picks))
         for idx, (choices, targets, outputs) in made:
-            pair = (targets, outputs)
-            if retarget is not None:
-                targets = retarget(targets, outputs)
-                if targets is None:
-                    continue
-            tie = _tie_key(choices, inputs, targets, outputs, pins)
+            got = _judged(inputs, pins, retarget, choices, targets, outputs)
+            if got is None:
+                continue
+            pair, targets, tie = got
             if tie[0] < differ or tie[1] < changed:
                 return None
             moving = floor * _moving(inputs, targets, outputs, pins) if floor else 0.0
@@ -706,6 +704,17 @@ def _search(space: _Space, pins, cm, tensor_dtype, retarget):
             if best is None or key < best[0]:
                 best = (key, Candidate(choices, targets, outputs, seconds, ins, pins, tensor_dtype, cm))
     return best[1]
+
+
+def _judged(inputs, pins, retarget, choices, targets, outputs):
+    """``(layout pair, input targets after the retarget, tie-break)`` of a built candidate; None
+    when the retarget drops it. The pair (before the retarget) names it among duplicates."""
+    pair = (targets, outputs)
+    if retarget is not None:
+        targets = retarget(targets, outputs)
+        if targets is None:
+            return None
+    return pair, targets, _tie_key(choices, inputs, targets, outputs, pins)
 
 
 def _moving(inputs, targets, outputs, pins) -> int:
@@ -726,12 +735,10 @@ def _all_candidates(space: _Space, pins, cm, tensor_dtype, retarget, chosen=None
     inputs, ins = space.inputs, tuple(space.inputs)
     best: dict = {}
     for idx, choices, targets, outputs in _productions(space):
-        pair = (targets, outputs)
-        if retarget is not None:
-            targets = retarget(targets, outputs)
-            if targets is None:
-                continue
-        tie = _tie_key(choices, inputs, targets, outputs, pins)
+        got = _judged(inputs, pins, retarget, choices, targets, outputs)
+        if got is None:
+            continue
+        pair, targets, tie = got
         got = best.get(pair)
         if got is None or tie + (idx,) < got[0]:
             best[pair] = (tie + (idx,), choices, targets, outputs)
