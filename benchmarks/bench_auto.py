@@ -85,7 +85,8 @@ def main() -> None:
           "auto / best", "auto memory"], rows,
          "Gap 0 means HiGHS proved the plan optimal over the search space (each tensor's shardings in the seed "
          "plans: no pins and every built-in style). A chain whose memory budget binds is priced by its blocks' "
-         "(time, memory) hulls and the gap is its Lagrangian bound; the full ILP is exact but slower.")
+         "(time, memory) hulls, joined by an exact dynamic program over those points; its gap is the Lagrangian "
+         "bound's (a block's points off its hull are not searched); the full ILP is exact but slower.")
 
 
 if __name__ == "__main__":

@@ -22,11 +22,13 @@ independent: every consumer of a block's tensors is inside the block (a tensor r
 block would cross that block's cut too), moves are shared only among one tensor's consumers,
 and a shared tensor's moves are free local slices. So the step time is a sum over blocks of
 ``T(kind, a, b)`` and the memory a sum of ``M(kind, a, b)`` plus the shared tensors'. Without a
-budget the chain optimum is a shortest path over boundary shardings. With one, each pair's
-Pareto frontier of (time, memory) — every point a solve of the block's ILP with memory bounded
-below the last — goes into a small ILP that picks one point per block, the boundaries agreeing,
-under the budget: any optimum can be rewritten to use frontier points only. ``tests/plan/
-test_auto.py`` checks the chain's optimum equals the full ILP's on small models.
+budget the chain optimum is a shortest path over boundary shardings. With one, each pair that
+can matter gets the vertices of its (time, memory) lower hull — each a solve of the block's ILP
+minimising time + λ·memory — and a dynamic program picks one point per block, the boundaries
+agreeing, under the budget (:func:`_pick`: exact over those points). The reported gap is the
+Lagrangian bound's, which holds for every point of every block, on the hull or not.
+``tests/plan/test_auto.py`` checks the chain's optimum equals the full ILP's on small models,
+``tests/plan/test_chain.py`` the dynamic program against every path.
 
     >>> from shardlayout.program.models import llama
     >>> [(s.inp, s.out) for s in segments(llama(layers=1))]
@@ -262,7 +264,7 @@ class Block:
         return Point(math.fsum(terms[0] + terms[1] + terms[2]), mem, terms, assignment, gap)
 
     def fastest(self, a, b):
-        """The minimum-time point."""
+        """A minimum-time point."""
         return self.point(a, b)
 
     def leanest(self, a, b):
@@ -342,57 +344,138 @@ def _shortest(options: list, key) -> list | None:
     return best[None][1] if None in best else None
 
 
-def _pick(options: list, cap: int, time_limit: float):
-    """The chain ILP: one point per block, boundaries agreeing, memory within ``cap`` bytes,
-    minimum time: ``(path, gap, seconds)`` or None when no choice fits."""
-    costs, rows, xcol, mem = [], [], {}, []
-    cols_of = []
-    for k, opts in enumerate(options):
-        cols = []
-        for j, (a, b, pt) in enumerate(opts):
-            c = len(costs)
-            costs.append(pt.seconds * ilp.US)
-            xcol[(k, j)] = c
-            mem.append((c, pt.memory / ilp.KIB))
-            cols.append((c, a, b))
-        cols_of.append(cols)
-        rows.append((1.0, 1.0, tuple((c, 1.0) for c, _, _ in cols)))
-    for k in range(len(options) - 1):
-        values = {b for _, _, b in cols_of[k]} | {a for _, a, _ in cols_of[k + 1]}
-        for v in sorted(values, key=_order):
-            rows.append((0.0, 0.0, tuple((c, 1.0) for c, _, b in cols_of[k] if b == v)
-                         + tuple((c, -1.0) for c, a, _ in cols_of[k + 1] if a == v)))
-    n = len(costs)
-    model = ilp.Model(tuple(costs), (0.0,) * n, (1.0,) * n, (True,) * n, tuple(rows), xcol, {}, tuple(mem), ())
-    sol = ilp.solve(ilp.highs(model, time_limit), model, budget=cap)
-    if sol is None:
-        return None
-    return [options[k][j] for k, j in sorted(sol.assignment.items())], sol.gap, sol.seconds
+def _least(options: list, lam: float):
+    """The chain's least time + ``lam``·memory (``lam`` seconds per byte), ties to less memory:
+    ``(value, memory, time)`` of that chain, or None when no chain exists."""
+    best = {None: (0.0, 0, 0.0)} if options else {}
+    for opts in options:
+        nxt: dict = {}
+        for a, b, p in opts:
+            got = best.get(a)
+            if got is None:
+                continue
+            v = (got[0] + p.seconds + lam * p.memory, got[1] + p.memory, got[2] + p.seconds)
+            old = nxt.get(b)
+            if old is None or v[:2] < old[:2]:
+                nxt[b] = v
+        best = nxt
+    return best.get(None)
 
 
-def _dual_bound(options: list, cap: int) -> tuple:
-    """``(bound, λ)``: the Lagrangian bound max over λ >= 0 of (the chain's minimum of time +
-    λ·memory) − λ·cap, each block's options including its hull — a lower bound on the time of any
-    chain within ``cap`` bytes — and the λ (seconds per byte) that gives it; bisection on the
-    subgradient."""
-    def g(lam):
-        path = _shortest(options, lambda p: (p.seconds + lam * p.memory, p.memory))
-        return sum(p.seconds + lam * p.memory for _, _, p in path) - lam * cap, sum(p.memory for _, _, p in path)
-
-    best, hi = (g(0.0)[0], 0.0), 1e-15
-    while g(hi)[1] > cap and hi < 1e6:
-        best = max(best, (g(hi)[0], hi))
-        hi *= 4
-    lo = 0.0
-    for _ in range(60):
+def _lagrangian(options: list, cap: int) -> tuple:
+    """``(bound, λ, ub)``: the Lagrangian bound max over λ >= 0 of (the chain's least time +
+    λ·memory) − λ·cap — no chain of these options within ``cap`` bytes is faster — the λ that
+    gives it, and ``ub``, the time of the fastest chain within ``cap`` the bisection met
+    (inf when none). Bisection on the subgradient (the argmin chain's memory)."""
+    got = _least(options, 0.0)
+    if got is None:
+        return math.inf, 0.0, math.inf
+    if got[1] <= cap:
+        return got[2], 0.0, got[2]
+    best, ub = (got[0], 0.0), math.inf
+    lo, hi = 0.0, 1e-15
+    while True:
+        got = _least(options, hi)
+        best = max(best, (got[0] - hi * cap, hi))
+        if got[1] <= cap:
+            ub = got[2]
+            break
+        if hi > 1e6:  # nothing fits
+            return best[0], best[1], math.inf
+        lo, hi = hi, hi * 4
+    for _ in range(40):
         mid = (lo + hi) / 2
-        val, m = g(mid)
-        best = max(best, (val, mid))
-        if m > cap:
+        got = _least(options, mid)
+        best = max(best, (got[0] - mid * cap, mid))
+        if got[1] > cap:
             lo = mid
         else:
-            hi = mid
-    return max(best, (g(hi)[0], hi))
+            hi, ub = mid, min(ub, got[2])
+    return best[0], best[1], ub
+
+
+def _sweep(options: list, key, forward: bool = False) -> list:
+    """``[{boundary: least sum of key(point)}]`` for positions k = 0..n: over the blocks before
+    ``k`` (``forward``) or from ``k`` on (backward); a boundary no chain reaches is absent."""
+    n = len(options)
+    acc = [dict() for _ in range(n + 1)]
+    acc[0 if forward else n][None] = 0
+    for k in (range(n) if forward else range(n - 1, -1, -1)):
+        src, dst = (acc[k], acc[k + 1]) if forward else (acc[k + 1], acc[k])
+        for a, b, p in options[k]:
+            frm, to = (a, b) if forward else (b, a)
+            if frm in src:
+                v = src[frm] + key(p)
+                if v < dst.get(to, math.inf):
+                    dst[to] = v
+    return acc
+
+
+def _pick(options: list, cap: int):
+    """One point per block, boundaries agreeing, memory within ``cap`` bytes, least time (then
+    least memory): ``(path, bound, λ)`` — the Lagrangian bound and its λ (:func:`_lagrangian`) — or
+    None when no choice fits. Exact over ``options``: a dynamic program whose labels per boundary
+    are the Pareto set of (memory, time) of the chains so far; a label is dropped when even its
+    least completion cannot fit, or cannot be faster than a guess (its time + the least
+    time + λ·memory of the rest − λ·(the memory left)). A guess just above the bound is tried
+    first; when no chain meets it, a larger one, up to a known chain's time (which always
+    survives)."""
+    lb, lam, ub = _lagrangian(options, cap)
+    if ub == math.inf:
+        return None
+    n = len(options)
+    sufm = _sweep(options, lambda p: p.memory)
+    sufl = _sweep(options, lambda p: p.seconds + lam * p.memory)
+    from_a = []
+    for opts in options:
+        by: dict = {}
+        for a, b, p in opts:
+            by.setdefault(a, []).append((b, p))
+        from_a.append(by)
+    step = 1e-3
+    while True:
+        guess = min(ub, lb * (1 + step)) if lb > 0 else ub
+        limit = guess + 1e-12 * max(1.0, abs(guess))
+        labels: dict = {None: [(0, 0.0, None)]}
+        for k in range(n):
+            cand: dict = {}
+            rest_m, rest_l = sufm[k + 1], sufl[k + 1]
+            for a, labs in labels.items():
+                for b, p in from_a[k].get(a, ()):
+                    if b not in rest_m:
+                        continue
+                    room = cap - rest_m[b]
+                    least = rest_l[b] - lam * cap
+                    out = cand.setdefault(b, [])
+                    for lab in labs:  # by memory, ascending
+                        mm = lab[0] + p.memory
+                        if mm > room:
+                            break
+                        tt = lab[1] + p.seconds
+                        if tt + least + lam * mm <= limit:
+                            out.append((mm, tt, (lab, a, b, p)))
+            labels = {}
+            for b, out in cand.items():
+                out.sort(key=lambda x: (x[0], x[1]))
+                keep, fastest = [], math.inf
+                for x in out:
+                    if x[1] < fastest:
+                        keep.append(x)
+                        fastest = x[1]
+                if keep:
+                    labels[b] = keep
+        ends = labels.get(None)
+        if ends:
+            lab = min(ends, key=lambda x: (x[1], x[0]))
+            if lab[1] <= limit:
+                path = []
+                while lab[2] is not None:
+                    lab, a, b, p = lab[2]
+                    path.append((a, b, p))
+                return path[::-1], lb, lam
+        if guess >= ub:  # pragma: no cover - the chain of time ub always survives the pruning
+            raise ilp.SolverError("chain: no chain met the time of a known one (please report it)")
+        step *= 8
 
 
 def _useful(segs, fast: list, lean: list, cap: int, ub: float) -> set:
@@ -401,24 +484,8 @@ def _useful(segs, fast: list, lean: list, cap: int, ub: float) -> set:
     leanest chains before and after it). A chain through any other pair is slower than ``ub``,
     which a known chain (the leanest) achieves, or does not fit."""
     n = len(fast)
-
-    def sweep(opts, key, forward):
-        acc = [dict() for _ in range(n + 1)]
-        order = range(n) if forward else range(n - 1, -1, -1)
-        start = 0 if forward else n
-        acc[start][None] = 0.0
-        for k in order:
-            src, dst = (k, k + 1) if forward else (k + 1, k)
-            for a, b, p in opts[k]:
-                frm, to = (a, b) if forward else (b, a)
-                if frm in acc[src]:
-                    v = acc[src][frm] + key(p)
-                    if v < acc[dst].get(to, math.inf):
-                        acc[dst][to] = v
-        return acc
-
-    pre_t, suf_t = sweep(fast, lambda p: p.seconds, True), sweep(fast, lambda p: p.seconds, False)
-    pre_m, suf_m = sweep(lean, lambda p: p.memory, True), sweep(lean, lambda p: p.memory, False)
+    pre_t, suf_t = _sweep(fast, lambda p: p.seconds, True), _sweep(fast, lambda p: p.seconds)
+    pre_m, suf_m = _sweep(lean, lambda p: p.memory, True), _sweep(lean, lambda p: p.memory)
     keep = set()
     for k in range(n):
         times = {(a, b): p.seconds for a, b, p in fast[k]}
@@ -549,16 +616,14 @@ def _attempt(program, segs, groups, doms, ctx, choice, budget, time_limit, table
     cap = budget - mem
     ends = options(lambda blk, a, b: [p for p in (blk.fastest(a, b), blk.leanest(a, b)) if p])
     extra = _seed_points(segs, blocks, choice, seeds)
-    first = _pick([e + x for e, x in zip(ends, extra)], cap, time_limit)  # feasible: the leanest fits
+    first, _, _ = _pick([e + x for e, x in zip(ends, extra)], cap)  # feasible: the leanest fits
     keep = _useful(segs, options(lambda blk, a, b: [p for p in [blk.fastest(a, b)] if p]),
                    options(lambda blk, a, b: [p for p in [blk.leanest(a, b)] if p]),
-                   cap, sum(p.seconds for _, _, p in first[0]))
+                   cap, sum(p.seconds for _, _, p in first))
     hulls = options(lambda blk, a, b: blk.hull(a, b) if (blk.rep.key, a, b) in keep else ())
-    path, gap, took = _pick([h + x + e for h, x, e in zip(hulls, extra, ends)], cap, time_limit)
-    stats[1] += took
-    lb, lam = _dual_bound(hulls, cap)
+    path, lb, lam = _pick([h + x + e for h, x, e in zip(hulls, extra, ends)], cap)
     ub = sum(p.seconds for _, _, p in path)
-    gap = max(gap, 0.0 if ub <= 0 else max(0.0, (ub - lb) / ub))
+    gap = 0.0 if ub <= 0 else max(0.0, (ub - lb) / ub)
     return done(path, 0.0 if gap < 1e-9 else gap, fkey, lam=lam)
 
 

@@ -24,7 +24,9 @@ tensors' shardings name), m is 1 exactly for the moves the plan makes and g pick
 the reductions' axes (an all-reduce's price only grows with its axes), so the optimum of the
 program is the minimum of the estimate over the space, and only x need be declared integer.
 Seconds enter as microseconds and bytes as KiB (exact: a power of two), with HiGHS's gaps set
-to 0, so ``gap`` is 0 when HiGHS proves optimality.
+to 0, so ``gap`` is 0 when HiGHS proves optimality. Each solve runs the LP relaxation first and
+keeps its optimum when x is integral there (then it is the integer optimum); otherwise HiGHS's
+branch and bound runs.
 
     >>> m = build(tables=(), domains={}, memory={}, prices=None)
     >>> m.ncols
@@ -266,9 +268,8 @@ def solve(h, model: Model, fixed: dict | None = None, budget: int | None = None,
         hi = (budget + 0.5) / KIB if budget is not None else highspy.kHighsInf  # integral bytes: <= budget
         h.changeRowBounds(len(model.rows), -highspy.kHighsInf, hi)
     t0 = time.perf_counter()
-    h.run()
+    status = _run(h, model)
     took = time.perf_counter() - t0
-    status = h.getModelStatus()
     if status == highspy.HighsModelStatus.kInfeasible:
         return None
     if status not in (highspy.HighsModelStatus.kOptimal, highspy.HighsModelStatus.kTimeLimit,
@@ -291,6 +292,47 @@ def solve(h, model: Model, fixed: dict | None = None, budget: int | None = None,
     shift = weight * mem / KIB if objective == "time" else 0.0
     return Solution(assignment, (obj - shift) / scale, (bound - shift) / scale, gap, mem,
                     h.modelStatusToString(status), took)
+
+
+def _run(h, model: Model):
+    """Run HiGHS: the LP relaxation first; when its optimum gives every tensor exactly one
+    sharding (x integral) that optimum is the integer program's too (it is feasible for it and
+    no integer point is below the relaxation), else the branch and bound. The model status."""
+    import highspy
+    import numpy as np
+
+    ints = model.__dict__.get("_int_cols")
+    if ints is None:
+        ints = np.flatnonzero(np.asarray(model.integer, dtype=bool))
+        object.__setattr__(model, "_int_cols", ints)
+    if len(ints) and _can_relax():
+        h.setOptionValue("solve_relaxation", True)
+        h.run()
+        status = h.getModelStatus()
+        h.setOptionValue("solve_relaxation", False)
+        if status == highspy.HighsModelStatus.kInfeasible:
+            return status
+        if status == highspy.HighsModelStatus.kOptimal:
+            x = np.asarray(h.getSolution().col_value)[ints]
+            if np.all(np.abs(x - np.round(x)) <= 1e-9):
+                return status
+    h.run()
+    return h.getModelStatus()
+
+
+_RELAX: list = []
+
+
+def _can_relax() -> bool:
+    """Whether this HiGHS can solve a MIP's relaxation alone (option ``solve_relaxation``)."""
+    if not _RELAX:
+        import highspy
+
+        with _stdout_off():
+            h = highspy.Highs()
+        h.setOptionValue("output_flag", False)
+        _RELAX.append(h.setOptionValue("solve_relaxation", True) == highspy.HighsStatus.kOk)
+    return _RELAX[0]
 
 
 def _xcols(model: Model, t):

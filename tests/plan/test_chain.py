@@ -1,0 +1,130 @@
+"""The chain's joining step: the dynamic program over boundary shardings that picks one point per
+block under a memory budget is exact (checked against every path), its Lagrangian bound is a lower
+bound, and the block solver's LP-first run gives the branch and bound's optimum."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shardlayout import Mesh
+from shardlayout.plan import ilp
+from shardlayout.plan.chain import Point, _lagrangian, _pick, prices_of, segments, shared_inputs, slot_groups
+from shardlayout.plan.space import Context, domains, memory_of, op_table, seed_plans, unify
+from shardlayout.program.models import llama
+
+STATES = ("r", "s0", "s1")
+
+
+@st.composite
+def chains(draw):
+    """A chain of 1-5 blocks; each block a few (in, out, point) options over a small set of
+    boundary states (None at both ends); a budget somewhere in the range of the memories."""
+    n = draw(st.integers(1, 5))
+    options = []
+    for k in range(n):
+        ins = (None,) if k == 0 else STATES
+        outs = (None,) if k == n - 1 else STATES
+        opts = []
+        for _ in range(draw(st.integers(1, 6))):
+            a, b = draw(st.sampled_from(ins)), draw(st.sampled_from(outs))
+            seconds = draw(st.integers(0, 40)) * 1e-6 + draw(st.sampled_from((0.0, 1e-7, 3e-7)))
+            memory = draw(st.integers(0, 12)) * 1024
+            opts.append((a, b, Point(seconds, memory, (), {})))
+        options.append(opts)
+    cap = draw(st.integers(0, 12 * 1024 * n))
+    return options, cap
+
+
+def _every_path(options, cap):
+    """(time, memory) of the best chain by enumeration, or None."""
+    best = None
+    for path in itertools.product(*options):
+        if path[0][0] is not None or path[-1][1] is not None:
+            continue
+        if any(x[1] != y[0] for x, y in zip(path, path[1:])):
+            continue
+        mem = sum(p.memory for _, _, p in path)
+        if mem > cap:
+            continue
+        key = (sum(p.seconds for _, _, p in path), mem)
+        best = key if best is None or key < best else best
+    return best
+
+
+@settings(max_examples=300, deadline=None)
+@given(chains())
+def test_Pick_EqualsTheBestOfEveryPath(case):
+    options, cap = case
+    want = _every_path(options, cap)
+    got = _pick(options, cap)
+    if want is None:
+        assert got is None
+        return
+    path, bound, lam = got
+    assert len(path) == len(options)
+    assert path[0][0] is None and path[-1][1] is None
+    assert all(x[1] == y[0] for x, y in zip(path, path[1:]))
+    assert all(step in opts for step, opts in zip(path, options))
+    mem = sum(p.memory for _, _, p in path)
+    assert mem <= cap
+    assert math.isclose(sum(p.seconds for _, _, p in path), want[0], rel_tol=1e-12, abs_tol=1e-18)
+    assert bound <= want[0] * (1 + 1e-12) + 1e-18
+    assert lam >= 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(chains())
+def test_Lagrangian_BoundIsBelowEveryFittingChain_AndItsChainFits(case):
+    options, cap = case
+    want = _every_path(options, cap)
+    bound, lam, ub = _lagrangian(options, cap)
+    if want is None:
+        assert ub == math.inf
+        return
+    assert bound <= want[0] * (1 + 1e-12) + 1e-18
+    assert ub >= want[0] * (1 - 1e-12) - 1e-18  # ub is the time of a chain that fits
+
+
+def _block_model():
+    """The ILP of the first layer's attention block of a 2-layer Llama on dp=2,tp=2 (the tables
+    the chain solver builds)."""
+    prog = llama(layers=2)
+    mesh = Mesh.parse("dp=2,tp=2")
+    segs = segments(prog)
+    shared = shared_inputs(prog, [(s.lo, s.hi) for s in segs])
+    ctx = Context.of(prog, mesh, shared=shared)
+    doms = unify(domains(prog, seed_plans(prog, mesh, {})), slot_groups(segs))
+    seg = segs[1]
+    tables = tuple(op_table(prog, i, doms, ctx) for i in range(seg.lo, seg.hi))
+    sub = {t: doms[t] for tb in tables for t in tb.tensors}
+    return ilp.build(tables, sub, memory_of(prog, sub, ctx.training, set(seg.slots)), prices_of(prog, ctx))
+
+
+def test_Solve_RelaxationFirst_GivesTheBranchAndBoundsOptimum(monkeypatch):
+    """ilp.solve runs the LP relaxation first and keeps it when every tensor's column is whole;
+    the optimum (time + weight·memory, and the budgeted time) equals branch and bound alone."""
+    model = _block_model()
+    least = ilp.solve(ilp.highs(model), model, objective="memory").memory
+    cases = [dict(weight=w) for w in (0.0, 0.01, 0.3, 2.0, 50.0)] + [dict(objective="memory")] + \
+        [dict(budget=int(least * f)) for f in (1.0, 1.2, 1.6)]
+
+    def run(relax):
+        monkeypatch.setattr(ilp, "_RELAX", [relax])
+        h = ilp.highs(model)
+        out = []
+        for kw in cases:
+            sol = ilp.solve(h, model, **kw)
+            w = kw.get("weight", 0.0)
+            out.append(None if sol is None else
+                       sol.objective * (ilp.US if kw.get("objective", "time") == "time" else 1.0)
+                       + w * sol.memory / ilp.KIB)
+        return out
+
+    bnb, lp_first = run(False), run(True)
+    assert None not in bnb
+    for a, b in zip(bnb, lp_first):
+        assert math.isclose(a, b, rel_tol=1e-7, abs_tol=1e-9)
