@@ -420,6 +420,12 @@ def _pick(options: list, cap: int):
     time + λ·memory of the rest − λ·(the memory left)). A guess just above the bound is tried
     first; when no chain meets it, a larger one, up to a known chain's time (which always
     survives)."""
+    import numpy as np
+
+    given = options
+    ids: dict = {None: None}  # boundary shardings as small ints: cheap to hash and compare
+    options = [[(ids.setdefault(a, len(ids)), ids.setdefault(b, len(ids)), p) for a, b, p in opts]
+               for opts in given]
     lb, lam, ub = _lagrangian(options, cap)
     if ub == math.inf:
         return None
@@ -429,53 +435,53 @@ def _pick(options: list, cap: int):
     from_a = []
     for opts in options:
         by: dict = {}
-        for a, b, p in opts:
-            by.setdefault(a, []).append((b, p))
+        for j, (a, b, p) in enumerate(opts):
+            by.setdefault(a, []).append((j, b, p))
         from_a.append(by)
     step = 1e-3
     while True:
         guess = min(ub, lb * (1 + step)) if lb > 0 else ub
         limit = guess + 1e-12 * max(1.0, abs(guess))
-        labels: dict = {None: [(0, 0.0, None)]}
+        labels = {None: (np.zeros(1, dtype=np.int64), np.zeros(1))}  # boundary -> (memory, time)
+        trail = []
         for k in range(n):
-            cand: dict = {}
+            parts: dict = {}
             rest_m, rest_l = sufm[k + 1], sufl[k + 1]
-            for a, labs in labels.items():
-                for b, p in from_a[k].get(a, ()):
+            for a, (mem, sec) in labels.items():
+                for j, b, p in from_a[k].get(a, ()):
                     if b not in rest_m:
                         continue
-                    room = cap - rest_m[b]
-                    least = rest_l[b] - lam * cap
-                    out = cand.setdefault(b, [])
-                    for lab in labs:  # by memory, ascending
-                        mm = lab[0] + p.memory
-                        if mm > room:
-                            break
-                        tt = lab[1] + p.seconds
-                        if tt + least + lam * mm <= limit:
-                            out.append((mm, tt, (lab, a, b, p)))
-            labels = {}
-            for b, out in cand.items():
-                out.sort(key=lambda x: (x[0], x[1]))
-                keep, fastest = [], math.inf
-                for x in out:
-                    if x[1] < fastest:
-                        keep.append(x)
-                        fastest = x[1]
-                if keep:
-                    labels[b] = keep
+                    hi = int(np.searchsorted(mem, cap - rest_m[b] - p.memory, side="right"))
+                    if not hi:
+                        continue
+                    mm, tt = mem[:hi] + p.memory, sec[:hi] + p.seconds
+                    idx = np.flatnonzero(tt + (rest_l[b] - lam * cap) + lam * mm <= limit)
+                    if idx.size:
+                        parts.setdefault(b, []).append((mm[idx], tt[idx], a, idx, j))
+            labels, back = {}, {}
+            for b, ps in parts.items():
+                mm = np.concatenate([x[0] for x in ps])
+                tt = np.concatenate([x[1] for x in ps])
+                order = np.lexsort((tt, mm))  # by memory, then time; stable
+                mm, tt = mm[order], tt[order]
+                keep = tt < np.concatenate(([math.inf], np.minimum.accumulate(tt)[:-1]))  # Pareto
+                src = np.concatenate([np.full(x[3].size, i) for i, x in enumerate(ps)])[order][keep]
+                at = np.concatenate([x[3] for x in ps])[order][keep]
+                labels[b] = (mm[keep], tt[keep])
+                back[b] = ([(x[2], x[4]) for x in ps], src, at)
+            trail.append(back)
         ends = labels.get(None)
-        if ends:
-            lab = min(ends, key=lambda x: (x[1], x[0]))
-            if lab[1] <= limit:
-                path = []
-                while lab[2] is not None:
-                    lab, a, b, p = lab[2]
-                    path.append((a, b, p))
-                return path[::-1], lb, lam
+        if ends is not None and ends[1][-1] <= limit:  # the last label is the fastest
+            path, b, i = [], None, ends[1].size - 1
+            for k in range(n - 1, -1, -1):
+                froms, src, at = trail[k][b]
+                a, j = froms[src[i]]
+                path.append(given[k][j])
+                b, i = a, int(at[i])
+            return path[::-1], lb, lam
         if guess >= ub:  # pragma: no cover - the chain of time ub always survives the pruning
             raise ilp.SolverError("chain: no chain met the time of a known one (please report it)")
-        step *= 8
+        step *= 4
 
 
 def _useful(segs, fast: list, lean: list, cap: int, ub: float) -> set:
