@@ -501,10 +501,11 @@ def _op_table(program: Program) -> tuple:
             specs = [tensors[i] if type(i) is str else None for i in op.inputs]
             outs = [tensors[o] for o in op.outputs]
             dtypes = tuple([s.dtype if s is not None else "float32" for s in specs] + [s.dtype for s in outs])
+            n_tensors = len(specs) - [s is None for s in specs].count(True)  # (`None in specs` runs __eq__)
             kind = _PLAIN
-            if has_mesh and specs.count(None) == len(specs):  # no tensor input
+            if has_mesh and not n_tensors:  # no tensor input
                 kind, typed = _CREATION, None
-            elif None not in specs and typed is not None:
+            elif n_tensors == len(specs) and typed is not None:
                 kind = _PLAIN_TENSORS
             if kind != _CREATION and opdef.name in ("route", "unroute"):
                 if opdef.name == "unroute" and specs and specs[0] is not None and specs[0].ragged is not None:
