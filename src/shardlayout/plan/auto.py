@@ -175,12 +175,12 @@ class AutoPlan:
     def text(self) -> str:
         """The explanation ``shardlayout plan --style auto`` prints."""
         e, st = self.estimate, self.stats
-        how = (f"a chain of {st['blocks']} blocks of {st['kinds']} kinds, {st['solves']} block solves"
-               if self.method == "chain" else f"one ILP over {st['ops']} ops")
+        how = (f"a chain of {st['blocks']} blocks of {st['kinds']} kinds ({st['solves']} block ILPs, joined by "
+               "dynamic programming)" if self.method == "chain" else f"one exact ILP over {st['ops']} ops")
         proof = "proven optimal (gap 0)" if self.gap == 0 else (
             f"within {self.gap:.2%} of optimal (Lagrangian bound of the memory-bound chain)"
             if st.get("gap_bound") == "lagrangian" else f"within {self.gap:.2%} of optimal at the time limit")
-        lines = [f"auto: exact ILP (HiGHS) over {st['choices']} sharding choices, {how}; {proof}; "
+        lines = [f"auto: HiGHS over {st['choices']} sharding choices, {how}; {proof}; "
                  f"solved in {self.seconds:.2f} s",
                  f"estimated step {e.seconds * 1e6:.1f} µs = forward comm {e.forward * 1e6:.1f} + backward comm "
                  f"{e.backward * 1e6:.1f} + compute {e.compute * 1e6:.1f} ({e.training}); "
