@@ -25,7 +25,9 @@ and a shared tensor's moves are free local slices. So the step time is a sum ove
 budget the chain optimum is a shortest path over boundary shardings. With one, each pair that
 can matter gets the vertices of its (time, memory) lower hull — each a solve of the block's ILP
 minimising time + λ·memory — and a dynamic program picks one point per block, the boundaries
-agreeing, under the budget (:func:`_pick`: exact over those points). The reported gap is the
+agreeing, under the budget (:func:`_pick`: exact over those points); then the memory the
+chosen points leave unused is offered back: each block of the path is solved within its memory
+plus that slack, and the chain is picked again (:func:`_fill`). The reported gap is the
 Lagrangian bound's, which holds for every point of every block, on the hull or not.
 ``tests/plan/test_auto.py`` checks the chain's optimum equals the full ILP's on small models,
 ``tests/plan/test_chain.py`` the dynamic program against every path.
@@ -245,12 +247,13 @@ class Block:
             fixed[self.rep.out] = b
         return fixed
 
-    def point(self, a, b, objective="time", weight=0.0):
-        """The block's optimum between ``a`` and ``b`` (``objective`` and ``weight`` as in
-        ``ilp.solve``), or None when no plan exists between them."""
-        key = (a, b, objective, weight)
+    def point(self, a, b, objective="time", weight=0.0, budget=None):
+        """The block's optimum between ``a`` and ``b`` (``objective``, ``weight`` and ``budget``
+        — bytes of the block's own tensors — as in ``ilp.solve``), or None when no plan exists
+        between them."""
+        key = (a, b, objective, weight, budget)
         if key not in self._memo:
-            sol = ilp.solve(self.highs, self.model, self._fixed(a, b), None, objective, weight)
+            sol = ilp.solve(self.highs, self.model, self._fixed(a, b), budget, objective, weight)
             self.solves += 1
             self._memo[key] = None if sol is None else self.at(sol.assignment, sol.gap)
             if sol is not None:
@@ -627,10 +630,44 @@ def _attempt(program, segs, groups, doms, ctx, choice, budget, time_limit, table
                    options(lambda blk, a, b: [p for p in [blk.leanest(a, b)] if p]),
                    cap, sum(p.seconds for _, _, p in first))
     hulls = options(lambda blk, a, b: blk.hull(a, b) if (blk.rep.key, a, b) in keep else ())
-    path, lb, lam = _pick([h + x + e for h, x, e in zip(hulls, extra, ends)], cap)
+    opts = [h + x + e for h, x, e in zip(hulls, extra, ends)]
+    path, lb, lam = _pick(opts, cap)
+    for _ in range(_POLISH_ROUNDS):
+        more = _fill(segs, blocks, path, cap)
+        if not more:
+            break
+        opts = [o + more.get(k, []) for k, o in enumerate(opts)]
+        path, _, _ = _pick(opts, cap)
     ub = sum(p.seconds for _, _, p in path)
     gap = 0.0 if ub <= 0 else max(0.0, (ub - lb) / ub)
     return done(path, 0.0 if gap < 1e-9 else gap, fkey, lam=lam)
+
+
+_POLISH_ROUNDS = 1  # a second round found nothing more on the bench cases
+
+
+def _fill(segs, blocks, path, cap) -> dict:
+    """Points off the hulls that can use the memory ``path`` leaves free: per kind, boundary
+    pair and point on the path, the block's fastest plan within that point's memory plus the
+    slack (``cap`` minus the path's memory) — one budgeted solve each. ``{position: [(a, b,
+    point)]}`` for every block of that kind between those boundaries, when faster."""
+    slack = cap - sum(p.memory for _, _, p in path)
+    if slack <= 0:
+        return {}
+    found: dict = {}
+    for s, (a, b, p) in zip(segs, path):
+        key = (s.key, a, b, p.memory)
+        if key not in found:
+            r = blocks[s.key].point(a, b, budget=p.memory + slack)
+            found[key] = r if r is not None and r.seconds < p.seconds else None
+    out: dict = {}
+    for (kind, a, b, _), r in found.items():
+        if r is None:
+            continue
+        for k, s in enumerate(segs):
+            if s.key == kind and (s.inp is None) == (a is None) and (s.out is None) == (b is None):
+                out.setdefault(k, []).append((a, b, r))
+    return out
 
 
 def _majority(path, ctx) -> dict:
