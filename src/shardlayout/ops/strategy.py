@@ -611,8 +611,11 @@ def dtype_of(tensor_dtype, i: int) -> str:
 
 def _tie_key(choices, inputs, targets, outputs, out_pins) -> tuple:
     mismatch = sum(1 for o, p in zip(outputs, out_pins) if p is not None and o != p)
-    changed = sum(axis_usage(x)[a] != axis_usage(t)[a] for x, t in zip(inputs, targets) if x is not None
-                  for a, _ in choices)
+    changed = 0
+    for x, t in zip(inputs, targets):
+        if x is not None and t is not x:
+            ux, ut = axis_usage(x), axis_usage(t)
+            changed += sum(ux[a] != ut[a] for a, _ in choices)
     rank = sum(OPTION_RANK[o[0]] for _, o in choices)
     return mismatch, changed, rank, tuple(str(o) for _, o in choices)
 
