@@ -35,7 +35,7 @@ from ..errors import NotRepresentable, ShardingError
 from ..execute.verify import DEFAULT_BUDGET, Verification
 from ..execute.verify import verify as verify_plan
 from ..mesh import Mesh
-from ..ops.registry import _SEEN, get_op
+from ..ops.registry import _SEEN, _typed, get_op
 from ..ops.result import canonical_op_name
 from ..program import Program
 from ..sharding import Sharding
@@ -483,34 +483,40 @@ def _op_table(program: Program) -> tuple:
     model's layers) once per process. Also the program's inputs."""
     table = program.__dict__.get("_op_table")
     if table is None:
-        tensors, rows, known = program.tensors, [], _ROWS.get
+        tensors, rows, known, interned = program.tensors, [], _ROWS.get, _DTYPES.setdefault
         producer: dict = {}
         users: dict = {}
         for op in program.ops:
-            for o in op.outputs:
-                producer[o] = op
-            if op.outputs:  # a runtime assert reads no values
-                for i in op.inputs:
-                    if type(i) is str:
-                        users[i] = users.get(i, 0) + 1
+            ins, outs = op.inputs, op.outputs
             try:
                 row = known((op.target, op.params)) or _op_row(op.target, op.params)
             except TypeError:  # params built by hand with a list in them: not shared
                 row = _op_row(op.target, op.params, memo=False)
             opdef, kw, typed, has_mesh = row
-            specs = [tensors[i] if type(i) is str else None for i in op.inputs]
-            outs = [tensors[o] for o in op.outputs]
-            dtypes = tuple([s.dtype if s is not None else "float32" for s in specs] + [s.dtype for s in outs])
-            n_tensors = len(specs) - [s is None for s in specs].count(True)  # (`None in specs` runs __eq__)
+            dts, n_tensors = [], 0
+            for i in ins:
+                if type(i) is str:
+                    dts.append(tensors[i].dtype)
+                    n_tensors += 1
+                    if outs:  # a runtime assert reads no values
+                        users[i] = users.get(i, 0) + 1
+                else:
+                    dts.append("float32")
+            for o in outs:
+                producer[o] = op
+                dts.append(tensors[o].dtype)
+            dtypes = tuple(dts)
+            dtypes = interned(dtypes, dtypes)  # one object per signature: memo probes compare by identity
             kind = _PLAIN
             if has_mesh and not n_tensors:  # no tensor input
                 kind, typed = _CREATION, None
-            elif n_tensors == len(specs) and typed is not None:
+            elif n_tensors == len(ins) and typed is not None:
                 kind = _PLAIN_TENSORS
             if kind != _CREATION and opdef.name in ("route", "unroute"):
-                if opdef.name == "unroute" and specs and specs[0] is not None and specs[0].ragged is not None:
+                first = tensors[ins[0]] if ins and type(ins[0]) is str else None
+                if opdef.name == "unroute" and first is not None and first.ragged is not None:
                     kind = _UNROUTE
-                elif outs and outs[0].ragged is not None and opdef.name == "route":
+                elif outs and tensors[outs[0]].ragged is not None and opdef.name == "route":
                     kind = _ROUTE
             rows.append((op, opdef, kw, typed, dtypes or "float32", kind))
         table = (tuple(rows), tuple(n for n in tensors if n not in producer))
@@ -525,8 +531,6 @@ _PLAIN, _CREATION, _UNROUTE, _ROUTE, _PLAIN_TENSORS = 0, 1, 2, 3, 4  # _PLAIN_TE
 def _op_row(target: str, params: tuple, memo: bool = True) -> tuple:
     """``(OpDef, params dict, params memo key or None, has a mesh param)`` of an op's target and
     params (``memo``: shared by every op of that target and params)."""
-    from ..ops.registry import _typed
-
     opdef = get_op(target)
     kw = {k: v for k, v in params}
     typed = _typed(kw)
@@ -544,6 +548,8 @@ def _op_row(target: str, params: tuple, memo: bool = True) -> tuple:
 
 _ROWS: dict = {}
 register_clearer("shardlayout.plan._ROWS", _ROWS.clear, _ROWS.__len__)
+_DTYPES: dict = {}  # interned operand-dtype tuples (a handful per process)
+register_clearer("shardlayout.plan._DTYPES", _DTYPES.clear, _DTYPES.__len__)
 
 
 def _forward(program: Program, mesh: Mesh, pins: dict, cm: CostModel, wanted: dict | None = None) -> "Plan":
@@ -574,7 +580,7 @@ def _forward(program: Program, mesh: Mesh, pins: dict, cm: CostModel, wanted: di
             moves[key] = tuple(replace(c, ragged=(r.dim, routed.get(r.counts, ()))) for c in moves[key])
         collectives.extend(c.attributed(tensor, opname) for c in moves[key] if c.kind.communicates)
 
-    seen, subaxes = _SEEN.get, settings.subaxes
+    seen, subaxes, typed_key = _SEEN.get, settings.subaxes, _typed
     want = None if wanted is None else wanted.get
     for op, opdef, kw, typed, dtypes, kind in table:
         ins, outs = op.inputs, op.outputs
@@ -585,6 +591,11 @@ def _forward(program: Program, mesh: Mesh, pins: dict, cm: CostModel, wanted: di
         else:
             args = tuple([shard[i] if type(i) is str else i for i in ins])
             hit = None
+            if kind == _PLAIN and typed is not None:  # constants among the inputs: OpDef.resolve's own probe
+                try:
+                    hit = seen((opdef, typed_key(args), typed, out_pins, cm, dtypes, subaxes))
+                except TypeError:  # an unhashable constant: resolved below
+                    pass
         if hit is not None:
             p, params = hit[0], dict(hit[1])
         else:

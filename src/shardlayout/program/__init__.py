@@ -28,6 +28,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from ..caches import register_clearer
 from ..errors import ShardingError, SymbolError
 from ..sharding.cost import ITEMSIZE
 from ..symbolic import Expr, FactBase, Guard, sym
@@ -88,6 +89,38 @@ def _freeze(v):
 
 def _thaw(v):
     return v
+
+
+def _frozen_params(params: dict, typed) -> tuple:
+    """``Op.params`` of ``params``: sorted ``(name, frozen value)`` pairs; memoised per ``typed``
+    (``_typed(params)``, which tells 1, 1.0 and True apart), as a model's layers repeat them."""
+    got = _FROZEN.get(typed)
+    if got is None:
+        got = tuple(sorted([(k, _freeze(v)) for k, v in params.items()]))
+        if len(_FROZEN) >= 1 << 14:
+            _FROZEN.clear()
+        _FROZEN[typed] = got
+    return got
+
+
+_FROZEN: dict = {}
+register_clearer("shardlayout.program._FROZEN", _FROZEN.clear, _FROZEN.__len__)
+
+
+def _new_spec(name: str, shape: tuple, dtype: str, kind: str) -> "TensorSpec":
+    """``TensorSpec(name, shape, dtype, kind)`` without the frozen dataclass's per-field setattr
+    (a builder makes one per op output; the builder has validated the fields)."""
+    obj = object.__new__(TensorSpec)
+    obj.__dict__.update(name=name, shape=shape, dtype=dtype, kind=kind, ragged=None)
+    return obj
+
+
+def _new_op(target: str, inputs: tuple, params: tuple, outputs: tuple, name: str, sym_params: tuple) -> "Op":
+    """``Op(...)`` without the frozen dataclass's per-field setattr (a builder makes one per op)."""
+    obj = object.__new__(Op)
+    obj.__dict__.update(target=target, inputs=inputs, params=params, outputs=outputs, name=name,
+                        sym_params=sym_params)
+    return obj
 
 
 @dataclass(frozen=True)
@@ -533,23 +566,27 @@ class ProgramBuilder:
         tensors, sym = self._tensors, self._sym
         in_shapes, dtype = [], None
         symbolic = False
+        typed = _TYPED[0] if _TYPED else _load_typed()
+        shapes_key = []  # the shape memo's key: tensor shapes (ints, validated) and typed constants
         for i in inputs:
             if type(i) is str:
                 spec = tensors.get(i)
                 if spec is None:
                     raise ProgramError(f"op {name or target}: input {i!r} is not a tensor defined before it")
                 in_shapes.append(spec.shape)
+                shapes_key.append(spec.shape)
                 if sym and i in sym:
                     symbolic = True
                 if dtype is None:
                     dtype = spec.dtype
             else:
                 in_shapes.append(i)
+                shapes_key.append(None if i is None else _KEYLESS)
         dtype = dtype or "float32"
         sym_params = _sy.param_extents(target, params, self._symbols) if params and self._symbols else {}
         if sym_params:
             params = {**params, **{k: _sy.evaluate_params(v, self._symbols) for k, v in sym_params.items()}}
-        sym_shapes = None
+        sym_shapes = typed_params = None
         if sym_outs is not None:
             shapes = shape_of(target, in_shapes, params)
             sym_shapes = [tuple(s) for s in sym_outs]
@@ -564,7 +601,15 @@ class ProgramBuilder:
             self._facts.extend(g for g in special if g not in self._facts)
             shapes = [_sy.evaluate_shape(s, self._symbols) for s in sym_shapes]
         else:
-            shapes = shape_of(target, in_shapes, params)
+            try:
+                if _KEYLESS in shapes_key:
+                    shapes_key = [typed(c) if k is _KEYLESS else k for c, k in zip(in_shapes, shapes_key)]
+                typed_params = typed(params) if params else None
+                shapes = shapes_keyed(target, tuple(shapes_key), typed_params, in_shapes, params)
+            except TypeError:  # an unhashable constant or param: computed every time
+                typed_params = shapes = None
+            if shapes is None:
+                shapes = shape_of(target, in_shapes, params)
         self._count += 1
         base = name or f"{target.split('.')[0].replace('aten', '').strip('_:') or 'op'}_{self._count}"
         outs = [] if not shapes else [base] if len(shapes) == 1 else [f"{base}.{k}" for k in range(len(shapes))]
@@ -572,13 +617,19 @@ class ProgramBuilder:
         for k, (o, shp, dt) in enumerate(zip(outs, shapes, dts)):
             if o in tensors:
                 raise ProgramError(f"tensor {o!r} is defined twice")
-            tensors[o] = TensorSpec(o, tuple(shp), str(dt or dtype), "value")  # shapes from the op rules
+            dt = dt if type(dt) is str and dt else str(dt or dtype)
+            tensors[o] = _new_spec(o, tuple(shp), dt, "value")  # shapes from the op rules
             if sym_shapes is not None and _sy.is_symbolic_shape(sym_shapes[k]):
                 self._sym[o] = sym_shapes[k]
-        frozen = tuple(sorted([(k, _freeze(v)) for k, v in params.items()])) if params else ()
+        if not params:
+            frozen = ()
+        elif sym_params or sym_outs is not None or typed_params is None:
+            frozen = tuple(sorted([(k, _freeze(v)) for k, v in params.items()]))
+        else:
+            frozen = _frozen_params(params, typed_params)
         sym_frozen = tuple(sorted((k, _freeze(_sy.params_text(v))) for k, v in sym_params.items())) \
             if sym_params else ()
-        self._ops.append(Op(target, tuple(inputs), frozen, tuple(outs), base, sym_frozen))
+        self._ops.append(_new_op(target, tuple(inputs), frozen, tuple(outs), base, sym_frozen))
         if not outs:
             return None
         return outs[0] if n_out == 1 else tuple(outs)
@@ -609,6 +660,8 @@ def _ragged_tensors(tensors: dict, ops) -> dict:
         raise ProgramError(str(e)) from None
 
 
-from .shapes import shape_of  # noqa: E402 - the builder's shape inference (it needs nothing above)
+from .shapes import _TYPED, _load_typed, shape_of, shapes_keyed  # noqa: E402 - the builder's shape inference
+
+_KEYLESS = object()  # a constant input whose memo key is computed only when needed
 
 __all__ = ["Op", "Program", "ProgramBuilder", "ProgramError", "TensorSpec"]

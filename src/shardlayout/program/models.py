@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+from ..caches import paused_gc
 from ..errors import ShardingError
 from . import Program, ProgramBuilder
 from .styles import STYLES, apply_style, style_pins  # noqa: F401 - styles live in program.styles
@@ -39,6 +40,11 @@ def llama(layers: int = 2, batch: int = 2, seq: int = 8, dim: int = 16, heads: i
         raise ShardingError(f"llama: layers, batch, seq, dim, heads and ffn must be >= 1 (got layers={layers})")
     if dim % heads or (dim // heads) % 2:
         raise ShardingError(f"llama: dim {dim} must split into {heads} heads of an even size")
+    with paused_gc():  # ~10**4 small immutable records, no cycles worth collecting
+        return _llama(layers, batch, seq, dim, heads, ffn)
+
+
+def _llama(layers: int, batch: int, seq: int, dim: int, heads: int, ffn: int) -> Program:
     hd = dim // heads
     b = ProgramBuilder()
     x = b.input("x", (batch, seq, dim))

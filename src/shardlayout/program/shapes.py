@@ -28,6 +28,18 @@ def shape_of(target: str, input_shapes: list, params: dict) -> list:
     return list(hit)
 
 
+def shapes_keyed(target: str, shapes_key: tuple, typed_params, input_shapes: list, params: dict) -> tuple:
+    """:func:`shape_of` when the caller has the memo key's parts: ``shapes_key`` (each input's
+    shape, a tuple of ints, or ``_typed`` of a constant) and ``typed_params`` (``_typed(params)``,
+    None without params). Returns the memoised tuple of output shapes (do not mutate).
+    ``shapes_keyed("mm", ((4, 8), (8, 2)), None, [(4, 8), (8, 2)], {}) -> ((4, 2),)``"""
+    key = (target, shapes_key, typed_params)
+    hit = _SHAPES.get(key)
+    if hit is None:
+        hit = _shape_memo(key, target, tuple(input_shapes), params)
+    return hit
+
+
 _TYPED: list = []  # ops.registry._typed, imported on first use (ops imports this package)
 
 
