@@ -72,6 +72,13 @@ def test_megatron_sp_overlaps_its_gathers_and_reduce_scatters():
     assert all(c.dim == 1 and c.chunks > 1 for c in sp.choices)  # the sequence
 
 
+@pytest.mark.parametrize("style", ["megatron-sp", "megatron"])
+def test_the_choices_alone_are_the_stream_plans_choices(style):
+    p = _plan(style, layers=3)
+    assert p.stream_choices() == stream_plan(p).choices and len(p.stream_choices()) >= 2
+    assert p.stream_choices(1e9) == stream_plan(p, 1e9).choices
+
+
 def test_tiny_models_do_not_stream():
     p = _plan("megatron-sp", layers=2, dim=16, seq=8, batch=2, heads=4, ffn=32)
     sp = stream_plan(p)

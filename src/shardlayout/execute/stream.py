@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..caches import register_clearer
 from ..ops.families import MATMULS
 from ..ops.result import canonical_op_name
 from ..sharding import Factor, Sharding
@@ -100,7 +101,26 @@ def _group_dim(src: tuple, dst: tuple, d: int) -> int | None:
 
 
 def _through(op, d: int, in_shape: tuple, out_shape: tuple) -> int | None:
-    """Where dim ``d`` of a view's or a pointwise op's (first) input lands in its output."""
+    """Where dim ``d`` of a view's or a pointwise op's (first) input lands in its output
+    (memoised per target, params, dim and shapes: a model's layers ask the same)."""
+    try:
+        key = (op.target, op.params, d, in_shape, out_shape)
+        got = _THROUGH.get(key, _MISSING)
+    except TypeError:  # params built by hand with a list in them
+        return _through_of(op, d, in_shape, out_shape)
+    if got is _MISSING:
+        if len(_THROUGH) >= 1 << 14:
+            _THROUGH.clear()
+        got = _THROUGH[key] = _through_of(op, d, in_shape, out_shape)
+    return got
+
+
+_THROUGH: dict = {}
+_MISSING = object()
+register_clearer("shardlayout.execute.stream._THROUGH", _THROUGH.clear, _THROUGH.__len__)
+
+
+def _through_of(op, d: int, in_shape: tuple, out_shape: tuple) -> int | None:
     from ..program.blocks import VIEWS, short, track_dims
 
     base = short(op)

@@ -142,9 +142,9 @@ class Plan:
     def stream_choices(self, flop_rate: float | None = None) -> tuple:
         """The stream overlaps this plan runs (``plan.stream.stream_plan``: each a move and the
         matmuls it feeds or is fed by, cut into chunks), at ``flop_rate`` (default: the plan's)."""
-        from .stream import stream_plan
+        from .stream import stream_choices
 
-        return stream_plan(self, flop_rate).choices
+        return stream_choices(self, flop_rate)
 
     def ragged_sources(self, tensor: str) -> tuple:
         """The mesh factors the rows of ragged ``tensor`` were routed from (its routing's token

@@ -372,17 +372,31 @@ def stream_plan(plan, flop_rate: float | None = None) -> StreamPlan:
     comm = math.fsum(cm.seconds(c) for moves in plan.moves.values() for c in moves if c.kind.communicates)
     comp = math.fsum(compute_seconds(op_flops(op.target, po.params, po.input_targets, po.outputs), "inference", rate)
                      for op, po in zip(prog.ops, plan.ops))
+    chosen = _chosen(plan, rate)
+    serial = comm + comp
+    return StreamPlan(tuple(c for _, c in chosen), serial, serial - math.fsum(s for s, _ in chosen))
+
+
+def stream_choices(plan, flop_rate: float | None = None) -> tuple:
+    """``stream_plan(plan, flop_rate).choices`` without the step-time totals (what executors and
+    the verifier need). ``stream_choices(p) == stream_plan(p).choices``"""
+    rate = check_flop_rate(flop_rate if flop_rate is not None else getattr(plan, "flop_rate", None))
+    return tuple(c for _, c in _chosen(plan, rate))
+
+
+def _chosen(plan, rate: float) -> list:
+    """``[(saving, StreamChoice)]`` in program order: the largest savings first, each op and each
+    move's side in one overlap at most."""
     chosen, used = [], set()
     for saving, c in sorted(_candidates(plan, rate), key=lambda x: (-x[0], x[1].ops, x[1].tensor, x[1].dim)):
         if used & set(c.ops) or (c.tensor, c.side) in used:
             continue
         used |= set(c.ops) | {(c.tensor, c.side)}
         chosen.append((saving, c))
-    order = {op.name: i for i, op in enumerate(prog.ops)}
+    order = {op.name: i for i, op in enumerate(plan.program.ops)} if len(chosen) > 1 else {}
     chosen.sort(key=lambda x: (order.get(x[1].ops[0], 0), x[1].tensor))
-    serial = comm + comp
-    return StreamPlan(tuple(c for _, c in chosen), serial, serial - math.fsum(s for s, _ in chosen))
+    return chosen
 
 
 __all__ = ["CHUNKS", "MIN_SAVING", "StreamChoice", "StreamPlan", "chunk_layout", "chunk_positions", "parse_stream",
-           "pipelined", "run_streamed_move", "stream_plan", "stream_text"]
+           "pipelined", "run_streamed_move", "stream_choices", "stream_plan", "stream_text"]
