@@ -642,19 +642,20 @@ def _fits(s, shape: tuple, mesh: Mesh) -> bool:
     return isinstance(s, Sharding) and s.shape == shape and (s.mesh is mesh or s.mesh == mesh)
 
 
-def check_wiring(plan, i: int, memo: dict | None = None) -> Check:
+def check_wiring(plan, i: int, memo: dict | None = None, chains: list | None = None) -> Check:
     """Op ``i`` of ``plan``: every input reaches its target, every output its final sharding, by
     a connected chain of planned collectives; every sharding fits its tensor and the mesh.
-    ``memo`` (a dict) shares the chain checks of equal moves between calls.
-    ``check_wiring(p, 0).status -> 'proven'``"""
+    ``memo`` (a dict) shares the chain checks of equal moves between calls; ``chains`` (a list)
+    receives ``(tensor, moves)`` for each input and output that moves, what the verifier then
+    proves collective by collective. ``check_wiring(p, 0).status -> 'proven'``"""
     op, po = plan.program.ops[i], plan.ops[i]
     tensors, shardings, mesh = plan.program.tensors, plan.shardings, plan.mesh
     memo = {} if memo is None else memo
 
     def chain(name, src, dst, what):
-        if src is dst or src == dst:
-            return PROVEN
         moves = plan.moves.get((name, dst), ())
+        if chains is not None:
+            chains.append((name, moves))
         key = (src, dst, moves)
         got = memo.get(key)
         if got is None:
@@ -665,14 +666,17 @@ def check_wiring(plan, i: int, memo: dict | None = None) -> Check:
         if type(name) is not str:
             continue
         src, shape = shardings.get(name), tensors[name].shape
-        for what, s in (("sharding", src), ("target", tgt)) if tgt is not src else (("sharding", src),):
-            if not _fits(s, shape, mesh):
-                return _fail(f"input {j} ({name}): its {what} {s} does not fit the tensor of shape {shape} on "
-                             f"mesh {mesh}")
+        if not (isinstance(src, Sharding) and src.shape == shape and (src.mesh is mesh or src.mesh == mesh)):
+            return _fail(f"input {j} ({name}): its sharding {src} does not fit the tensor of shape {shape} on "
+                         f"mesh {mesh}")
         if tgt is not src:
-            got = chain(name, src, tgt, f"input {j}")
-            if got.failed:
-                return got
+            if not _fits(tgt, shape, mesh):
+                return _fail(f"input {j} ({name}): its target {tgt} does not fit the tensor of shape {shape} on "
+                             f"mesh {mesh}")
+            if tgt != src:
+                got = chain(name, src, tgt, f"input {j}")
+                if got.failed:
+                    return got
     if len(po.outputs) != len(op.outputs):
         return _fail(f"the op has {len(op.outputs)} outputs but {len(po.outputs)} output shardings")
     for k, (name, out) in enumerate(zip(op.outputs, po.outputs)):
@@ -682,7 +686,7 @@ def check_wiring(plan, i: int, memo: dict | None = None) -> Check:
             if not _fits(s, shape, mesh):
                 return _fail(f"output {k} ({name}): its {what} {s} does not fit the tensor of shape {shape} on "
                              f"mesh {mesh}")
-        if final is not out:
+        if final is not out and final != out:
             got = chain(name, out, final, f"output {k}")
             if got.failed:
                 return got

@@ -509,16 +509,6 @@ def run_collective_classes(c, seed: int = 0, rtol: float = 1e-6, atol: float = 1
 # ------------------------------------------------------------------------------------------
 
 
-def _producer_chains(plan, i: int):
-    op, po = plan.program.ops[i], plan.ops[i]
-    for name, tgt in zip(op.inputs, po.input_targets):
-        if isinstance(name, str) and tgt != plan.shardings.get(name):
-            yield name, plan.moves.get((name, tgt), ())
-    for name, out in zip(op.outputs, po.outputs):
-        if plan.shardings.get(name) != out:
-            yield name, plan.moves.get((name, plan.shardings.get(name)), ())
-
-
 def verify_plan(plan, seed: int = 0, rtol: float = 1e-6, atol: float = 1e-6, budget: int = DEFAULT_BUDGET,
                 numeric: bool = True, proof: bool = True) -> Verification:
     """The scalable verification (module docstring). ``numeric=False`` keeps the index-level
@@ -552,14 +542,15 @@ def verify_plan(plan, seed: int = 0, rtol: float = 1e-6, atol: float = 1e-6, bud
     ragged_ops = []
     for i, (op, po) in enumerate(zip(prog.ops, plan.ops)):
         first_out = op.outputs[0] if op.outputs else op.name
-        w = check_wiring(plan, i, wiring)
+        moved: list = []
+        w = check_wiring(plan, i, wiring, moved)
         if w.failed:
             return fail(i, first_out, w.message)
         if ragged and ragged & (set(op.outputs) | {n for n in op.inputs if isinstance(n, str)}):
             ragged_ops.append(i)  # data-dependent rows: checked below, by simulating the whole plan
             checked += len(op.outputs)
             continue
-        for tensor, chain in _producer_chains(plan, i):
+        for tensor, chain in moved:
             for c in chain:
                 key = c.attributed(None, None)
                 if key not in coll_done:
