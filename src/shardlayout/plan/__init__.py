@@ -561,8 +561,15 @@ def _forward(program: Program, mesh: Mesh, pins: dict, cm: CostModel, wanted: di
     pinned = pins.get
     table, inputs = _op_table(program)
     shard: dict = {}
+    whole: dict = {}  # shape -> its replicated Sharding, one object per shape
     for name in inputs:
-        shard[name] = pinned(name) or Sharding(mesh, program.tensors[name].shape)
+        s = pinned(name)
+        if s is None:
+            shape = program.tensors[name].shape
+            s = whole.get(shape)
+            if s is None:
+                s = whole[shape] = Sharding(mesh, shape)
+        shard[name] = s
     moves: dict = {}
     collectives: list = []
     planned: list = []

@@ -37,6 +37,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+from ..caches import memo
 from ..errors import ShardingError, UnmatchedStyle
 from ..mesh import Mesh
 from ..sharding import Factor, Sharding
@@ -61,7 +62,21 @@ class StylePins:
 
 def sharded(mesh: Mesh, shape: tuple, placement: dict) -> Sharding:
     """A Sharding with ``placement = {dim: [axes, outer first]}``; axes missing from the mesh
-    (or of size 1) are dropped. ``sharded(Mesh.parse("tp=2"), (4, 8), {1: ["tp"]}) -> [4, tp*4]``"""
+    (or of size 1) are dropped; one object per distinct call (a style pins every layer's weights
+    alike, and equal pins that are one object compare by identity in the planner's memo).
+    ``sharded(Mesh.parse("tp=2"), (4, 8), {1: ["tp"]}) -> [4, tp*4]``"""
+    return _sharded(mesh, tuple(shape), tuple(sorted((d, tuple(a)) for d, a in placement.items())))
+
+
+def replica(mesh: Mesh, shape: tuple) -> Sharding:
+    """The replicated Sharding of ``shape``, one object per mesh and shape (see :func:`sharded`).
+    ``str(replica(Mesh.parse("tp=2"), (4, 8))) -> '[4, 8]'``"""
+    return _sharded(mesh, tuple(shape), ())
+
+
+@memo(1 << 12)
+def _sharded(mesh: Mesh, shape: tuple, placement: tuple) -> Sharding:
+    placement = dict(placement)
     dims = []
     for d in range(len(shape)):
         axes = [a for a in placement.get(d, []) if a in mesh.names and mesh.axis_size(a) > 1]
@@ -75,10 +90,16 @@ def strided(mesh: Mesh, shape: tuple, dim: int, axis: str, parts: int = 1) -> Sh
     into the parts leaves every rank its slice of each, without moving data.
     ``str(strided(Mesh.parse("tp=2"), (48, 16), 0, "tp", 3)) -> '[3*tp*8, 16]'``"""
     if axis not in mesh.names or mesh.axis_size(axis) == 1:
-        return Sharding(mesh, shape)
+        return replica(mesh, shape)
     n, k = shape[dim], mesh.axis_size(axis)
     if parts <= 1 or n % parts or (n // parts) % k:
         return sharded(mesh, shape, {dim: [axis]})
+    return _strided(mesh, tuple(shape), dim, axis, parts)
+
+
+@memo(1 << 12)
+def _strided(mesh: Mesh, shape: tuple, dim: int, axis: str, parts: int) -> Sharding:
+    n, k = shape[dim], mesh.axis_size(axis)
     fs = [Factor(parts), Factor(k, axis)] + ([Factor(n // parts // k)] if n // parts // k > 1 else [])
     return Sharding(mesh, shape, [fs if d == dim else [] for d in range(len(shape))])
 
@@ -97,13 +118,13 @@ def row(mesh: Mesh, program: Program, lin: Linear, axis: str = "tp") -> dict:
     t = program.tensors
     pins = {lin.weight: sharded(mesh, t[lin.weight].shape, {lin.in_dim: [axis]})}
     if lin.bias:
-        pins[lin.bias] = Sharding(mesh, t[lin.bias].shape)
+        pins[lin.bias] = replica(mesh, t[lin.bias].shape)
     return pins
 
 
 def replicated(mesh: Mesh, program: Program, names) -> dict:
     """Every tensor in ``names`` replicated."""
-    return {n: Sharding(mesh, program.tensors[n].shape) for n in names}
+    return {n: replica(mesh, program.tensors[n].shape) for n in names}
 
 
 def batched_inputs(program: Program) -> list:
