@@ -295,7 +295,7 @@ def _candidates(plan, rate: float):
                 ops_of.setdefault(x, []).append(i)
         for o in op.outputs:
             producer[o] = i
-    for (name, tgt), moves in sorted(plan.moves.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
+    for (name, tgt), moves in _in_order(plan.moves):
         cs = [c for c in moves if c.kind.communicates]
         if not cs:
             continue
@@ -341,6 +341,20 @@ def _candidates(plan, rate: float):
                                                         whole + comp, best[0], best[2],
                                                         tuple(sorted({c.kind.value for c in cs}))))
             break  # the outermost dim that works
+
+
+def _in_order(moves: dict) -> list:
+    """The moves by tensor name, one tensor's targets by their text (a text only where a tensor
+    moves to more than one target). ``_in_order({}) -> []``"""
+    items = sorted(moves.items(), key=lambda kv: kv[0][0])
+    out, k = [], 0
+    while k < len(items):
+        j = k + 1
+        while j < len(items) and items[j][0][0] == items[k][0][0]:
+            j += 1
+        out.extend(items[k:j] if j == k + 1 else sorted(items[k:j], key=lambda kv: str(kv[0][1])))
+        k = j
+    return out
 
 
 def _source(plan, producer: dict, name: str, target) -> Sharding:
