@@ -126,6 +126,25 @@ def test_broken_wiring_is_refused():
     assert not q.verify().ok and "no collective is planned" in q.verify().first_mismatch
 
 
+def test_wiring_hands_over_exactly_the_moves_it_proved():
+    """``check_wiring(..., chains)`` lists each input that moves to its target and each output
+    that moves to its final sharding, with the planned moves: what the verifier then proves."""
+    from shardlayout.program.models import llama, style_pins
+
+    prog, m = llama(layers=2), Mesh.parse("dp=2,tp=4")
+    p = plan(prog, m, style_pins(prog, m, "megatron-sp"))
+    seen = 0
+    for i, (op, po) in enumerate(zip(prog.ops, p.ops)):
+        chains: list = []
+        assert check_wiring(p, i, {}, chains).status == "proven"
+        want = [(n, p.moves[(n, t)]) for n, t in zip(op.inputs, po.input_targets)
+                if isinstance(n, str) and t != p.shardings[n]]
+        want += [(n, p.moves[(n, p.shardings[n])]) for n, o in zip(op.outputs, po.outputs) if o != p.shardings[n]]
+        assert chains == want
+        seen += len(chains)
+    assert seen >= len(p.moves) > 0  # every move is some op's (a shared move: several ops')
+
+
 def test_resize_ops_are_proven_and_a_wrong_cut_fails():
     """A slice / cat run on each rank's own shard is proven rank class by rank class; naming a
     different output sharding (the cut's local run would not make it) fails."""

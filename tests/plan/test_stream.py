@@ -79,6 +79,16 @@ def test_the_choices_alone_are_the_stream_plans_choices(style):
     assert p.stream_choices(1e9) == stream_plan(p, 1e9).choices
 
 
+def test_moves_are_visited_by_tensor_then_target_text():
+    from shardlayout.plan.stream import _in_order
+
+    m = Mesh.parse("tp=2")
+    a, b, c = (Sharding.parse(t, m) for t in ("[tp*2, 4]", "[2, tp*2]", "[2, 4]"))
+    moves = {("y", a): 1, ("x", b): 2, ("x", a): 3, ("z", c): 4, ("x", c): 5}
+    assert _in_order(moves) == sorted(moves.items(), key=lambda kv: (kv[0][0], str(kv[0][1])))
+    assert _in_order({}) == []
+
+
 def test_tiny_models_do_not_stream():
     p = _plan("megatron-sp", layers=2, dim=16, seq=8, batch=2, heads=4, ffn=32)
     sp = stream_plan(p)

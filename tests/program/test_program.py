@@ -67,3 +67,41 @@ def test_program_json_is_validated_in_full(text, match):
 
     with pytest.raises(ShardingError, match=match):
         Program.from_json(text)
+
+
+def test_params_keep_their_types_through_the_frozen_params_memo():
+    """1, 1.0 and True are equal in Python; the builder's memo of frozen params must not hand one
+    op another's (the params of a repeated layer are frozen once)."""
+    b = ProgramBuilder()
+    x = b.input("x", (4, 8))
+    ops = [b.op("add", [x, x], alpha=v) for v in (1, 1.0, True, 1, 2)]
+    b.output(ops[-1])
+    p = b.build()
+    kinds = [type(dict(op.params)["alpha"]) for op in p.ops]
+    assert kinds == [int, float, bool, int, int]
+    assert p.ops[0].params is p.ops[3].params  # one frozen tuple per signature
+
+
+def test_builder_shapes_with_constants_equal_the_rule_shapes():
+    """The builder's keyed shape memo (input shapes it holds, typed constants) gives what
+    ``shape_of`` gives, with the memo cleared or not."""
+    from shardlayout.caches import clear_caches
+    from shardlayout.program.shapes import shape_of
+
+    def build():
+        b = ProgramBuilder()
+        x = b.input("x", (2, 3, 8))
+        y = b.op("pow", [x, 2.0])
+        z = b.op("add", [y, 1e-6])
+        s = b.op("sum", [z], dim=[1, 2])
+        b.output(b.op("mul", [s, 3]))
+        return b.build()
+
+    clear_caches()
+    cold = build()
+    warm = build()
+    assert cold == warm
+    for op in cold.ops:
+        ins = [cold.tensors[i].shape if isinstance(i, str) else i for i in op.inputs]
+        assert [cold.tensors[o].shape for o in op.outputs] == [tuple(s) for s in shape_of(op.target, ins,
+                                                                                          op.kwargs())]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from shardlayout import Mesh, ShardingError, UnmatchedStyle
+from shardlayout import Mesh, Sharding, ShardingError, UnmatchedStyle
 from shardlayout.cli import main
 from shardlayout.plan import plan
 from shardlayout.program.blocks import derived, find_blocks
@@ -307,3 +307,17 @@ def test_cli_json_matched_tp_plan_and_refusal(capsys, tmp_path):
     (tmp_path / "bad.json").write_text("{nope")
     assert main(["plan", "--mesh", "tp=2", "--tp-plan", str(tmp_path / "bad.json")]) == 2
     assert "malformed JSON" in capsys.readouterr().err
+
+
+def test_equal_pins_are_one_object():
+    """A style pins every layer's weights alike with one Sharding object per distinct pin (the
+    planner's memo then compares them by identity); the plan is the one of equal copies."""
+    from shardlayout.program.models import llama
+
+    prog, m = llama(layers=3), Mesh.parse("dp=2,tp=4")
+    pins = style_pins(prog, m, "megatron-sp")
+    for n, s in pins.items():
+        if n.startswith("layers.2."):
+            assert s is pins["layers.0." + n[len("layers.2."):]]
+    copies = {n: Sharding.parse(str(s), m) for n, s in pins.items()}
+    assert plan(prog, m, pins).to_json(False) == plan(prog, m, copies).to_json(False)

@@ -391,7 +391,13 @@ def _hoist_moves(program: Program, p: "Plan", pinned: set, cm: CostModel) -> dic
 
     if not any(any(c.kind.communicates for c in chain) for chain in p.moves.values()):
         return {}
-    producer, users = _producers_users(program)
+    made_by, users = _producers_users(program)
+    ops = program.ops
+
+    def producer_of(t):
+        k = made_by.get(t)
+        return None if k is None else ops[k]
+
     moved_for = {}  # op name -> the inputs it moves (communicating)
     for c in p.collectives:
         moved_for.setdefault(c.op, set()).add(c.tensor)
@@ -399,17 +405,17 @@ def _hoist_moves(program: Program, p: "Plan", pinned: set, cm: CostModel) -> dic
     for (name, tgt), chain in p.moves.items():
         if not any(c.kind.communicates for c in chain) or name in pinned or tgt.partial:
             continue
-        op = producer.get(name)
+        op = producer_of(name)
         if op is None or canonical_op_name(op.target) not in ROWWISE or len(op.outputs) != 1:
             continue  # nothing to hoist above
         best, best_cost = None, cost(chain, cm)
         cur, saves = name, False
         for _ in range(8):
-            op = producer.get(cur)
+            op = producer_of(cur)
             if op is None or canonical_op_name(op.target) not in ROWWISE or len(op.outputs) != 1:
                 break
             ups = [i for i in op.inputs if isinstance(i, str) and program.tensors[i].shape == tgt.shape]
-            if len(ups) != 1 or users.get(ups[0], 0) != 1 or ups[0] in pinned:
+            if len(ups) != 1 or len(users.get(ups[0], ())) != 1 or ups[0] in pinned:
                 break
             # an operand moved only for this op (scores to the experts' side) need not move if the op runs there
             saves = saves or bool(moved_for.get(op.name, set()) - {ups[0]})
@@ -427,8 +433,9 @@ def _hoist_moves(program: Program, p: "Plan", pinned: set, cm: CostModel) -> dic
 
 
 def _producers_users(program: Program) -> tuple:
-    """``({tensor: the op making it}, {tensor: how many ops read it})`` (runtime asserts, which
-    read no values, not counted); once per Program."""
+    """``({tensor: index of the op making it}, {tensor: [index of the op reading it, per read]})`` (runtime
+    asserts, which read no values, not listed); once per Program, shared by the planner and the
+    stream search."""
     _op_table(program)  # made with the op table
     return program.__dict__["_producers_users"]
 
@@ -486,7 +493,7 @@ def _op_table(program: Program) -> tuple:
         tensors, rows, known, interned = program.tensors, [], _ROWS.get, _DTYPES.setdefault
         producer: dict = {}
         users: dict = {}
-        for op in program.ops:
+        for k, op in enumerate(program.ops):
             ins, outs = op.inputs, op.outputs
             try:
                 row = known((op.target, op.params)) or _op_row(op.target, op.params)
@@ -499,11 +506,15 @@ def _op_table(program: Program) -> tuple:
                     dts.append(tensors[i].dtype)
                     n_tensors += 1
                     if outs:  # a runtime assert reads no values
-                        users[i] = users.get(i, 0) + 1
+                        readers = users.get(i)
+                        if readers is None:
+                            users[i] = [k]
+                        else:  # an op reading a tensor twice is listed twice
+                            readers.append(k)
                 else:
                     dts.append("float32")
             for o in outs:
-                producer[o] = op
+                producer[o] = k
                 dts.append(tensors[o].dtype)
             dtypes = tuple(dts)
             dtypes = interned(dtypes, dtypes)  # one object per signature: memo probes compare by identity

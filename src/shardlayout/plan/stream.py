@@ -287,14 +287,10 @@ def _candidates(plan, rate: float):
     feeds (through views and pointwise ops: their compute adds up, one pipeline) or the matmul
     whose output it reduces, cut along the dim the move gathers or scatters (an all_reduce: the
     outermost dim that works) when the matmuls pass that dim through."""
+    from . import _producers_users
+
     prog, cm = plan.program, plan.cost_model
-    ops_of, producer = {}, {}
-    for i, op in enumerate(prog.ops):
-        for x in op.inputs:
-            if isinstance(x, str):
-                ops_of.setdefault(x, []).append(i)
-        for o in op.outputs:
-            producer[o] = i
+    producer, ops_of = _producers_users(prog)  # the planner's, once per program (asserts read no values)
     for (name, tgt), moves in _in_order(plan.moves):
         cs = [c for c in moves if c.kind.communicates]
         if not cs:
