@@ -8,6 +8,8 @@ import tracemalloc
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shardlayout import Mesh, Sharding, register_op
 from shardlayout.execute.verify import VerifyError, hashed, verify
@@ -86,3 +88,21 @@ def test_an_unknown_mode_names_the_choices():
         verify(p, "everything")
     with pytest.raises(VerifyError, match="budget"):
         p.verify(budget=0)
+
+
+_SPECIAL = st.sampled_from([0.0, 1.0, -1.0, 1e-7, 1e308, -1e308, float("inf"), float("-inf"), float("nan")])
+
+
+@given(st.lists(st.tuples(_SPECIAL | st.floats(-10, 10), _SPECIAL | st.floats(-10, 10)), min_size=1, max_size=6))
+@settings(max_examples=300, deadline=None)
+def test_the_numeric_comparison_is_np_allclose(pairs):
+    """The oracle's comparison (a fast test, np.allclose where any difference is not finite)
+    accepts exactly what ``np.allclose(..., equal_nan=True)`` accepts."""
+    import warnings
+
+    from shardlayout.execute.verify import _close
+
+    got, want = [p[0] for p in pairs], [p[1] for p in pairs]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        assert _close(got, want, 1e-6, 1e-6)[0] == np.allclose(got, want, rtol=1e-6, atol=1e-6, equal_nan=True)
