@@ -443,3 +443,19 @@ def test_a_tensor_used_twice_by_one_op_splits_each_target_ID_once():
     (mm,) = propagate_shardings([matmul_op(sq, sq, "z")])
     assert [(i.extent, i.ptype) for i in mm.output.loop] == [(3, DIDx), (2, SERIAL), (2, STREAM), (3, SERIAL),
                                                             (6, SERIAL)]
+
+
+def test_a_stream_on_an_output_dim_and_on_its_reduction_reaches_an_input_once():
+    """t1 = t0 @ t2 with t2's K on Stream (so t1's reduction ID carries it) and t1 then streamed on
+    M by its user: going back, both Stream IDs tie to t0 (K and M); t0 takes the first one only —
+    each parallel type once per tensor (hypothesis found the case)."""
+    t0 = TensorDomain.create("t0", (6, 12))
+    t2 = did(did(TensorDomain.create("t2", (12, 6), mesh=MESH), 0, 2, STREAM), 2, 3)  # [S(2), 6, DIDx(3), 2]
+    mm = matmul_op(t0, t2, "t1")
+    out = set_op(mm.output, "t3")
+    t3 = did(did(out.output.with_mesh(MESH), 0, 2, STREAM), 2, 3)
+    got = tensors(propagate_shardings([mm, out.with_domains(out.inputs[0], t3)]))
+    for t in got.values():
+        types = [i.ptype for i in t.loop if i.ptype != SERIAL and not i.is_reduction]
+        assert len(types) == len(set(types)), str(t)
+    assert [i.ptype for i in got["t0"].loop].count(STREAM) == 1

@@ -18,6 +18,8 @@ One reference ID is carried over when (nvFuser's ``propagateDIDTransform``)
 
     its parallel type is not yet on the target (PropagateParallelTypeOnce; a reduction
         ID, ``r{DIDx}``, does not count as having DIDx; two pieces of one mesh axis count as one)
+        nor carried already from this reference (a Stream on an output dim and another on its
+        reduction ID both tie to a matmul input: the first in loop order is carried)
     the target's mesh, if any, has its axis with the same size (device types only)
     its logical ID is tied by the op to a target ID (through a reshape: the outer reshaped
         ID, by theorem; see graph._down_to_logical / _up_to_root)
@@ -151,9 +153,11 @@ def _picks(op: Op, ref: TensorDomain, target: TensorDomain, forward: bool, strea
     present = {i.ptype for i in _parallel_ids(target)}
     loop = {i.id for i in target.loop}
     out, claimed = [], {}  # target ID -> the ref logical ID that splits it
+    carried: set = set()  # types picked from this reference: each once (a Stream on an output dim and
+    #                       another on its reduction ID both tie to the input; the first in loop order wins)
     for rid in ref.loop:
         p = rid.ptype
-        if p == SERIAL or (p.is_device and stream_only) or _blocked(p, present):
+        if p == SERIAL or (p.is_device and stream_only) or _blocked(p, present) or p in carried:
             continue
         if p.is_device and target.mesh is not None and not _fits(p, ref.mesh, target.mesh):
             continue
@@ -170,6 +174,7 @@ def _picks(op: Op, ref: TensorDomain, target: TensorDomain, forward: bool, strea
             raise DomainError(f"{target.name}: {ref.name}'s {rid} comes from {lid} by an inner split; only outer "
                               "splits carry a device or stream ID through a reshape: outer_split it instead")
         out.append((rid, lid, splits, t, crosses))
+        carried.add(p)
     return out
 
 
