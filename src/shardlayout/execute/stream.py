@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..caches import register_clearer
+from ..caches import memo
 from ..ops.families import MATMULS
 from ..ops.result import canonical_op_name
 from ..sharding import Factor, Sharding
@@ -104,25 +104,17 @@ def _through(op, d: int, in_shape: tuple, out_shape: tuple) -> int | None:
     """Where dim ``d`` of a view's or a pointwise op's (first) input lands in its output
     (memoised per target, params, dim and shapes: a model's layers ask the same)."""
     try:
-        key = (op.target, op.params, d, in_shape, out_shape)
-        got = _THROUGH.get(key, _MISSING)
-    except TypeError:  # params built by hand with a list in them
-        return _through_of(op, d, in_shape, out_shape)
-    if got is _MISSING:
-        if len(_THROUGH) >= 1 << 14:
-            _THROUGH.clear()
-        got = _THROUGH[key] = _through_of(op, d, in_shape, out_shape)
-    return got
+        return _through_of(op.target, op.params, d, tuple(in_shape), tuple(out_shape))
+    except TypeError:  # params built by hand with a list in them: computed every time
+        return _through_of.__wrapped__(op.target, op.params, d, tuple(in_shape), tuple(out_shape))
 
 
-_THROUGH: dict = {}
-_MISSING = object()
-register_clearer("shardlayout.execute.stream._THROUGH", _THROUGH.clear, _THROUGH.__len__)
-
-
-def _through_of(op, d: int, in_shape: tuple, out_shape: tuple) -> int | None:
+@memo(1 << 14)
+def _through_of(target: str, params: tuple, d: int, in_shape: tuple, out_shape: tuple) -> int | None:
+    from ..program import Op
     from ..program.blocks import VIEWS, short, track_dims
 
+    op = Op(target, (), params, ())
     base = short(op)
     if base in ("permute", "transpose", "t", "expand"):
         got = track_dims(op, tuple(range(len(in_shape))), in_shape, out_shape)

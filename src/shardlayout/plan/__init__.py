@@ -612,8 +612,8 @@ def _forward(program: Program, mesh: Mesh, pins: dict, cm: CostModel, wanted: di
             if kind == _PLAIN and typed is not None:  # constants among the inputs: OpDef.resolve's own probe
                 try:
                     hit = seen((opdef, typed_key(args), typed, out_pins, cm, dtypes, subaxes))
-                except TypeError:  # an unhashable constant: resolved below
-                    pass
+                except TypeError:  # an unhashable constant: no memo, OpDef.resolve below validates it
+                    hit = None
         if hit is not None:
             p, params = hit[0], dict(hit[1])
         else:
