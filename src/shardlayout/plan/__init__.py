@@ -89,6 +89,23 @@ class Plan:
     verified_at: tuple = ()  # the bindings verify() checked, the example first: ((symbol, value), ...) each
     flop_rate: float | None = None  # FLOP/s of one device for compute estimates (streams; None: the default)
 
+    def __getattr__(self, name: str):
+        # the plan of a repeated program holds the compressed plan; the full records are made
+        # the first time something reads them (plan.repeat.expand_plan)
+        rep = self.__dict__.get("_repeated") if name in ("shardings", "ops", "collectives", "moves") else None
+        if rep is None:
+            raise AttributeError(f"'Plan' object has no attribute {name!r}")
+        from .repeat import expand_plan
+
+        self.__dict__.update(expand_plan(*rep, self.program))
+        return self.__dict__[name]
+
+    @property
+    def repeated(self):
+        """``(compressed plan, Repeat)`` when the plan was made from a repeated program's compressed
+        form (``plan.repeat``), else None."""
+        return self.__dict__.get("_repeated")
+
     @property
     def total_seconds(self) -> float:
         """Estimated seconds of all collectives (``sharding.cost.cost``)."""
@@ -235,8 +252,15 @@ class Plan:
         A symbolic program's plan is also verified at other sizes: ``sizes`` (bindings, e.g.
         ``[{"batch": 8}]``; default: two drawn from ``guards``, see ``plan.guards``), where the
         program is planned again with the same options, must make the same decisions and verify;
-        the result (``SizedVerification``) lists the ``bindings`` verified."""
-        v = verify_plan(self, mode, seed, rtol, atol, budget)
+        the result (``SizedVerification``) lists the ``bindings`` verified. The plan of a repeated
+    program (``plan.repeat``) is verified on its compressed form."""
+        rep = self.repeated
+        v = verify_plan(self if rep is None else rep[0], mode, seed, rtol, atol, budget)
+        if rep is not None:  # the middle instances are instance 3's decisions renamed (plan.repeat.stable)
+            v = replace(v, notes=v.notes + (
+                f"repeated block {rep[1].prefix!r}: verified on the compressed program (instances 0-3 and the last "
+                f"of {rep[1].count}); the other {len(rep[1].middle)} are instance 3's decisions renamed, each reading "
+                "what instance 3 reads",))
         if self.program.symbols:
             from .guards import verify_sizes
 
@@ -265,8 +289,14 @@ def plan(program: Program, mesh: Mesh, pins: dict | None = None, cost_model: Cos
     ``plan(prog, Mesh.parse("tp=2"), {"w": "[8, tp*3]"}).shardings["y"] -> [4, tp*3]``
     """
     user = {k: (Sharding.parse(v, mesh) if isinstance(v, str) else v) for k, v in (pins or {}).items()}
-    p = _plan(program, mesh, user, cost_model, backward, style, auto)
-    _check_ragged_plan(p)
+    p = None
+    if program.repeated is not None and style is None and not auto and not program.symbols:
+        from .repeat import plan_repeated
+
+        p = plan_repeated(program, mesh, user, cost_model, backward)
+    if p is None:
+        p = _plan(program, mesh, user, cost_model, backward, style, auto)
+        _check_ragged_plan(p)
     p.uneven = bool(uneven)
     p.options = {"pins": user, "cost_model": cost_model, "backward": backward, "style": style, "auto": dict(auto)}
     if program.symbols:
@@ -348,8 +378,11 @@ def _check_ragged_plan(p: "Plan") -> None:
                               "ragged dim whole")
 
 
-def _plan(program: Program, mesh: Mesh, user: dict, cost_model, backward: bool, style, auto: dict) -> Plan:
-    """``plan`` itself, without guards: ``user`` pins are Shardings."""
+def _plan(program: Program, mesh: Mesh, user: dict, cost_model, backward: bool, style, auto: dict,
+          weigh=None) -> Plan:
+    """``plan`` itself, without guards: ``user`` pins are Shardings; ``weigh``: a plan's total
+    where plans are compared (default ``Plan.total_seconds``; ``plan.repeat`` counts the
+    instances a compressed program leaves out)."""
     if style is not None or auto:
         from .auto import plan_style
 
@@ -373,7 +406,7 @@ def _plan(program: Program, mesh: Mesh, user: dict, cost_model, backward: bool, 
             if not hoisted:
                 break
             q = _forward(program, mesh, {**inferred, **hoisted, **user}, cm)
-            if q.total_seconds >= p.total_seconds:
+            if (q.total_seconds >= p.total_seconds) if weigh is None else (weigh(q) >= weigh(p)):
                 break
             inferred.update(hoisted)
             p = q

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..caches import register_clearer
 from ..errors import ShardingError, SymbolError
@@ -140,6 +140,26 @@ class Program:
     sym_shapes: tuple = ()
     facts: tuple = ()
     notes: tuple = ()
+
+    def __getattr__(self, name: str):
+        # a program of repeated blocks holds its compressed form; the full tensors and ops are
+        # made the first time something reads them (program.repeat.expand)
+        rep = self.__dict__.get("_repeated") if name in ("tensors", "ops") else None
+        if rep is None:
+            raise AttributeError(f"'Program' object has no attribute {name!r}")
+        from .repeat import expand
+
+        tensors, ops = expand(*rep)
+        object.__setattr__(self, "tensors", tensors)
+        object.__setattr__(self, "ops", ops)
+        return tensors if name == "tensors" else ops
+
+    @property
+    def repeated(self):
+        """``(compressed program, Repeat)`` of a program built with ``ProgramBuilder.repeat``
+        (instances 0-3 and the last; the middle ones are stamped copies of the block, made when
+        read), else None."""
+        return self.__dict__.get("_repeated")
 
     def __eq__(self, other) -> bool:
         return (isinstance(other, Program) and self.tensors == other.tensors and self.ops == other.ops
@@ -493,6 +513,7 @@ class ProgramBuilder:
         self._facts: list = []
         self._sym: dict = {}  # tensor -> symbolic shape
         self._notes: list = []
+        self._repeat = None  # the Repeat whose middle instances this builder left out
         if isinstance(facts, (str, Guard)):
             facts = (facts,)
         for f in facts:
@@ -516,7 +537,7 @@ class ProgramBuilder:
     def _add(self, spec: TensorSpec) -> str:
         if not isinstance(spec.name, str) or not spec.name:
             raise ProgramError(f"tensor name {spec.name!r} must be a non-empty string")
-        if spec.name in self._tensors:
+        if spec.name in self._tensors or (self._repeat is not None and self._repeat.is_middle(spec.name)):
             raise ProgramError(f"tensor {spec.name!r} is defined twice")
         if any(isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_DIM for n in spec.shape):
             raise ProgramError(f"tensor {spec.name!r}: shape {spec.shape} must be non-negative ints")
@@ -572,6 +593,11 @@ class ProgramBuilder:
             if type(i) is str:
                 spec = tensors.get(i)
                 if spec is None:
+                    if self._repeat is not None and self._repeat.is_middle(i):
+                        raise ProgramError(
+                            f"op {name or target}: input {i!r} belongs to an instance of the repeated block "
+                            f"{self._repeat.prefix!r} that is stamped, not built; after repeat() read only what it "
+                            "returns (the last instance's outputs), or build the layers with a plain loop")
                     raise ProgramError(f"op {name or target}: input {i!r} is not a tensor defined before it")
                 in_shapes.append(spec.shape)
                 shapes_key.append(spec.shape)
@@ -615,7 +641,7 @@ class ProgramBuilder:
         outs = [] if not shapes else [base] if len(shapes) == 1 else [f"{base}.{k}" for k in range(len(shapes))]
         dts = list(dtypes) if dtypes is not None else [dtype] * len(outs)
         for k, (o, shp, dt) in enumerate(zip(outs, shapes, dts)):
-            if o in tensors:
+            if o in tensors or (self._repeat is not None and self._repeat.is_middle(o)):
                 raise ProgramError(f"tensor {o!r} is defined twice")
             dt = dt if type(dt) is str and dt else str(dt or dtype)
             tensors[o] = _new_spec(o, tuple(shp), dt, "value")  # shapes from the op rules
@@ -634,6 +660,73 @@ class ProgramBuilder:
             return None
         return outs[0] if n_out == 1 else tuple(outs)
 
+    def repeat(self, block, count: int, carry, prefix: str = "layers"):
+        """``count`` instances of ``block(b, carry, p) -> carry``, instance ``i`` with ``p =
+        f"{prefix}.{i}"`` naming every tensor and op it makes (``f"{p}.wq"``); returns the last
+        instance's carry. ``block`` is called for instances 0 and 1 only when they prove to be one
+        block (``program.repeat.derive``: same ops, params and shapes, names differing by ``p``,
+        instance 1 reading instance 0's carry where instance 0 read the initial one); the others
+        are renamed copies, and the program keeps instances 0-3 and the last, making the middle
+        ones when read (planning reads the kept ones only). So ``block`` must build the same ops
+        for every instance (as the body of ``jax.lax.scan`` does); when instances 0 and 1 differ,
+        or ``count < 6``, or the program is symbolic, every instance is built by calling ``block``.
+        ``x = b.repeat(lambda b, x, p: b.op("relu", [x], name=f"{p}.y"), 8, x)``"""
+        from .repeat import MIN_COUNT, derive, stamp
+
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ProgramError(f"repeat: count {count!r} must be an int >= 1 (the number of instances)")
+        if not isinstance(prefix, str) or not prefix or not callable(block):
+            raise ProgramError(f"repeat: give a callable block and a non-empty prefix (got {prefix!r})")
+        single = isinstance(carry, str)
+        carry0 = (carry,) if single else tuple(carry)
+        for c in carry0:
+            if not isinstance(c, str) or c not in self._tensors:
+                raise ProgramError(f"repeat {prefix!r}: carry {c!r} is not a tensor defined before it")
+
+        def run(i: int, c: tuple) -> tuple:
+            out = block(self, c[0] if single else c, f"{prefix}.{i}")
+            out = (out,) if single else tuple(out) if isinstance(out, (tuple, list)) else None
+            if out is None or len(out) != len(c) or not all(isinstance(x, str) and x in self._tensors for x in out):
+                raise ProgramError(f"repeat {prefix!r}: instance {i} returned {out!r}; the block must return "
+                                   f"its carry like the one it was given ({'a tensor name' if single else len(c)})")
+            return out
+
+        def result(c: tuple):
+            return c[0] if single else c
+
+        c = carry0
+        if count < MIN_COUNT or self._symbols or self._repeat is not None:
+            for i in range(count):
+                c = run(i, c)
+            return result(c)
+        t0, o0 = len(self._tensors), len(self._ops)
+        c1 = run(0, c)
+        t1, o1 = len(self._tensors), len(self._ops)
+        c2 = run(1, c1)
+        t2, o2 = len(self._tensors), len(self._ops)
+        rep = derive(prefix, list(self._tensors), self._tensors, self._ops, carry0, c1, c2, (t0, t1, t2),
+                     (o0, o1, o2))
+        if rep is None or any(n in self._sym for n in list(self._tensors)[t0:t2]):
+            c = c2
+            for i in range(2, count):
+                c = run(i, c)
+            return result(c)
+        rep = replace(rep, count=count)
+        clash = [f"{prefix}.{k}.{s}" for k in (2, 3, count - 1) for s in rep.suffixes
+                 if f"{prefix}.{k}.{s}" in self._tensors] + [n for n in list(self._tensors)[:t0] if rep.is_middle(n)]
+        if clash:
+            raise ProgramError(f"repeat {prefix!r}: tensor {clash[0]!r} is defined twice (before the block made it)")
+        for k, prev in ((2, 1), (3, 2)):
+            specs, ops = stamp(rep, k, prev)
+            self._tensors.update((sp.name, sp) for sp in specs)
+            self._ops.extend(ops)
+        rep = replace(rep, tensor_at=len(self._tensors), op_at=len(self._ops))
+        specs, ops = stamp(rep, count - 1, 3)
+        self._tensors.update((sp.name, sp) for sp in specs)
+        self._ops.extend(ops)
+        self._repeat = rep
+        return result(tuple(rep.name(count - 1, s) for s in rep.carry))
+
     def output(self, name: str) -> None:
         """Mark a tensor as a program output."""
         if name not in self._tensors:
@@ -641,11 +734,30 @@ class ProgramBuilder:
         self._outputs.append(name)
 
     def build(self) -> Program:
-        """The immutable Program."""
+        """The immutable Program (of repeated blocks: see :meth:`repeat`)."""
         sym_shapes = tuple((n, self._sym[n]) for n in self._tensors if n in self._sym)
-        return Program(_ragged_tensors(dict(self._tensors), self._ops), tuple(self._ops), tuple(self._outputs),
+        prog = Program(_ragged_tensors(dict(self._tensors), self._ops), tuple(self._ops), tuple(self._outputs),
                        tuple(sorted(self._symbols.items())), sym_shapes, FactBase(tuple(self._facts)).guards,
                        tuple(dict.fromkeys(self._notes)))
+        if self._repeat is None:
+            return prog
+        full = _repeated_program(prog, self._repeat)
+        if any(t.ragged is not None for t in prog.tensors.values()):  # ragged dims are derived program-wide
+            return Program(_ragged_tensors(dict(full.tensors), full.ops), full.ops, prog.outputs, prog.symbols,
+                           prog.sym_shapes, prog.facts, prog.notes)
+        return full
+
+
+del Program.ops  # no class-level default: a repeated program's ops are made on first read (__getattr__)
+
+
+def _repeated_program(compressed: Program, rep) -> Program:
+    """The Program of ``compressed`` (with its middle instances left out) and ``rep``: fields
+    other than ``tensors`` and ``ops`` are the compressed program's."""
+    prog = object.__new__(Program)
+    prog.__dict__.update(outputs=compressed.outputs, symbols=compressed.symbols, sym_shapes=compressed.sym_shapes,
+                         facts=compressed.facts, notes=compressed.notes, _repeated=(compressed, rep))
+    return prog
 
 
 def _ragged_tensors(tensors: dict, ops) -> dict:

@@ -35,7 +35,8 @@ def _rope(b: ProgramBuilder, z: str, cos: str, sin: str, hd: int, prefix: str) -
 
 def llama(layers: int = 2, batch: int = 2, seq: int = 8, dim: int = 16, heads: int = 4, ffn: int = 32) -> Program:
     """A Llama-style decoder: RMSNorm, attention with RoPE and causal SDPA, SwiGLU MLP; ``layers``
-    blocks. Weights are ``(in, out)`` and applied with ``mm`` on ``(batch*seq, dim)`` rows."""
+    blocks (``ProgramBuilder.repeat``: from 6 layers on, the middle ones are made when read).
+    Weights are ``(in, out)`` and applied with ``mm`` on ``(batch*seq, dim)`` rows."""
     if layers < 1 or min(batch, seq, dim, heads, ffn) < 1:
         raise ShardingError(f"llama: layers, batch, seq, dim, heads and ffn must be >= 1 (got layers={layers})")
     if dim % heads or (dim // heads) % 2:
@@ -50,8 +51,8 @@ def _llama(layers: int, batch: int, seq: int, dim: int, heads: int, ffn: int) ->
     x = b.input("x", (batch, seq, dim))
     cos = b.input("cos", (seq, hd))
     sin = b.input("sin", (seq, hd))
-    for i in range(layers):
-        p = f"layers.{i}"
+
+    def layer(b: ProgramBuilder, x: str, p: str) -> str:
         w = {n: b.param(f"{p}.{n}", s) for n, s in [
             ("attn_norm", (dim,)), ("wq", (dim, dim)), ("wk", (dim, dim)), ("wv", (dim, dim)), ("wo", (dim, dim)),
             ("mlp_norm", (dim,)), ("w_gate", (dim, ffn)), ("w_up", (dim, ffn)), ("w_down", (ffn, dim))]}
@@ -78,7 +79,9 @@ def _llama(layers: int, batch: int, seq: int, dim: int, heads: int, ffn: int) ->
         act = b.op("mul", [b.op("silu", [g], name=f"{p}.silu"), u], name=f"{p}.swiglu")
         d = b.op("mm", [act, w["w_down"]], name=f"{p}.mlp_out")
         d = b.op("view", [d], name=f"{p}.mlp_out3", shape=(batch, seq, dim))
-        x = b.op("add", [x, d], name=f"{p}.resid2")
+        return b.op("add", [x, d], name=f"{p}.resid2")
+
+    x = b.repeat(layer, layers, x, prefix="layers")
     b.output(x)
     return b.build()
 

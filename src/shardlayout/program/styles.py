@@ -175,11 +175,62 @@ def apply_style(program: Program, mesh: Mesh, style: str, allow_unmatched: bool 
     matches nothing (unless ``allow_unmatched``). ``apply_style(llama(), Mesh.parse("tp=2"), "megatron")``"""
     if style not in STYLES:
         raise ShardingError(f"unknown style {style!r}; choose one of {', '.join(STYLES)}")
-    s = find_blocks(program)
-    got = _STYLES[style](program, mesh, s)
+    got = _repeated_style(program, mesh, style) if program.repeated is not None else None
+    if got is None:
+        s = find_blocks(program)
+        got = _STYLES[style](program, mesh, s)
     if not got.matched and not allow_unmatched:
-        raise _unmatched(program, style, LOOKED_FOR[style], s)
+        raise _unmatched(program, style, LOOKED_FOR[style], find_blocks(program))
     return got
+
+
+def _repeated_style(program: Program, mesh: Mesh, style: str):
+    """The style of a program of repeated blocks from its compressed form: instance 3's pins
+    and blocks renamed for every middle instance (``program.repeat``), when instances 2 and 3
+    got the same ones (else None: the caller reads the whole program)."""
+    from dataclasses import replace
+
+    from .repeat import last_reads, local, to_instance
+
+    cp, rep = program.repeated
+    got = _STYLES[style](cp, mesh, find_blocks(cp))
+    if local(rep, 2, got.pins) != local(rep, 3, got.pins):
+        return None
+    n = len(rep.ops)
+
+    def moved(b: Block, k: int, src: int) -> Block:
+        f, shift = to_instance(rep, k, src), (k - src) * n
+        lin = lambda x: replace(x, weight=f(x.weight), bias=f(x.bias), op=x.op + shift,  # noqa: E731
+                                output=f(x.output), activation=f(x.activation))
+        return replace(b, name=f(b.name + ".")[:-1], first=tuple(map(lin, b.first)), last=tuple(map(lin, b.last)),
+                       inputs=tuple(map(f, b.inputs)), output=f(b.output), params=tuple(map(f, b.params)))
+
+    def of(k: int) -> list:
+        head = f"{rep.prefix}.{k}."
+        return [i for i, b in enumerate(got.matched) if all(t.startswith(head) for t in b.tensors()) and b.tensors()]
+
+    at = {k: of(k) for k in (2, 3)}
+    if len(at[2]) != len(at[3]) or any(moved(got.matched[i], 3, 2) != got.matched[j] for i, j in zip(at[2], at[3])):
+        return None
+    pins, template = dict(got.pins), local(rep, 3, got.pins)
+    blocks = [got.matched[i] for i in at[3]]
+    middle = []
+    last = f"{rep.prefix}.{rep.count - 1}."
+    for k in rep.middle:
+        head = f"{rep.prefix}.{k}."
+        pins.update((head + sfx, v) for sfx, v in template.items())
+        middle.extend(moved(b, k, 3) for b in blocks)
+    if middle:  # the last instance's blocks and the rest: ops later by the middle, reads of instance 3 renamed
+        shift, reads = len(rep.middle) * n, last_reads(rep)
+        tail = []
+        for b in got.matched[(at[3][-1] + 1) if at[3] else len(got.matched):]:
+            f = reads if b.tensors() and all(t.startswith(last) for t in b.tensors()) else (lambda x: x)
+            lin = lambda x, f=f: replace(x, op=x.op + shift, activation=f(x.activation))  # noqa: E731
+            tail.append(replace(b, first=tuple(map(lin, b.first)), last=tuple(map(lin, b.last)),
+                                inputs=tuple(map(f, b.inputs)), output=f(b.output)))
+        head = got.matched[:(at[3][-1] + 1) if at[3] else len(got.matched)]
+        return StylePins(pins, tuple(head) + tuple(middle) + tuple(tail))
+    return StylePins(pins, got.matched)
 
 
 def style_pins(program: Program, mesh: Mesh, style: str) -> dict:
