@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import time
 
-from ..program.repeat import last_reads, local, to_instance
+from ..program.repeat import local, to_instance
 from ..sharding.cost import DEFAULT_COST_MODEL, cost
 
 
@@ -87,45 +87,79 @@ def stable(cpl, rep) -> bool:
 def expand_plan(cpl, rep, program) -> dict:
     """The full plan's ``shardings``, ``ops``, ``collectives`` and ``moves``: the compressed
     plan's, with instance 3's renamed for every middle instance and the last instance reading
-    instance ``count - 2``."""
+    instance ``count - 2`` (names taken from the full program's ops, made by ``program.repeat``)."""
     from . import _planned
 
     n, at = len(rep.ops), rep.op_at
-    copied, reads = cpl.ops, last_reads(rep)
-    template, last = copied[at - n:at], copied[at:at + n]
+    copied, full_ops = cpl.ops, program.ops
+    template = copied[at - n:at]
     ops = list(copied[:at])
     for k in rep.middle:
-        f = to_instance(rep, k, 3)
-        ops.extend(_planned(f(o.name), o.target, tuple(map(f, o.inputs)), o.input_targets, o.outputs, o.params,
-                            o.local) for o in template)
-    ops.extend(_planned(o.name, o.target, tuple(map(reads, o.inputs)), o.input_targets, o.outputs, o.params, o.local)
-               for o in last)
+        base = at + (k - 4) * n
+        ops.extend([_planned(op.name, o.target, op.inputs, o.input_targets, o.outputs, o.params, o.local)
+                    for op, o in zip(full_ops[base:base + n], template)])
+    base = at + len(rep.middle) * n  # the last instance: its reads of instance 3 are of instance count - 2
+    ops.extend(_planned(o.name, o.target, op.inputs, o.input_targets, o.outputs, o.params, o.local)
+               for op, o in zip(full_ops[base:base + n], copied[at:at + n]))
     ops.extend(copied[at + n:])
+
+    position = {o.name: j for j, o in enumerate(template)}
     before = {o.name for o in copied[:at]}
-    of_template, of_last = {o.name for o in template}, {o.name for o in last}
+    of_last = {o.name: j for j, o in enumerate(copied[at:at + n])}
     colls = [c for c in cpl.collectives if c.op in before]
+    moved = []  # a template collective: (op index in the block, where its tensor is in the op, the collective)
+    for c in cpl.collectives:
+        j = position.get(c.op)
+        if j is not None:
+            o = template[j]
+            where = (0, o.inputs.index(c.tensor)) if c.tensor in o.inputs else (1, _outputs(o, rep, j).index(c.tensor))
+            moved.append((j, where, c))
     for k in rep.middle:
-        f = to_instance(rep, k, 3)
-        colls.extend(c.attributed(f(c.tensor), f(c.op)) for c in cpl.collectives if c.op in of_template)
-    colls.extend(c.attributed(reads(c.tensor), c.op) for c in cpl.collectives if c.op in of_last)
+        base = at + (k - 4) * n
+        for j, (side, i), c in moved:
+            op = full_ops[base + j]
+            colls.append(c.attributed((op.inputs if side == 0 else op.outputs)[i], op.name))
+    base = at + len(rep.middle) * n
+    for c in cpl.collectives:
+        j = of_last.get(c.op)
+        if j is not None:
+            o, op = copied[at + j], full_ops[base + j]
+            colls.append(c.attributed(op.inputs[o.inputs.index(c.tensor)] if c.tensor in o.inputs else c.tensor,
+                                      c.op))
     colls.extend(c for c in cpl.collectives if c.op not in before and c.op not in of_last)
+
     head3 = f"{rep.prefix}.3."
+    ours = [(t[len(head3):], dst, chain) for (t, dst), chain in cpl.moves.items()
+            if type(t) is str and t.startswith(head3)]
     moves = dict(cpl.moves)
     for k in rep.middle:
-        f = to_instance(rep, k, 3)
-        moves.update(((f(t), dst), chain) for (t, dst), chain in cpl.moves.items()
-                     if type(t) is str and t.startswith(head3))
+        here = f"{rep.prefix}.{k}."
+        moves.update(((here + t, dst), chain) for t, dst, chain in ours)
+
     sh = cpl.shardings
-
-    def sharding(name):
+    by_suffix = local(rep, 3, sh)
+    cut = len(f"{rep.prefix}.")
+    shardings = {}
+    for name in program.inputs():
         s = sh.get(name)
-        return s if s is not None else sh[rep.name(3, rep.instance_of(name)[1])]
-
-    shardings = {name: sharding(name) for name in program.inputs()}
-    for op in program.ops:
-        for o in op.outputs:
-            shardings[o] = sharding(o)
+        shardings[name] = s if s is not None else by_suffix[name[cut:].partition(".")[2]]
+    for op in full_ops[:at]:
+        for t in op.outputs:
+            shardings[t] = sh[t]
+    made = [[by_suffix[t[len(head3):]] for t in _outputs(o, rep, j)] for j, o in enumerate(template)]
+    for k in rep.middle:
+        base = at + (k - 4) * n
+        for j in range(n):
+            shardings.update(zip(full_ops[base + j].outputs, made[j]))
+    for op in full_ops[at + len(rep.middle) * n:]:
+        for t in op.outputs:
+            shardings[t] = sh[t]
     return {"shardings": shardings, "ops": ops, "collectives": colls, "moves": moves}
+
+
+def _outputs(o, rep, j: int) -> tuple:
+    """The output names of instance 3's ``j``-th op."""
+    return tuple(f"{rep.prefix}.3.{s}" for s in rep.ops[j][3])
 
 
 __all__ = ["expand_plan", "plan_repeated", "stable"]
