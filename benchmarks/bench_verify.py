@@ -104,7 +104,9 @@ def main(rounds: int = ROUNDS) -> None:
               f"both cold), medians (p25–p75) of {rounds} rounds, classes and full alternating. `classes`: "
               "Plan.verify() — the index-level proof for every rank plus numeric runs of two representatives per "
               "rank class; `full`: Plan.verify(mode='full') — every rank simulated in numpy, where feasible. "
-              "Peak RSS: the whole process after the timed call; verify alloc: tracemalloc peak of one verify.")
+              "Peak RSS: the whole process after the timed call; verify alloc: tracemalloc peak of one verify. "
+              "The Llama's layers are one repeated block (`ProgramBuilder.repeat`): plan and verify both read "
+              "its compressed program (layers 0-3 and the last; the others are layer 3's decisions renamed).")
     notes = ("Every classes run is `ok` and `proven` (every op and collective passed the index-level proof for every "
              "rank). The work follows the distinct ops and collectives and their rank classes (uneven shards on "
              "dp=256,tp=32 make more classes), not the 32 layers nor the number of ranks. Full simulation peak RSS: "

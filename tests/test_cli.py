@@ -312,3 +312,11 @@ def test_explain_does_not_claim_a_stream_passes_through_a_normalised_or_scanned_
     assert main(["explain", op, "--mesh", "tp=2", "--inputs", "[tp*~2*8, 16]", "--param", "dim=0"]) == 0
     out = capsys.readouterr().out
     assert "reads dim 0 whole" in out and "passes dim 0 through" not in out
+
+
+def test_plan_of_a_deep_llama_says_what_verify_covered(capsys):
+    assert main(["plan", "--model", "llama", "--layers", "9", "--mesh", "tp=2", "--style", "megatron",
+                 "--verify"]) == 0
+    out = capsys.readouterr().out
+    assert "total: 18 collectives (18 x all_reduce on tp)" in out and "layers.6.attn_out3" in out
+    assert "verified on the compressed program (instances 0-3 and the last of 9); the other 4" in out

@@ -497,7 +497,7 @@ def print_plan(p, v, args) -> None:
             print(f"verified: all {v.checked} tensors {how}; {v.simulated} local runs of {v.classes} rank classes "
                   f"({v.ops} distinct ops, {v.collectives} distinct collectives) equal the unsharded values")
             for note in v.notes:
-                if note.startswith(("ragged", "streams")):
+                if note.startswith(("ragged", "streams", "repeated")):
                     print(f"  {note}")
         elif getattr(v, "reason", "") in ("decisions", "error"):  # at other sizes (plan.guards.verify_sizes)
             print(f"NOT verified: {v.first_mismatch}")

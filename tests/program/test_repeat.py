@@ -191,3 +191,29 @@ def test_styles_of_a_repeated_program_are_those_of_the_whole(mesh, layers):
         got = apply_style(p, m, style)
         assert got.pins == want.pins and got.matched == want.matched, style
     assert "ops" not in p.__dict__  # the style read the compressed program only
+
+
+def _routed(repeat):
+    """A stack of routed MoE layers (ragged tensors: derived program-wide, so materialised)."""
+    b = ProgramBuilder()
+    x = b.input("x", (16, 16))
+
+    def block(b, x, p):
+        wr, w1 = b.param(f"{p}.router", (16, 4)), b.param(f"{p}.w1", (4, 16, 32))
+        w2 = b.param(f"{p}.w2", (4, 32, 16))
+        probs = b.op("_softmax", [b.op("mm", [x, wr], name=f"{p}.logits")], name=f"{p}.probs", dim=1)
+        scores, idx = b.op("topk", [probs], name=f"{p}.topk", n_out=2, dtypes=("float32", "int64"), k=2, dim=1)
+        xs = b.op("route", [x, idx], name=f"{p}.dispatch", experts=4)
+        h = b.op("silu", [b.op("einsum", [xs, w1], name=f"{p}.in", equation="erd,edf->erf")], name=f"{p}.act")
+        o = b.op("einsum", [h, w2], name=f"{p}.out", equation="erf,efd->erd")
+        return b.op("add", [x, b.op("unroute", [o, idx, scores], name=f"{p}.combine")], name=f"{p}.resid")
+
+    b.output(repeat(b, block, 7, x))
+    return b.build()
+
+
+def test_a_repeated_block_with_ragged_tensors_is_materialised(monkeypatch):
+    got = _routed(lambda b, *a: b.repeat(*a))
+    want = _routed(lambda b, *a: _loop(b, *a))
+    assert got.repeated is None and got == want
+    assert got.tensors["layers.5.dispatch"].ragged == want.tensors["layers.5.dispatch"].ragged is not None

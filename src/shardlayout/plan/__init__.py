@@ -97,7 +97,8 @@ class Plan:
             raise AttributeError(f"'Plan' object has no attribute {name!r}")
         from .repeat import expand_plan
 
-        self.__dict__.update(expand_plan(*rep, self.program))
+        with paused_gc():  # thousands of small records, no cycles
+            self.__dict__.update(expand_plan(*rep, self.program))
         return self.__dict__[name]
 
     @property

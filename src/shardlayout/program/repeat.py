@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..caches import paused_gc
+
 MIN_COUNT = 6  # below this every instance is kept: there is no middle to share
 _LOCAL, _PREV, _EXT, _CONST = 0, 1, 2, 3
 
@@ -192,6 +194,11 @@ def local(rep: Repeat, k: int, named: dict) -> dict:
 def expand(compressed, rep: Repeat) -> tuple:
     """The full program's ``(tensors, ops)`` from its compressed form: the middle instances
     inserted after instance 3, the last instance reading instance ``count - 2``."""
+    with paused_gc():  # thousands of small immutable records, no cycles
+        return _expand(compressed, rep)
+
+
+def _expand(compressed, rep: Repeat) -> tuple:
     names = list(compressed.tensors)
     tensors = {n: compressed.tensors[n] for n in names[:rep.tensor_at]}
     ops = list(compressed.ops[:rep.op_at])
