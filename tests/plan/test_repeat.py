@@ -87,3 +87,27 @@ def test_the_plan_reads_every_op_of_a_repeated_program_only_when_asked():
     assert "ops" not in p.__dict__ and "collectives" not in got.__dict__
     assert len(got.collectives) == 60 and len(got.ops) == 1500 and "ops" in p.__dict__
     assert got.ops[20 * 50].name == "layers.20.attn_norm.sq"
+
+
+_WEIGHTS = ["wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down", "attn_norm", "mlp_norm"]
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.sampled_from(["dp=2,tp=2", "tp=4", "dp=2"]), st.lists(st.tuples(st.sampled_from(_WEIGHTS),
+                                                                      st.integers(0, 1)), max_size=3),
+       st.integers(6, 9), st.booleans())
+def test_random_pins_alike_on_every_layer_plan_as_the_whole(mesh, picks, layers, first_apart):
+    m = Mesh.parse(mesh)
+    p = llama(layers=layers)
+    axis = m.names[-1]
+    pins = {}
+    for w, d in picks:
+        shape = (16,) if w.endswith("norm") else (32, 16) if w == "w_down" else (16, 32) if w.startswith("w_") \
+            and w != "wo" and w not in ("wq", "wk", "wv") else (16, 16)
+        d = min(d, len(shape) - 1)
+        dims = [f"{axis}*{n // m.axis_size(axis)}" if i == d else str(n) for i, n in enumerate(shape)]
+        for i in range(layers):
+            if not (first_apart and i == 0):  # layer 0 unpinned: the rest still alike
+                pins[f"layers.{i}.{w}"] = f"[{', '.join(dims)}]"
+    got = plan(p, m, pins)
+    _same(got, plan(_flat(llama(layers=layers)), m, pins))
