@@ -35,16 +35,22 @@ def plan_repeated(program, mesh, user: dict, cost_model, backward: bool):
 
     t0 = time.perf_counter()
     cp, rep = program.repeated
-    kept, middle = {}, {}
-    for name, s in user.items():
-        (middle if rep.is_middle(name) else kept)[name] = s
-    template = local(rep, 3, kept)
-    if len(middle) != len(template) * len(rep.middle):
+    template = local(rep, 3, user)
+    kept, middle = {}, 0
+    head, last = rep.prefix + ".", rep.count - 1
+    cut = len(head)
+    for name, s in user.items():  # a middle instance's pins must be instance 3's, renamed
+        if name.startswith(head):
+            k, _, suffix = name[cut:].partition(".")
+            if k.isdigit() and 4 <= int(k) < last and k[0] != "0":
+                t = template.get(suffix)
+                if t is None or (t is not s and t != s):
+                    return None
+                middle += 1
+                continue
+        kept[name] = s
+    if middle != len(template) * len(rep.middle):
         return None
-    for name, s in middle.items():  # a middle instance's pins are instance 3's, renamed
-        t = template.get(rep.instance_of(name)[1])
-        if t is None or (t is not s and t != s):
-            return None
     cm = cost_model or DEFAULT_COST_MODEL
     extra = len(rep.middle)
     names3 = frozenset(rep.name(3, r[4]) for r in rep.ops)
