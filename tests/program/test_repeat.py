@@ -17,10 +17,13 @@ from shardlayout.program.styles import STYLES, apply_style
 
 
 def _loop(self, block, count, carry, prefix="layers"):
-    """The oracle: every instance built by calling the block."""
+    """The oracle: every instance built by calling the block (names prefixed by the builder)."""
     single = isinstance(carry, str)
     for i in range(count):
-        carry = block(self, carry, f"{prefix}.{i}")
+        scope, scoped = self._scope, self._scoped
+        self._scope, self._scoped = f"{prefix}.{i}.", 0
+        carry = block(self, carry)
+        self._scope, self._scoped = scope, scoped
     return carry if single else tuple(carry)
 
 
@@ -80,20 +83,20 @@ def _build(steps, two, count, repeat):
     z = b.input("z", (4, 8))
     shared = b.input("shared", (4, 8))
 
-    def block(b, carry, p):
+    def block(b, carry):
         h, other = (carry if two else (carry, None))
         for j, s in enumerate(steps):
             if s == "mm":
-                w = b.param(f"{p}.w{j}", (8, 8))
-                h = b.op("mm", [h, w], name=f"{p}.mm{j}")
+                w = b.param(f"w{j}", (8, 8))
+                h = b.op("mm", [h, w], name=f"mm{j}")
             elif s == "add_shared":
-                h = b.op("add", [h, shared], name=f"{p}.sh{j}")
+                h = b.op("add", [h, shared])  # named automatically, per instance
             elif s == "add_carry":
-                h = b.op("add", [h, other if two else h], name=f"{p}.ca{j}")
+                h = b.op("add", [h, other if two else h], name=f"ca{j}")
             else:
-                h = b.op(s, [h], name=f"{p}.{s}{j}")
+                h = b.op(s, [h], name=f"{s}{j}")
         if two:
-            return h, b.op("mul", [h, other], name=f"{p}.other")
+            return h, b.op("mul", [h, other], name="other")
         return h
 
     out = repeat(b, block, count, (x, z) if two else x)
@@ -112,33 +115,43 @@ def test_random_blocks_stamp_as_they_loop(case):
     assert (got.repeated is not None) == (count >= MIN_COUNT)
 
 
-def test_a_block_that_differs_by_instance_is_built_every_time(monkeypatch):
+def test_a_block_that_keeps_state_between_calls_is_built_every_time():
     calls = []
 
-    def block(b, x, p):
-        calls.append(p)
-        y = b.op("relu", [x], name=f"{p}.a")
-        return b.op("neg", [y], name=f"{p}.b") if p.endswith(".1") else y
+    def block(b, x):  # not one block: the second call adds an op
+        calls.append(1)
+        y = b.op("relu", [x], name="a")
+        return b.op("neg", [y], name="b") if len(calls) == 2 else y
 
     b = ProgramBuilder()
     x = b.input("x", (4,))
     b.output(b.repeat(block, 8, x))
     p = b.build()
     assert p.repeated is None and len(calls) == 8 and len(p.ops) == 9
+    assert [op.name for op in p.ops[:3]] == ["layers.0.a", "layers.1.a", "layers.1.b"]
 
 
-def test_auto_named_ops_are_built_every_time():
+def test_auto_named_ops_are_named_per_instance():
     b = ProgramBuilder()
     x = b.input("x", (4,))
-    b.output(b.repeat(lambda b, x, p: b.op("relu", [x]), 8, x))
+    b.output(b.repeat(lambda b, x: b.op("neg", [b.op("relu", [x])]), 8, x))
     p = b.build()
-    assert p.repeated is None and len(p.ops) == 8
+    assert p.repeated is not None and [op.name for op in p.ops[10:12]] == ["layers.5.relu_1", "layers.5.neg_2"]
+
+
+def test_a_repeat_inside_a_repeat_builds_the_inner_one():
+    b = ProgramBuilder()
+    x = b.input("x", (4,))
+    inner = lambda b, x: b.op("relu", [x], name="y")  # noqa: E731
+    b.output(b.repeat(lambda b, x: b.repeat(inner, 6, x, prefix="sub"), 7, x))
+    p = b.build()
+    assert p.repeated is not None and len(p.ops) == 42 and p.ops[-1].name == "layers.6.sub.5.y"
 
 
 def _eight():
     b = ProgramBuilder()
     x = b.input("x", (4,))
-    y = b.repeat(lambda b, x, p: b.op("relu", [x], name=f"{p}.y"), 8, x)
+    y = b.repeat(lambda b, x: b.op("relu", [x], name="y"), 8, x)
     return b, y
 
 
@@ -157,14 +170,14 @@ def test_a_stamped_name_cannot_be_defined_again():
     x = b.input("x", (4,))
     b.input("layers.6.y", (4,))
     with pytest.raises(ProgramError, match="'layers.6.y' is defined twice"):
-        b.repeat(lambda b, x, p: b.op("relu", [x], name=f"{p}.y"), 8, x)
+        b.repeat(lambda b, x: b.op("relu", [x], name="y"), 8, x)
 
 
 @pytest.mark.parametrize("count, block, carry, match", [
-    (0, lambda b, x, p: x, "x", "count 0 must be an int >= 1"),
-    (True, lambda b, x, p: x, "x", "count True must be an int >= 1"),
-    (8, lambda b, x, p: None, "x", "instance 0 returned"),
-    (8, lambda b, x, p: b.op("relu", [x], name=f"{p}.y"), "nope", "carry 'nope' is not a tensor"),
+    (0, lambda b, x: x, "x", "count 0 must be an int >= 1"),
+    (True, lambda b, x: x, "x", "count True must be an int >= 1"),
+    (8, lambda b, x: None, "x", "instance 0 returned"),
+    (8, lambda b, x: b.op("relu", [x], name="y"), "nope", "carry 'nope' is not a tensor"),
 ])
 def test_bad_repeats_name_what_is_wrong(count, block, carry, match):
     b = ProgramBuilder()
@@ -198,15 +211,14 @@ def _routed(repeat):
     b = ProgramBuilder()
     x = b.input("x", (16, 16))
 
-    def block(b, x, p):
-        wr, w1 = b.param(f"{p}.router", (16, 4)), b.param(f"{p}.w1", (4, 16, 32))
-        w2 = b.param(f"{p}.w2", (4, 32, 16))
-        probs = b.op("_softmax", [b.op("mm", [x, wr], name=f"{p}.logits")], name=f"{p}.probs", dim=1)
-        scores, idx = b.op("topk", [probs], name=f"{p}.topk", n_out=2, dtypes=("float32", "int64"), k=2, dim=1)
-        xs = b.op("route", [x, idx], name=f"{p}.dispatch", experts=4)
-        h = b.op("silu", [b.op("einsum", [xs, w1], name=f"{p}.in", equation="erd,edf->erf")], name=f"{p}.act")
-        o = b.op("einsum", [h, w2], name=f"{p}.out", equation="erf,efd->erd")
-        return b.op("add", [x, b.op("unroute", [o, idx, scores], name=f"{p}.combine")], name=f"{p}.resid")
+    def block(b, x):
+        wr, w1, w2 = b.param("router", (16, 4)), b.param("w1", (4, 16, 32)), b.param("w2", (4, 32, 16))
+        probs = b.op("_softmax", [b.op("mm", [x, wr], name="logits")], name="probs", dim=1)
+        scores, idx = b.op("topk", [probs], name="topk", n_out=2, dtypes=("float32", "int64"), k=2, dim=1)
+        xs = b.op("route", [x, idx], name="dispatch", experts=4)
+        h = b.op("silu", [b.op("einsum", [xs, w1], name="in", equation="erd,edf->erf")], name="act")
+        o = b.op("einsum", [h, w2], name="out", equation="erf,efd->erd")
+        return b.op("add", [x, b.op("unroute", [o, idx, scores], name="combine")], name="resid")
 
     b.output(repeat(b, block, 7, x))
     return b.build()

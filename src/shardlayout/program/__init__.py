@@ -514,6 +514,8 @@ class ProgramBuilder:
         self._sym: dict = {}  # tensor -> symbolic shape
         self._notes: list = []
         self._repeat = None  # the Repeat whose middle instances this builder left out
+        self._scope = ""  # inside a repeated block: its instance's name prefix ("layers.3.")
+        self._scoped = 0  # ops named automatically in the current instance
         if isinstance(facts, (str, Guard)):
             facts = (facts,)
         for f in facts:
@@ -556,6 +558,8 @@ class ProgramBuilder:
         self._ops.append(op)
 
     def _tensor(self, name, shape, dtype: str, kind: str, sym_shape=None) -> str:
+        if self._scope and isinstance(name, str) and name:
+            name = self._scope + name
         shape = tuple(shape) if hasattr(shape, "__iter__") and not isinstance(shape, str) else shape
         if sym_shape is None and isinstance(shape, tuple) and any(isinstance(x, (str, Expr)) for x in shape):
             sym_shape = _sy.to_shape(shape, self._symbols, f"tensor {name!r}")
@@ -637,7 +641,12 @@ class ProgramBuilder:
             if shapes is None:
                 shapes = shape_of(target, in_shapes, params)
         self._count += 1
-        base = name or f"{target.split('.')[0].replace('aten', '').strip('_:') or 'op'}_{self._count}"
+        if self._scope:  # inside a repeated block: names relative to the instance, counted per instance
+            self._scoped += 1
+            base = self._scope + (name or f"{target.split('.')[0].replace('aten', '').strip('_:') or 'op'}_"
+                                  f"{self._scoped}")
+        else:
+            base = name or f"{target.split('.')[0].replace('aten', '').strip('_:') or 'op'}_{self._count}"
         outs = [] if not shapes else [base] if len(shapes) == 1 else [f"{base}.{k}" for k in range(len(shapes))]
         dts = list(dtypes) if dtypes is not None else [dtype] * len(outs)
         for k, (o, shp, dt) in enumerate(zip(outs, shapes, dts)):
@@ -661,16 +670,18 @@ class ProgramBuilder:
         return outs[0] if n_out == 1 else tuple(outs)
 
     def repeat(self, block, count: int, carry, prefix: str = "layers"):
-        """``count`` instances of ``block(b, carry, p) -> carry``, instance ``i`` with ``p =
-        f"{prefix}.{i}"`` naming every tensor and op it makes (``f"{p}.wq"``); returns the last
-        instance's carry. ``block`` is called for instances 0 and 1 only when they prove to be one
-        block (``program.repeat.derive``: same ops, params and shapes, names differing by ``p``,
-        instance 1 reading instance 0's carry where instance 0 read the initial one); the others
-        are renamed copies, and the program keeps instances 0-3 and the last, making the middle
-        ones when read (planning reads the kept ones only). So ``block`` must build the same ops
-        for every instance (as the body of ``jax.lax.scan`` does); when instances 0 and 1 differ,
-        or ``count < 6``, or the program is symbolic, every instance is built by calling ``block``.
-        ``x = b.repeat(lambda b, x, p: b.op("relu", [x], name=f"{p}.y"), 8, x)``"""
+        """``count`` instances of ``block(b, carry) -> carry``; returns the last instance's carry.
+        Inside the block every name it gives (``b.param("wq", ...)``, ``b.op(..., name="q")``) and
+        every automatic op name is relative to the instance: instance ``i`` makes
+        ``f"{prefix}.{i}.wq"``. The block is not told which instance it builds, so it builds the
+        same ops for every one (as the body of ``jax.lax.scan`` is traced once): the builder calls
+        it for instances 0 and 1, checks that they are one block (``program.repeat.derive``: same
+        ops, params and shapes, instance 1 reading instance 0's carry where instance 0 read the
+        initial one; a block keeping state between calls fails it) and stamps the others. The
+        program keeps instances 0-3 and the last and makes the middle ones when read; styles and
+        plans read the kept ones only. When the two differ, or ``count < 6``, or the program is
+        symbolic, or inside another repeat, every instance is built by calling ``block``.
+        ``x = b.repeat(lambda b, x: b.op("relu", [x], name="y"), 8, x)`` makes ``layers.7.y``."""
         from .repeat import MIN_COUNT, derive, stamp
 
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
@@ -684,7 +695,12 @@ class ProgramBuilder:
                 raise ProgramError(f"repeat {prefix!r}: carry {c!r} is not a tensor defined before it")
 
         def run(i: int, c: tuple) -> tuple:
-            out = block(self, c[0] if single else c, f"{prefix}.{i}")
+            scope, scoped = self._scope, self._scoped
+            self._scope, self._scoped = f"{scope}{prefix}.{i}.", 0
+            try:
+                out = block(self, c[0] if single else c)
+            finally:
+                self._scope, self._scoped = scope, scoped
             out = (out,) if single else tuple(out) if isinstance(out, (tuple, list)) else None
             if out is None or len(out) != len(c) or not all(isinstance(x, str) and x in self._tensors for x in out):
                 raise ProgramError(f"repeat {prefix!r}: instance {i} returned {out!r}; the block must return "
@@ -695,7 +711,7 @@ class ProgramBuilder:
             return c[0] if single else c
 
         c = carry0
-        if count < MIN_COUNT or self._symbols or self._repeat is not None:
+        if count < MIN_COUNT or self._symbols or self._repeat is not None or self._scope:
             for i in range(count):
                 c = run(i, c)
             return result(c)

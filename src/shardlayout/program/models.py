@@ -52,34 +52,34 @@ def _llama(layers: int, batch: int, seq: int, dim: int, heads: int, ffn: int) ->
     cos = b.input("cos", (seq, hd))
     sin = b.input("sin", (seq, hd))
 
-    def layer(b: ProgramBuilder, x: str, p: str) -> str:
-        w = {n: b.param(f"{p}.{n}", s) for n, s in [
+    def layer(b: ProgramBuilder, x: str) -> str:  # names relative to the layer: layers.{i}.wq
+        w = {n: b.param(n, s) for n, s in [
             ("attn_norm", (dim,)), ("wq", (dim, dim)), ("wk", (dim, dim)), ("wv", (dim, dim)), ("wo", (dim, dim)),
             ("mlp_norm", (dim,)), ("w_gate", (dim, ffn)), ("w_up", (dim, ffn)), ("w_down", (ffn, dim))]}
-        h = _rms_norm(b, x, w["attn_norm"], f"{p}.attn_norm")
-        h2 = b.op("view", [h], name=f"{p}.attn_in", shape=(batch * seq, dim))
+        h = _rms_norm(b, x, w["attn_norm"], "attn_norm")
+        h2 = b.op("view", [h], name="attn_in", shape=(batch * seq, dim))
         heads_out = []
         for n in ("q", "k", "v"):
-            y = b.op("mm", [h2, w[f"w{n}"]], name=f"{p}.{n}")
-            y = b.op("view", [y], name=f"{p}.{n}4", shape=(batch, seq, heads, hd))
-            y = b.op("transpose", [y], name=f"{p}.{n}t", dim0=1, dim1=2)
+            y = b.op("mm", [h2, w[f"w{n}"]], name=n)
+            y = b.op("view", [y], name=f"{n}4", shape=(batch, seq, heads, hd))
+            y = b.op("transpose", [y], name=f"{n}t", dim0=1, dim1=2)
             if n != "v":
-                y = _rope(b, y, cos, sin, hd, f"{p}.rope_{n}")
+                y = _rope(b, y, cos, sin, hd, f"rope_{n}")
             heads_out.append(y)
-        a = b.op("scaled_dot_product_attention", heads_out, name=f"{p}.sdpa", is_causal=True)
-        a = b.op("transpose", [a], name=f"{p}.sdpa_t", dim0=1, dim1=2)
-        a = b.op("view", [a], name=f"{p}.attn_flat", shape=(batch * seq, dim))
-        o = b.op("mm", [a, w["wo"]], name=f"{p}.attn_out")
-        o = b.op("view", [o], name=f"{p}.attn_out3", shape=(batch, seq, dim))
-        x = b.op("add", [x, o], name=f"{p}.resid1")
-        h = _rms_norm(b, x, w["mlp_norm"], f"{p}.mlp_norm")
-        h2 = b.op("view", [h], name=f"{p}.mlp_in", shape=(batch * seq, dim))
-        g = b.op("mm", [h2, w["w_gate"]], name=f"{p}.gate")
-        u = b.op("mm", [h2, w["w_up"]], name=f"{p}.up")
-        act = b.op("mul", [b.op("silu", [g], name=f"{p}.silu"), u], name=f"{p}.swiglu")
-        d = b.op("mm", [act, w["w_down"]], name=f"{p}.mlp_out")
-        d = b.op("view", [d], name=f"{p}.mlp_out3", shape=(batch, seq, dim))
-        return b.op("add", [x, d], name=f"{p}.resid2")
+        a = b.op("scaled_dot_product_attention", heads_out, name="sdpa", is_causal=True)
+        a = b.op("transpose", [a], name="sdpa_t", dim0=1, dim1=2)
+        a = b.op("view", [a], name="attn_flat", shape=(batch * seq, dim))
+        o = b.op("mm", [a, w["wo"]], name="attn_out")
+        o = b.op("view", [o], name="attn_out3", shape=(batch, seq, dim))
+        x = b.op("add", [x, o], name="resid1")
+        h = _rms_norm(b, x, w["mlp_norm"], "mlp_norm")
+        h2 = b.op("view", [h], name="mlp_in", shape=(batch * seq, dim))
+        g = b.op("mm", [h2, w["w_gate"]], name="gate")
+        u = b.op("mm", [h2, w["w_up"]], name="up")
+        act = b.op("mul", [b.op("silu", [g], name="silu"), u], name="swiglu")
+        d = b.op("mm", [act, w["w_down"]], name="mlp_out")
+        d = b.op("view", [d], name="mlp_out3", shape=(batch, seq, dim))
+        return b.op("add", [x, d], name="resid2")
 
     x = b.repeat(layer, layers, x, prefix="layers")
     b.output(x)

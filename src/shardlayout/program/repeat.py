@@ -1,20 +1,20 @@
 """Repeated blocks: a model's layers written once, checked twice and stamped.
 
-``ProgramBuilder.repeat(block, count, carry, prefix)`` calls ``block`` for instances 0 and 1 and
-checks that they are one block (:func:`derive`): the same ops, params and shapes, every name
-``{prefix}.{i}.{suffix}`` with the same suffixes, and instance 1 reading instance 0's outputs
-exactly where instance 0 read the carry. The other instances are copies with their names
-renamed (:func:`stamp`): shape inference and the op rules give a renamed copy the same
-answers. The program keeps instances 0, 1, 2, 3 and the last one (its *compressed* form, a
-program in its own right, in which the last instance reads instance 3), and makes the middle
-ones (4 .. count-2) only when something reads every op (:func:`expand`); planning and styles
-read the compressed form (``plan.repeat``).
+``ProgramBuilder.repeat(block, count, carry, prefix)`` calls ``block(b, carry)`` for instances 0
+and 1, each naming what it makes relative to the instance (``{prefix}.{i}.{name}``), and checks
+that they are one block (:func:`derive`): the same ops, params and shapes, the same names within
+the instance, and instance 1 reading instance 0's outputs exactly where instance 0 read the
+carry. The other instances are copies with their names renamed (:func:`stamp`): shape inference
+and the op rules give a renamed copy the same answers. The program keeps instances 0, 1, 2, 3 and
+the last one (its *compressed* form, a program in its own right, in which the last instance reads
+instance 3), and makes the middle ones (4 .. count-2) only when something reads every op
+(:func:`expand`); planning and styles read the compressed form (``plan.repeat``).
 
     >>> from shardlayout.program import ProgramBuilder
     >>> b = ProgramBuilder(); w0 = b.input("x", (4, 8))
-    >>> def block(b, x, p):
-    ...     w = b.param(f"{p}.w", (8, 8))
-    ...     return b.op("mm", [x, w], name=f"{p}.y")
+    >>> def block(b, x):
+    ...     w = b.param("w", (8, 8))
+    ...     return b.op("mm", [x, w], name="y")
     >>> y = b.repeat(block, 8, w0); b.output(y); prog = b.build()
     >>> y, len(prog.ops), len(prog.repeated[0].ops)
     ('layers.7.y', 8, 5)
