@@ -37,7 +37,7 @@ class Repeat:
     ``ops`` (per op: target, inputs as ``(kind, suffix or name or constant)``, params, output
     suffixes, name suffix, symbolic params); ``carry``: the suffixes the block returns;
     ``tensor_at`` / ``op_at``: where the middle instances go in the compressed program's
-    tensors and ops (after instance 3's); ``last_op_at``: where the last instance's ops start."""
+    tensors and ops (after instance 3's; the last instance's start there)."""
 
     prefix: str
     count: int

@@ -6,7 +6,8 @@ only its own shards, and executes the plan with :class:`TorchRankExecutor` throu
 program in one process (the reference) and compares every tensor it holds; rank 0 reports the
 maximum error over all ranks and the collectives it executed next to the planned ones.
 
-Started from a plain shell, ``run`` spawns ``--nproc`` ranks itself (gloo on CPU); under
+Started from a plain shell, ``run`` starts ``--nproc`` ranks itself (gloo on CPU, forked from a
+server process that imported torch once); under
 ``torchrun`` it uses the launcher's ``RANK`` / ``WORLD_SIZE``. A rank that dies makes the
 launcher stop every other rank and exit 1 naming it; collectives time out after ``--timeout``.
 """

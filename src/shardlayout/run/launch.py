@@ -343,7 +343,7 @@ def _ix(idx):
 
 
 def _child(rank, world, args_dict, init_method, result_path):
-    """Entry point of a spawned rank (module level: picklable)."""
+    """Entry point of a rank (module level: picklable)."""
     import argparse
 
     ns = argparse.Namespace(**args_dict)
@@ -359,11 +359,13 @@ def _child(rank, world, args_dict, init_method, result_path):
 
 
 def launch(args_dict: dict, nproc: int) -> dict:
-    """Spawn ``nproc`` ranks of ``run`` on this machine and return rank 0's report. Raises
+    """Start ``nproc`` ranks of ``run`` on this machine (forked from a server process that imported
+    torch once, not each importing it) and return rank 0's report. Raises
     ``RunError`` naming the first rank that failed; no rank is left running."""
     import multiprocessing as mp
 
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")  # ranks fork from one server that imported torch once
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "shardlayout.run.executor", "shardlayout.run.launch"])
     with tempfile.TemporaryDirectory(prefix="shardlayout-run-") as tmp:
         init = f"tcp://127.0.0.1:{_free_port()}"
         result = os.path.join(tmp, "rank0.json")
