@@ -254,7 +254,7 @@ class Plan:
         ``[{"batch": 8}]``; default: two drawn from ``guards``, see ``plan.guards``), where the
         program is planned again with the same options, must make the same decisions and verify;
         the result (``SizedVerification``) lists the ``bindings`` verified. The plan of a repeated
-    program (``plan.repeat``) is verified on its compressed form."""
+        program (``plan.repeat``) is verified on its compressed form."""
         rep = self.repeated
         v = verify_plan(self if rep is None else rep[0], mode, seed, rtol, atol, budget)
         if rep is not None:  # the middle instances are instance 3's decisions renamed (plan.repeat.stable)
@@ -390,6 +390,7 @@ def _plan(program: Program, mesh: Mesh, user: dict, cost_model, backward: bool, 
         return plan_style(program, mesh, style, user, cost_model, **auto)
     t0 = time.perf_counter()
     cm = cost_model or DEFAULT_COST_MODEL
+    weigh = weigh or (lambda p: p.total_seconds)
     _check_pins(program, user)
     inferred: dict = {}
     with paused_gc():
@@ -407,7 +408,7 @@ def _plan(program: Program, mesh: Mesh, user: dict, cost_model, backward: bool, 
             if not hoisted:
                 break
             q = _forward(program, mesh, {**inferred, **hoisted, **user}, cm)
-            if (q.total_seconds >= p.total_seconds) if weigh is None else (weigh(q) >= weigh(p)):
+            if weigh(q) >= weigh(p):
                 break
             inferred.update(hoisted)
             p = q

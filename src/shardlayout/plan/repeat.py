@@ -37,18 +37,15 @@ def plan_repeated(program, mesh, user: dict, cost_model, backward: bool):
     cp, rep = program.repeated
     template = local(rep, 3, user)
     kept, middle = {}, 0
-    head, last = rep.prefix + ".", rep.count - 1
-    cut = len(head)
     for name, s in user.items():  # a middle instance's pins must be instance 3's, renamed
-        if name.startswith(head):
-            k, _, suffix = name[cut:].partition(".")
-            if k.isdigit() and 4 <= int(k) < last and k[0] != "0":
-                t = template.get(suffix)
-                if t is None or (t is not s and t != s):
-                    return None
-                middle += 1
-                continue
-        kept[name] = s
+        at = rep.instance_of(name)
+        if at is not None and 4 <= at[0] < rep.count - 1:
+            t = template.get(at[1])
+            if t is None or (t is not s and t != s):
+                return None
+            middle += 1
+        else:
+            kept[name] = s
     if middle != len(template) * len(rep.middle):
         return None
     cm = cost_model or DEFAULT_COST_MODEL

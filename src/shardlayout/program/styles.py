@@ -198,8 +198,7 @@ def _repeated_style(program: Program, mesh: Mesh, style: str):
         return None
     n = len(rep.ops)
 
-    def moved(b: Block, k: int, src: int) -> Block:
-        f, shift = to_instance(rep, k, src), (k - src) * n
+    def moved(b: Block, f, shift: int) -> Block:  # names renamed by f, op indices shifted
         lin = lambda x: replace(x, weight=f(x.weight), bias=f(x.bias), op=x.op + shift,  # noqa: E731
                                 output=f(x.output), activation=f(x.activation))
         return replace(b, name=f(b.name + ".")[:-1], first=tuple(map(lin, b.first)), last=tuple(map(lin, b.last)),
@@ -210,26 +209,22 @@ def _repeated_style(program: Program, mesh: Mesh, style: str):
         return [i for i, b in enumerate(got.matched) if all(t.startswith(head) for t in b.tensors()) and b.tensors()]
 
     at = {k: of(k) for k in (2, 3)}
-    if len(at[2]) != len(at[3]) or any(moved(got.matched[i], 3, 2) != got.matched[j] for i, j in zip(at[2], at[3])):
+    if len(at[2]) != len(at[3]) or any(moved(got.matched[i], to_instance(rep, 3, 2), n) != got.matched[j]
+                                       for i, j in zip(at[2], at[3])):
         return None
     pins, template = dict(got.pins), local(rep, 3, got.pins)
     blocks = [got.matched[i] for i in at[3]]
     middle = []
-    last = f"{rep.prefix}.{rep.count - 1}."
     for k in rep.middle:
         head = f"{rep.prefix}.{k}."
         pins.update((head + sfx, v) for sfx, v in template.items())
-        middle.extend(moved(b, k, 3) for b in blocks)
+        middle.extend(moved(b, to_instance(rep, k, 3), (k - 3) * n) for b in blocks)
     if middle:  # the last instance's blocks and the rest: ops later by the middle, reads of instance 3 renamed
-        shift, reads = len(rep.middle) * n, last_reads(rep)
-        tail = []
-        for b in got.matched[(at[3][-1] + 1) if at[3] else len(got.matched):]:
-            f = reads if b.tensors() and all(t.startswith(last) for t in b.tensors()) else (lambda x: x)
-            lin = lambda x, f=f: replace(x, op=x.op + shift, activation=f(x.activation))  # noqa: E731
-            tail.append(replace(b, first=tuple(map(lin, b.first)), last=tuple(map(lin, b.last)),
-                                inputs=tuple(map(f, b.inputs)), output=f(b.output)))
-        head = got.matched[:(at[3][-1] + 1) if at[3] else len(got.matched)]
-        return StylePins(pins, tuple(head) + tuple(middle) + tuple(tail))
+        cut = (at[3][-1] + 1) if at[3] else len(got.matched)
+        last, reads, same = f"{rep.prefix}.{rep.count - 1}.", last_reads(rep), lambda x: x
+        tail = [moved(b, reads if b.tensors() and all(t.startswith(last) for t in b.tensors()) else same,
+                      len(rep.middle) * n) for b in got.matched[cut:]]
+        return StylePins(pins, tuple(got.matched[:cut]) + tuple(middle) + tuple(tail))
     return StylePins(pins, got.matched)
 
 
