@@ -27,6 +27,8 @@ Method (printed in the header too):
   redistributions or wrapping; its C++ cache hits cost nothing in this column (to its advantage).
   The whole meta forward is shown beside it for scale.
 * Slope: (time at 80 layers - time at 8 layers) / 72, per side; ours also with the first read.
+  Medians over fresh processes are noisy at this scale, so one more process measures ours at 8
+  and 80 layers as the minimum of 10 cold runs each, repeated and with every layer materialised.
 
 Run: ``python benchmarks/bench_plan.py [ROUNDS]`` (writes ``benchmarks/results/plan.md``).
 """
@@ -204,6 +206,34 @@ def _run(code: str, layers: int, local: bool = False) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+STEADY = f"""
+import json, time
+from shardlayout import Mesh
+from shardlayout.caches import clear_caches
+from shardlayout.plan import plan
+from shardlayout.program import Program
+from shardlayout.program.models import llama, style_pins
+mesh = Mesh.parse({MESH!r})
+warm = llama(layers=1, dim=32, heads=2, ffn=64)
+plan(warm, mesh, style_pins(warm, mesh, {STYLE!r}))
+res = {{}}
+for r in range(10):
+    for layers in (8, 80):
+        for whole in (False, True):
+            prog = llama(layers=layers, batch={B}, seq={T}, dim={D}, heads={HEADS}, ffn={FFN})
+            if whole:  # every layer materialised: planned op by op
+                prog = Program(prog.tensors, prog.ops, prog.outputs)
+            pins = style_pins(prog, mesh, {STYLE!r})
+            clear_caches()
+            t0 = time.perf_counter()
+            p = plan(prog, mesh, pins)
+            t1 = time.perf_counter()
+            n = len(p.collectives) + len(p.ops) + len(p.shardings) + len(p.moves) + len(prog.ops)
+            t2 = time.perf_counter()
+            res.setdefault(f"{{layers}} {{whole}}", []).append((t1 - t0, t2 - t1))
+print(json.dumps({{k: [min(x[0] for x in v), min(x[1] for x in v)] for k, v in res.items()}}))
+"""
+
 SIDES = (("ours", OURS, False), ("dt", DTENSOR, False), ("tt", DTENSOR, True))
 
 
@@ -260,6 +290,15 @@ def main() -> int:
              f"{slope('plan'):.3f} ms, build+plan+first read {slope('full'):.3f} ms; "
              f"DTensor propagation {slope('dt'):.3f} ms (every op), "
              f"{slope('tt'):.3f} ms (torchtitan idiom); DTensor's whole meta forward {slope('fwd'):.2f} ms.")
+    steady = _run(STEADY, 0)
+    per = lambda a, b: (b - a) / 72 * 1e3  # noqa: E731 - ms per layer, 8 -> 80 layers
+    notes += (f" In one process, minimum of 10 cold runs each (clear_caches() before each): our plan "
+              f"{steady['8 False'][0] * 1e3:.1f} ms at 8 layers, {steady['80 False'][0] * 1e3:.1f} ms at 80 "
+              f"({per(steady['8 False'][0], steady['80 False'][0]):.3f} ms per layer); the first read "
+              f"{per(steady['8 False'][1], steady['80 False'][1]):.2f} ms per layer; the same Llama with every "
+              f"layer materialised, planned op by op: {steady['8 True'][0] * 1e3:.1f} ms and "
+              f"{steady['80 True'][0] * 1e3:.1f} ms ({per(steady['8 True'][0], steady['80 True'][0]):.2f} ms per "
+              "layer).")
     emit("plan", method, header, rows, notes)
     return 0
 
