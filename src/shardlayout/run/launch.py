@@ -353,9 +353,16 @@ def _child(rank, world, args_dict, init_method, result_path):
         print(f"shardlayout: error: rank {rank}: {e}", file=sys.stderr)
         sys.exit(2)
     except Exception as e:  # noqa: BLE001 - one line naming the rank, never a traceback
-        print(f"shardlayout: error: rank {rank}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
-              file=sys.stderr)
+        text = str(e).splitlines()[0] if str(e) else ""
+        if "gloo/transport" in text:  # a peer's connection broke: the launcher names the rank that died first
+            print(f"shardlayout: error: rank {rank}: lost its connection to another rank ({text[:160]})",
+                  file=sys.stderr)
+            sys.exit(_PEER_LOST)
+        print(f"shardlayout: error: rank {rank}: {type(e).__name__}: {text}", file=sys.stderr)
         sys.exit(1)
+
+
+_PEER_LOST = 3  # a rank's exit code when it failed only because another rank went away
 
 
 def launch(args_dict: dict, nproc: int) -> dict:
@@ -375,13 +382,22 @@ def launch(args_dict: dict, nproc: int) -> dict:
             p.start()
         deadline = time.monotonic() + args_dict.get("timeout", 60) + 60  # + start-up (import torch)
         failed = None
+        grace = None  # when only ranks that lost a peer have failed: how long to wait for the cause
         try:
             while time.monotonic() < deadline:
                 alive = [p for p in procs if p.is_alive()]
-                for r, p in enumerate(procs):
-                    if not p.is_alive() and p.exitcode not in (0, None) and failed is None:
-                        failed = (r, p.exitcode)
-                if failed is not None or not alive:
+                dead = [(r, p.exitcode) for r, p in enumerate(procs)
+                        if not p.is_alive() and p.exitcode not in (0, None)]
+                cause = [d for d in dead if d[1] != _PEER_LOST]
+                if cause:
+                    failed = cause[0]
+                    break
+                if dead:
+                    failed = failed or dead[0]
+                    grace = grace or time.monotonic() + 2.0
+                    if time.monotonic() > grace:
+                        break
+                if not alive:
                     break
                 time.sleep(0.05)
             else:
