@@ -573,6 +573,9 @@ def cmd_run(args) -> int:
         raise ShardingError(f"--timeout {args.timeout}: give a positive, finite number of seconds")
     if args.repeat < 0:
         raise ShardingError(f"--repeat {args.repeat}: give 0 or more steps to time")
+    _check_steps(args)
+    if args.steps:
+        return _cmd_train(args, opts, mesh)
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # started by torchrun
         from .run import rank_main
 
@@ -619,6 +622,71 @@ def cmd_run(args) -> int:
         print(f"{verdict} the unsharded run: {report['tensors_compared']} tensors compared on every rank, "
               f"max abs error {report['max_abs_err']:.2e}, relative to each tensor's scale "
               f"{report['max_rel_err']:.1e}" + (f" (the program computes in {report['tolerance']})" if half else ""))
+    return 0 if report["equal"] else 1
+
+
+def _check_steps(args) -> None:
+    """``--steps`` and its companions, checked before any rank starts."""
+    given = [f"--{n}" for n in ("optimizer", "lr") if getattr(args, n) is not None] + (["--compile"] if args.compile
+                                                                                       else [])
+    if args.steps is None:
+        if given:
+            raise ShardingError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for --steps N (training "
+                                "through parallelize): add --steps, or drop them")
+        return
+    if args.steps < 1 or args.steps > 100000:
+        raise ShardingError(f"--steps {args.steps}: give a number of training steps from 1 to 100000")
+    if args.lr is not None and not (0 < args.lr < float("inf")):
+        raise ShardingError(f"--lr {args.lr}: give a positive, finite learning rate")
+    if args.repeat:
+        raise ShardingError("--repeat times the interpreter's steps; with --steps every step is timed already "
+                            "(step_seconds): drop --repeat")
+
+
+def _cmd_train(args, opts: dict, mesh) -> int:
+    """``run --steps N``: train through parallelize on every rank, compared with the unsharded model."""
+    import os
+
+    from .run import RunError, launch
+
+    opts["train"] = True
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # started by torchrun
+        from .run.train import train_rank
+
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        report = train_rank(rank, world, opts)
+        if rank != 0:
+            return 0
+    else:
+        nproc = mesh.size if args.nproc is None else args.nproc
+        if nproc != mesh.size:
+            raise ShardingError(f"--nproc {nproc}: the mesh {mesh} has {mesh.size} devices; one rank per device")
+        if not args.module:
+            from .run.launch import check_trainable
+
+            check_trainable(jobs.build_plan(args), True)  # bad input fails here, once, before any rank starts
+        try:
+            with _report("progress").task(f"training {args.steps} step(s) on {nproc} ranks"):
+                report = launch(opts, nproc)
+        except RunError as e:
+            print(f"shardlayout: error: {e}", file=sys.stderr)
+            return 1
+    if args.json:
+        print(json.dumps(report, sort_keys=True))
+        return 0 if report["equal"] else 1
+    st = report["step_seconds"]
+    print(f"trained {report['steps']} step(s) ({report['optimizer']}{', compiled' if report['compile'] else ''}) on "
+          f"{report['ranks']} ranks, mesh {report['mesh']} ({report['backend']}) in {report['seconds']:.2f} s")
+    for i, (a, b) in enumerate(zip(report["losses"], report["reference_losses"]), 1):
+        print(f"  step {i:>3}: loss {a:.10g}   unsharded {b:.10g}")
+    if report["collectives"]:
+        print(f"collectives of step 1 (counted at the dispatcher): {report['collectives']}; planned: "
+              f"{report['planned_collectives']}")
+    print(f"step time {st['median'] * 1e3:.2f} ms (median of {st['steps']}; first step "
+          f"{report['first_step_seconds']:.2f} s{' with compilation' if report['compile'] else ''})")
+    verdict = "equal to" if report["equal"] else "NOT equal to"
+    print(f"{verdict} the unsharded model: losses within {report['max_loss_rel_err']:.1e}, updated parameters "
+          f"within {report['max_param_rel_err']:.1e} relative ({report['tolerance']})")
     return 0 if report["equal"] else 1
 
 
@@ -744,6 +812,13 @@ def build_parser() -> argparse.ArgumentParser:
                     help="time this many more steps after the checked one (steady state; median reported)")
     rn.add_argument("--train", action="store_true",
                     help="also backward through the planned collectives and one SGD step, compared too")
+    rn.add_argument("--steps", type=int, default=None,
+                    help="train this many steps through shardlayout.parallelize (DTensor parameters, the per-rank "
+                         "program, a torch optimizer), each compared with the unsharded model trained alike")
+    rn.add_argument("--optimizer", choices=["adamw", "sgd"], default=None, help="with --steps (default adamw)")
+    rn.add_argument("--lr", type=float, default=None, help="with --steps: learning rate (adamw 1e-3, sgd 1e-2)")
+    rn.add_argument("--compile", action="store_true",
+                    help="with --steps: torch.compile(fullgraph=True) the parallel module (forward and backward)")
     rn.add_argument("--dtype", choices=["float32", "float64"], default="float32",
                     help="element type of the run (float64: equal to 1e-10 relative)")
     rn.add_argument("--timeout", type=float, default=60.0, help="seconds a collective may wait (default 60)")

@@ -160,8 +160,9 @@ def _call_factory(spec: str):
     return module, tuple(example_args) if isinstance(example_args, (list, tuple)) else (example_args,), dynamic
 
 
-def build_plan(args):
-    """The Plan the options describe (model, mesh, style, pins)."""
+def build_plan(args, program=None):
+    """The Plan the options describe (model, mesh, style, pins); ``program``: the Program
+    already loaded (a module exported by the caller), instead of loading the one the options name."""
     from .mesh import Mesh
     from .plan import plan
     from .plan.estimate import check_flop_rate
@@ -170,7 +171,7 @@ def build_plan(args):
     if rate is not None:
         check_flop_rate(rate)
     if getattr(args, "style", None) == "auto":
-        p = build_auto(args).plan
+        p = build_auto(args, program).plan
         p.flop_rate = rate
         return p
     only_auto = [f"--{n.replace('_', '-')}" for n in ("memory", "training")
@@ -180,7 +181,7 @@ def build_plan(args):
                             "(the search under a budget): add --style auto or drop "
                             f"{'it' if len(only_auto) == 1 else 'them'}")
     mesh = Mesh.parse(args.mesh)
-    prog = load_program(args)
+    prog = load_program(args) if program is None else program
     pins, matched = style_and_tp_plan(prog, mesh, args)
     pins.update(user_pins(args, mesh))
     _check_uneven(args, prog)
@@ -202,14 +203,14 @@ def user_pins(args, mesh) -> dict:
     return pins
 
 
-def build_auto(args):
+def build_auto(args, program=None):
     """The ``AutoPlan`` of ``--style auto``: the minimum-step-time plan within ``--memory``
     (``--flop-rate``, ``--training``), keeping the pins of ``--tp-plan`` and ``--pin``."""
     from .mesh import Mesh
     from .plan.auto import auto_plan, parse_memory
 
     mesh = Mesh.parse(args.mesh)
-    prog = load_program(args)
+    prog = load_program(args) if program is None else program
     _check_uneven(args, prog)
     pins = {}
     if getattr(args, "tp_plan", None):

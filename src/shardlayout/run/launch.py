@@ -348,7 +348,12 @@ def _child(rank, world, args_dict, init_method, result_path):
 
     ns = argparse.Namespace(**args_dict)
     try:
-        rank_main(rank, world, lambda: build_plan(ns), args_dict, init_method, result_path)
+        if args_dict.get("steps"):  # training through parallelize (run.train)
+            from .train import train_rank
+
+            train_rank(rank, world, args_dict, init_method, result_path)
+        else:
+            rank_main(rank, world, lambda: build_plan(ns), args_dict, init_method, result_path)
     except ShardingError as e:
         print(f"shardlayout: error: rank {rank}: {e}", file=sys.stderr)
         sys.exit(2)
@@ -372,7 +377,8 @@ def launch(args_dict: dict, nproc: int) -> dict:
     import multiprocessing as mp
 
     ctx = mp.get_context("forkserver")  # ranks fork from one server that imported torch once
-    ctx.set_forkserver_preload(["torch", "torch.distributed", "shardlayout.run.executor", "shardlayout.run.launch"])
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "shardlayout.run.executor", "shardlayout.run.launch",
+                               "shardlayout.run.train"])
     with tempfile.TemporaryDirectory(prefix="shardlayout-run-") as tmp:
         init = f"tcp://127.0.0.1:{_free_port()}"
         result = os.path.join(tmp, "rank0.json")

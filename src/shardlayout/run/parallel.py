@@ -1,0 +1,358 @@
+"""``parallelize``: a user's ``nn.Module`` running a plan, with DTensor parameters (torch extra).
+
+    pmod = shardlayout.parallelize(model, "dp=2,tp=2", style="megatron-sp", example_inputs=(tokens,))
+    loss = loss_fn(pmod(tokens).full_tensor(), target); loss.backward(); opt.step()
+
+What comes back is an ``nn.Module`` with the user's FQNs (it adopts the module's children; their
+parameters are replaced in place) whose parameters are ``nn.Parameter(DTensor)`` with the plan's
+placements (``_StridedShard`` where a dim is cut out of order; a sharding DTensor cannot say —
+pieces of one mesh axis in two dims — is refused naming the parameter), so ``torch.optim``,
+``clip_grad_norm_`` and ``torch.distributed.checkpoint`` work unchanged. Its forward calls the
+plan's per-rank program (``run.program``): local aten ops and functional collectives in one
+``GraphModule``, whose backward is the plan's (``plan.backward``); ``torch.compile`` compiles both.
+
+Inputs: a DTensor (moved to the plan's input sharding), or a plain tensor that is either the whole
+(global) value — every rank passes the same; the rank keeps its piece — or this rank's local piece
+already (told apart by shape). Outputs: DTensors with the plan's output placements
+(``outputs="local"``: this rank's local pieces instead).
+"""
+
+from __future__ import annotations
+
+from ..errors import RunError, ShardingError
+
+
+class ParallelizeError(ShardingError):
+    """A module, mesh, plan or input that ``parallelize`` cannot use, and the fix."""
+
+
+def _torch_mesh(mesh):
+    """``(our Mesh, DeviceMesh)`` from a Mesh, its text, or a torch ``DeviceMesh``."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+    from ..mesh import Mesh
+
+    if not dist.is_initialized():
+        raise ParallelizeError("parallelize needs torch.distributed initialised (torchrun, or "
+                               "dist.init_process_group) with one rank per mesh device")
+    if isinstance(mesh, DeviceMesh):
+        names = mesh.mesh_dim_names
+        if not names:
+            raise ParallelizeError("the DeviceMesh has no mesh_dim_names; give init_device_mesh(..., "
+                                   "mesh_dim_names=('dp', 'tp')) so plans can name its axes")
+        ours = Mesh(tuple(mesh.mesh.shape), tuple(names))
+        if mesh.mesh.flatten().tolist() != list(range(ours.size)):
+            raise ParallelizeError(f"the DeviceMesh's ranks {mesh.mesh.tolist()} are not 0..{ours.size - 1} row-major; "
+                                   "shardlayout's meshes number ranks row-major (as init_device_mesh does)")
+        dm = mesh
+    else:
+        ours = Mesh.parse(mesh) if isinstance(mesh, str) else mesh
+        if not isinstance(ours, Mesh):
+            raise ParallelizeError(f"mesh: give a shardlayout Mesh, its text ('dp=2,tp=2') or a torch DeviceMesh, "
+                                   f"not {type(mesh).__name__}")
+        dm = None
+    world = dist.get_world_size()
+    if ours.size != world:
+        raise ParallelizeError(f"the mesh {ours} has {ours.size} devices but torch.distributed runs {world} ranks; "
+                               f"give a mesh of {world} devices (or start {ours.size} ranks)")
+    if dm is None:
+        dm = init_device_mesh(_device_type(), tuple(ours.shape), mesh_dim_names=tuple(ours.names))
+    return ours, dm
+
+
+def _device_type() -> str:
+    import torch
+    import torch.distributed as dist
+
+    return "cuda" if dist.get_backend() == "nccl" and torch.cuda.is_available() else "cpu"
+
+
+def _plan_module(module, mesh, example_inputs, style, tp_plan, pins, allow_unmatched):
+    """The plan of ``module`` on ``mesh`` from a style / tp-plan / pins (``auto``: the search)."""
+    from ..plan import plan as make_plan
+    from ..program.torch_import import from_torch
+
+    prog = from_torch(module, example_inputs)
+    given = dict(pins or {})
+    if style == "auto":
+        from ..plan.auto import auto_plan
+
+        if tp_plan:
+            from ..program.tp_plan import apply_tp_plan, read_tp_plan
+
+            given = {**apply_tp_plan(prog, mesh, read_tp_plan(tp_plan), allow_unmatched).pins, **given}
+        return auto_plan(prog, mesh, _pins(given, mesh)).plan
+    got = {}
+    if style:
+        from ..program.styles import apply_style
+
+        got.update(apply_style(prog, mesh, style, allow_unmatched).pins)
+    if tp_plan:
+        from ..program.tp_plan import apply_tp_plan, read_tp_plan
+
+        got.update(apply_tp_plan(prog, mesh, read_tp_plan(tp_plan) if isinstance(tp_plan, str) else tp_plan,
+                                 allow_unmatched).pins)
+    got.update(_pins(given, mesh))
+    return make_plan(prog, mesh, got)
+
+
+def _pins(pins: dict, mesh) -> dict:
+    from ..sharding import Sharding
+
+    out = {}
+    for name, s in pins.items():
+        if isinstance(s, str):
+            s = Sharding.parse(s, mesh)
+        if not isinstance(s, Sharding):
+            raise ParallelizeError(f"pins[{name!r}]: give a Sharding or its text ('[dp*4, 8]'), not "
+                                   f"{type(s).__name__}")
+        out[name] = s
+    return out
+
+
+def _flat_tensors(args) -> list:
+    import torch
+
+    out = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            out.append(a)
+        elif isinstance(a, (list, tuple)):
+            out.extend(_flat_tensors(a))
+        elif isinstance(a, dict):
+            out.extend(_flat_tensors(list(a.values())))
+    return out
+
+
+def _placements(s, what: str):
+    from ..errors import NotRepresentable
+    from ..sharding.placements import to_dtensor
+
+    try:
+        return tuple(to_dtensor(s))
+    except NotRepresentable as e:
+        raise ParallelizeError(f"{what}: its planned sharding has no DTensor placements ({e}); pin it to a "
+                               "sharding DTensor can say (whole mesh axes, applied in mesh order)") from None
+
+
+def _stride(shape) -> tuple:
+    out, n = [], 1
+    for d in reversed(shape):
+        out.append(n)
+        n *= d
+    return tuple(reversed(out))
+
+
+def parallelize(module, mesh, plan=None, *, example_inputs=None, style=None, tp_plan=None, pins=None,
+                allow_unmatched: bool = False, outputs: str = "dtensor"):
+    """``module`` running ``plan`` (or the plan of ``style`` / ``tp_plan`` / ``pins``; ``style="auto"``
+    searches) on ``mesh``: see the module docstring. Collective: every rank calls it alike.
+    ``parallelize(model, "tp=2", style="megatron", example_inputs=(x,))``"""
+    import torch
+
+    from ..plan import Plan
+    from .backward import gradient_reductions
+    from .launch import training_pieces
+    from .moves import process_groups
+    from .program import rank_program
+
+    if not isinstance(module, torch.nn.Module):
+        raise ParallelizeError(f"parallelize takes an nn.Module, not {type(module).__name__}")
+    if outputs not in ("dtensor", "local"):
+        raise ParallelizeError(f"outputs={outputs!r}: give 'dtensor' (DTensors with the plan's placements) or "
+                               "'local' (this rank's pieces)")
+    ours, dm = _torch_mesh(mesh)
+    if example_inputs is None:
+        raise ParallelizeError("parallelize needs example_inputs (a tuple of the forward's arguments, global sizes): "
+                               "the module is exported with them to plan it and to know its inputs")
+    example_inputs = tuple(example_inputs) if isinstance(example_inputs, (list, tuple)) else (example_inputs,)
+    if plan is None:
+        plan = _plan_module(module, ours, example_inputs, style, tp_plan, pins, allow_unmatched)
+    elif not isinstance(plan, Plan):
+        raise ParallelizeError(f"plan: give a shardlayout Plan (or None to plan with style=...), not "
+                               f"{type(plan).__name__}")
+    elif style or tp_plan or pins:
+        raise ParallelizeError("give either a plan or style/tp_plan/pins to make one, not both")
+    if plan.mesh != ours:
+        raise ParallelizeError(f"the plan is for mesh {plan.mesh}, parallelize was given {ours}")
+    prog = plan.program
+    state = dict(module.named_parameters(remove_duplicate=False))
+    state.update(module.named_buffers(remove_duplicate=False))
+    user = prog.inputs("input")
+    examples = _flat_tensors(example_inputs)
+    if len(examples) != len(user):
+        raise ParallelizeError(f"the plan's program takes {len(user)} input tensor(s) ({', '.join(user)}), "
+                               f"example_inputs hold {len(examples)}")
+    missing = [n for n in prog.inputs() if prog.tensors[n].kind in ("param", "buffer") and n not in state]
+    if missing:
+        raise ParallelizeError(f"the plan's parameters {', '.join(missing[:3])} are not in the module (its "
+                               f"parameters: {', '.join(list(state)[:3])}, ...); plan this module, or the module "
+                               "the plan was made from")
+    rank = torch.distributed.get_rank()
+    reductions = gradient_reductions(plan)
+    groups = process_groups(plan, rank, training_pieces(plan, reductions))
+    by_name = dict(zip(user, examples))
+    gm = rank_program(plan, rank, groups, [by_name[n] if n in by_name else state[n] for n in prog.inputs()],
+                      reductions)
+    return ParallelModule(module, plan, dm, rank, gm, outputs)
+
+
+def _local_index(s, rank: int):
+    """Index tensors picking ``rank``'s piece of ``s`` out of the global value."""
+    import numpy as np
+    import torch
+
+    return tuple(torch.from_numpy(np.asarray(i, dtype=np.int64)) for i in np.ix_(*s.indices(rank)))
+
+
+def _module_base():
+    import torch
+
+    return torch.nn.Module
+
+
+class ParallelModule(_module_base()):
+    """The user's module (its children adopted, FQNs kept) with DTensor parameters and the plan's
+    per-rank program as its forward. ``plan``, ``program`` (the GraphModule) and ``device_mesh``
+    are attributes."""
+
+    def __init__(self, module, plan, device_mesh, rank: int, program, outputs: str):
+        import torch
+        from torch.distributed.tensor import DTensor
+
+        super().__init__()
+        object.__setattr__(self, "plan", plan)  # not a submodule: no FQNs added
+        object.__setattr__(self, "device_mesh", device_mesh)
+        self.rank, self._outputs = rank, outputs
+        self.program = program
+        prog = plan.program
+        self._inputs = prog.inputs()
+        self._user = prog.inputs("input")
+        self._signature = _forward_names(module)
+        made: dict = {}  # id(original tensor) -> its DTensor (tied parameters stay tied)
+        for fqn, t in list(module.named_parameters(remove_duplicate=False)) + \
+                list(module.named_buffers(remove_duplicate=False)):
+            owner, _, leaf = fqn.rpartition(".")
+            sub = module.get_submodule(owner) if owner else module
+            if id(t) not in made:
+                made[id(t)] = self._distribute(fqn, t, plan, device_mesh, rank)
+            new = made[id(t)]
+            if isinstance(t, torch.nn.Parameter):
+                sub._parameters[leaf] = new
+            else:
+                sub._buffers[leaf] = new
+        for name, child in module.named_children():
+            self.add_module(name, child)
+        for name, p in module._parameters.items():
+            self.register_parameter(name, p)
+        for name, b in module._buffers.items():
+            self.register_buffer(name, b, persistent=name not in module._non_persistent_buffers_set)
+        self._index = {n: _local_index(plan.shardings[n], rank) for n in self._user}
+        self._local_shapes = {n: tuple(plan.shardings[n].local_shape(rank)) for n in self._user}
+        self._in_placements = {n: _placements(plan.shardings[n], f"input {n!r}") for n in self._user}
+        self._out = [(n, plan.shardings[n], _placements(plan.shardings[n], f"output {n!r}")
+                      if outputs == "dtensor" else None) for n in prog.outputs]
+        self._dtensor = DTensor
+
+    def _distribute(self, fqn, t, plan, dm, rank):
+        import torch
+        from torch.distributed.tensor import DTensor
+
+        s = plan.shardings.get(fqn)
+        if s is None:  # not in the program (unused by forward): replicated
+            from ..sharding import Sharding
+
+            s = Sharding.replicated(plan.mesh, tuple(t.shape))
+        if tuple(t.shape) != tuple(s.shape):
+            raise ParallelizeError(f"parameter {fqn!r} has shape {tuple(t.shape)}, the plan says {tuple(s.shape)}")
+        if isinstance(t, DTensor):
+            raise ParallelizeError(f"parameter {fqn!r} is already a DTensor; give parallelize the plain module")
+        if t.device.type == "meta":
+            raise ParallelizeError(f"parameter {fqn!r} is on the meta device: materialise the module first "
+                                   "(meta-device builds with local-only init are not supported yet)")
+        placements = _placements(s, f"parameter {fqn!r}")
+        with torch.no_grad():
+            local = t.detach()[_local_index(s, rank)].clone()
+        dt = DTensor.from_local(local, dm, placements, run_check=False, shape=tuple(s.shape),
+                                stride=_stride(s.shape))
+        if isinstance(t, torch.nn.Parameter):
+            return torch.nn.Parameter(dt, requires_grad=t.requires_grad)
+        return dt
+
+    def _local_input(self, name: str, x):
+        import torch
+
+        s = self.plan.shardings[name]
+        if isinstance(x, self._dtensor):
+            want = self._in_placements[name]
+            if tuple(x.placements) != want:
+                x = x.redistribute(self.device_mesh, want)
+            return x.to_local()
+        if not isinstance(x, torch.Tensor):
+            raise ParallelizeError(f"input {name!r}: got {type(x).__name__}, expected a tensor")
+        shape = tuple(x.shape)
+        if shape == tuple(s.shape):
+            return x[self._index[name]]
+        if shape == self._local_shapes[name]:
+            return x
+        raise ParallelizeError(f"input {name!r} has shape {shape}: give the global value {tuple(s.shape)} or this "
+                               f"rank's piece {self._local_shapes[name]} (sharding {s})")
+
+    def forward(self, *args, **kwargs):
+        given = _bind(self._signature, self._user, args, kwargs)
+        values = []
+        for n in self._inputs:
+            if n in given:
+                values.append(self._local_input(n, given[n]))
+            else:
+                t = self.get_parameter(n) if _is_param(self, n) else self.get_buffer(n)
+                values.append(t.to_local())
+        outs = self.program(*values)
+        if self._outputs == "local":
+            return outs[0] if len(outs) == 1 else tuple(outs)
+        wrapped = tuple(self._dtensor.from_local(o, self.device_mesh, pl, run_check=False, shape=tuple(s.shape),
+                                                 stride=_stride(s.shape))
+                        for o, (_, s, pl) in zip(outs, self._out))
+        return wrapped[0] if len(wrapped) == 1 else wrapped
+
+
+def _is_param(mod, fqn: str) -> bool:
+    owner, _, leaf = fqn.rpartition(".")
+    return leaf in (mod.get_submodule(owner) if owner else mod)._parameters
+
+
+def _forward_names(module) -> tuple:
+    """The forward's positional parameter names (to bind a call's arguments to program inputs)."""
+    import inspect
+
+    try:
+        ps = inspect.signature(module.forward).parameters.values()
+    except (TypeError, ValueError):
+        return ()
+    return tuple(p.name for p in ps if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+
+
+def _bind(names: tuple, user: list, args: tuple, kwargs: dict) -> dict:
+    """``{program input: value}``: arguments matched by the forward's parameter names where the
+    program kept them, else the tensors in order."""
+    import torch
+
+    if set(user) <= set(names):
+        given = dict(zip(names, args))
+        for k, v in kwargs.items():
+            if k not in names:
+                raise ParallelizeError(f"unexpected argument {k!r}; the module takes {', '.join(names)}")
+            given[k] = v
+        missing = [n for n in user if n not in given]
+        if missing:
+            raise ParallelizeError(f"missing input(s) {', '.join(missing)}")
+        return {n: given[n] for n in user}
+    flat = [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)]
+    if len(flat) != len(user):
+        raise ParallelizeError(f"the module's program takes {len(user)} tensor input(s) ({', '.join(user)}), "
+                               f"the call gave {len(flat)}")
+    return dict(zip(user, flat))
+
+
+__all__ = ["ParallelModule", "ParallelizeError", "RunError", "parallelize"]
