@@ -28,6 +28,16 @@ from .sharding.move import plan_move
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str):
+    """``parallelize`` and ``ParallelModule`` need torch: imported on first use (the core does not)."""
+    if name in ("parallelize", "ParallelModule", "ParallelizeError"):
+        from .run import parallel
+
+        return getattr(parallel, name)
+    raise AttributeError(f"module 'shardlayout' has no attribute {name!r}")
+
+
 __all__ = [
     "AxisPiece",
     "Collective",
@@ -35,8 +45,11 @@ __all__ = [
     "CostModel",
     "Factor",
     "OpError",
+    "ParallelModule",
+    "ParallelizeError",
     "Propagation",
     "cost",
+    "parallelize",
     "plan_move",
     "propagate",
     "register_op",

@@ -631,8 +631,9 @@ def _check_steps(args) -> None:
                                                                                        else [])
     if args.steps is None:
         if given:
-            raise ShardingError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for --steps N (training "
-                                "through parallelize): add --steps, or drop them")
+            one = len(given) == 1
+            raise ShardingError(f"{', '.join(given)} {'is' if one else 'are'} for --steps N (training through "
+                                f"parallelize): add --steps, or drop {'it' if one else 'them'}")
         return
     if args.steps < 1 or args.steps > 100000:
         raise ShardingError(f"--steps {args.steps}: give a number of training steps from 1 to 100000")
@@ -661,10 +662,9 @@ def _cmd_train(args, opts: dict, mesh) -> int:
         nproc = mesh.size if args.nproc is None else args.nproc
         if nproc != mesh.size:
             raise ShardingError(f"--nproc {nproc}: the mesh {mesh} has {mesh.size} devices; one rank per device")
-        if not args.module:
-            from .run.launch import check_trainable
+        from .run.program import check_generable
 
-            check_trainable(jobs.build_plan(args), True)  # bad input fails here, once, before any rank starts
+        check_generable(jobs.build_plan(args))  # bad input fails here, once, before any rank starts
         try:
             with _report("progress").task(f"training {args.steps} step(s) on {nproc} ranks"):
                 report = launch(opts, nproc)

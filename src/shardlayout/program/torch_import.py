@@ -62,6 +62,18 @@ def from_torch(module, example_args, dynamic_shapes=None, decompose: bool = True
     return from_exported(ep, decompose, dim_names=_dim_names(dynamic_shapes, module, args))
 
 
+def lifted_constants(module, example_args) -> dict:
+    """``{program input name: tensor}`` of the tensor constants ``torch.export`` lifts out of
+    ``module``'s forward (a mask built with ``torch.tril`` in ``forward``): program inputs that are
+    neither parameters nor buffers of the module. ``lifted_constants(gpt2, (ids,))``"""
+    import torch
+
+    ep = torch.export.export(module, tuple(example_args))
+    sig = ep.graph_signature
+    return {name: ep.constants[name] for name in dict(getattr(sig, "inputs_to_lifted_tensor_constants", {}) or {})
+            .values() if name in ep.constants}
+
+
 def _one_line(e: Exception) -> str:
     """torch's multi-line export error as one line: what it says, why, and its suggested fix."""
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]

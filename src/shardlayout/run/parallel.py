@@ -179,6 +179,12 @@ def parallelize(module, mesh, plan=None, *, example_inputs=None, style=None, tp_
     prog = plan.program
     state = dict(module.named_parameters(remove_duplicate=False))
     state.update(module.named_buffers(remove_duplicate=False))
+    constants = {}
+    if any(prog.tensors[n].kind == "buffer" and n not in state for n in prog.inputs()):
+        from ..program.torch_import import lifted_constants  # a tensor made in forward, lifted by export
+
+        constants = lifted_constants(module, example_inputs)
+        state.update(constants)
     user = prog.inputs("input")
     examples = _flat_tensors(example_inputs)
     if len(examples) != len(user):
@@ -195,7 +201,7 @@ def parallelize(module, mesh, plan=None, *, example_inputs=None, style=None, tp_
     by_name = dict(zip(user, examples))
     gm = rank_program(plan, rank, groups, [by_name[n] if n in by_name else state[n] for n in prog.inputs()],
                       reductions)
-    return ParallelModule(module, plan, dm, rank, gm, outputs)
+    return ParallelModule(module, plan, dm, rank, gm, outputs, constants)
 
 
 def _local_index(s, rank: int):
@@ -203,7 +209,7 @@ def _local_index(s, rank: int):
     import numpy as np
     import torch
 
-    return tuple(torch.from_numpy(np.asarray(i, dtype=np.int64)) for i in np.ix_(*s.indices(rank)))
+    return tuple(torch.from_numpy(np.array(i, dtype=np.int64)) for i in np.ix_(*s.indices(rank)))
 
 
 def _module_base():
@@ -217,7 +223,7 @@ class ParallelModule(_module_base()):
     per-rank program as its forward. ``plan``, ``program`` (the GraphModule) and ``device_mesh``
     are attributes."""
 
-    def __init__(self, module, plan, device_mesh, rank: int, program, outputs: str):
+    def __init__(self, module, plan, device_mesh, rank: int, program, outputs: str, constants=None):
         import torch
         from torch.distributed.tensor import DTensor
 
@@ -242,6 +248,10 @@ class ParallelModule(_module_base()):
                 sub._parameters[leaf] = new
             else:
                 sub._buffers[leaf] = new
+        for fqn, t in (constants or {}).items():  # export's lifted constants: non-persistent buffers
+            owner, _, leaf = fqn.rpartition(".")
+            (module.get_submodule(owner) if owner else module).register_buffer(
+                leaf, self._distribute(fqn, t, plan, device_mesh, rank), persistent=False)
         for name, child in module.named_children():
             self.add_module(name, child)
         for name, p in module._parameters.items():

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import itertools
 
-from ..errors import RunError
+from ..errors import RunError, ShardingError
 
 _SHAPES: dict = {}  # placeholder key -> the local shape its real op returns (tracing only)
 _KEYS = itertools.count()
@@ -85,6 +85,22 @@ class _Recorder:
         return torch.ops.shardlayout.grad_sum(value, key)
 
 
+class NotGenerable(ShardingError):
+    """A plan no fixed per-rank program can run (ragged tensors), and what to do instead."""
+
+
+def check_generable(plan) -> None:
+    """Raise ``NotGenerable`` when ``plan`` has ragged tensors: their routed sizes are known only
+    at run time, so no fixed per-rank program exists (``run --train`` runs one step of them
+    through the interpreter)."""
+    ragged = [n for n, t in plan.program.tensors.items() if t.ragged is not None]
+    if ragged:
+        raise NotGenerable(f"the plan has ragged tensors ({', '.join(ragged[:3])}): their routed row counts are known "
+                           "only at run time, so parallelize has no fixed per-rank program for it yet; run one step "
+                           "through the interpreter with `shardlayout run --train`, or plan the dense form "
+                           "(--model moe-dense)")
+
+
 def _device(t):
     """Where a rank's piece lives: a meta example (a model built on ``meta``) runs on the CPU here."""
     return "cpu" if t.device.type == "meta" else t.device
@@ -104,11 +120,7 @@ def rank_program(plan, rank: int, groups: dict, examples: list, reductions: dict
     from .moves import GradSum, Move
 
     prog = plan.program
-    ragged = [n for n, t in prog.tensors.items() if t.ragged is not None]
-    if ragged:
-        raise RunError(f"the plan has ragged tensors ({', '.join(ragged[:3])}): their routed sizes are known only "
-                       "at run time, so no fixed per-rank program exists; run it with `shardlayout run` (the "
-                       "interpreter handles routed rows)")
+    check_generable(plan)
     _library()
     names = prog.inputs()
     if len(examples) != len(names):
@@ -159,4 +171,4 @@ def rank_program(plan, rank: int, groups: dict, examples: list, reductions: dict
     return gm
 
 
-__all__ = ["rank_program"]
+__all__ = ["NotGenerable", "check_generable", "rank_program"]

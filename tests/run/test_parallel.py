@@ -1,0 +1,185 @@
+"""``parallelize``: a plan as the user's module with DTensor parameters, trained with torch's optimizers.
+
+Multi-process jobs (gloo, few and small) train N steps and compare every loss and the updated
+parameters with the unsharded model trained alike in the same process, and the collectives counted
+at the dispatcher with the planned ones. In-process checks (torch's fake process group: shapes and
+structure, no data) cover the module's form and the refusals."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+ROOT = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "PYTHONWARNINGS": "ignore"}
+
+
+def train(*args):
+    cmd = [sys.executable, "-m", "shardlayout", "run", *args, "--json"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=ENV, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout)
+
+
+@pytest.mark.parametrize("args,tol", [
+    # Megatron-SP on a 2x2 mesh: reduce-scatters and all-gathers forward, their adjoints backward,
+    # gradients of the data-parallel weights summed on dp
+    (["--mesh", "dp=2,tp=2", "--style", "megatron-sp", "--layers", "2", "--dtype", "float64"], 1e-9),
+    # uneven: 4 heads and 32 features on 3 ranks
+    (["--mesh", "tp=3", "--style", "megatron", "--layers", "1", "--dtype", "float64"], 1e-9),
+    # a user's module (torchtitan's layout) through its own tp-plan, with SGD
+    (["--module", "tests/program/zoo.py:make_titan_llama", "--tp-plan", "examples/titan_sp_tp.json", "--mesh",
+      "tp=2", "--optimizer", "sgd", "--dtype", "float64"], 1e-9),
+    # GPT-2: a causal mask torch.export lifts out of forward as a constant; float32 (SGD: AdamW turns the
+    # rounding noise of a gradient that is exactly zero in exact arithmetic, the key bias's, into steps of lr)
+    (["--module", "tests/program/zoo.py:make_gpt2", "--style", "megatron", "--mesh", "tp=2", "--optimizer", "sgd"],
+     1e-5),
+])
+def test_training_steps_equal_the_unsharded_model_and_run_the_planned_collectives(args, tol):
+    rep = train(*args, "--steps", "6")
+    assert rep["equal"], rep
+    assert len(rep["losses"]) == len(rep["reference_losses"]) == 6
+    assert rep["max_loss_rel_err"] <= tol and rep["max_param_rel_err"] <= tol
+    assert rep["losses"][0] != rep["losses"][-1]  # the optimizer moved the parameters
+    # counted at the dispatcher (functional collectives), forward and backward apart
+    assert rep["collectives"] == rep["planned_collectives"]
+    assert sum(rep["collectives"]["forward"].values()) > 0 and sum(rep["collectives"]["backward"].values()) > 0
+
+
+def test_compiled_training_equals_the_unsharded_model():
+    rep = train("--mesh", "tp=2", "--style", "megatron", "--layers", "1", "--dtype", "float64", "--steps", "3",
+                "--compile")
+    assert rep["equal"] and rep["compile"] and rep["max_loss_rel_err"] <= 1e-9, rep
+
+
+def test_the_python_api_example_under_torchrun_trains_as_the_unsharded_model():
+    """examples/train.py (README "Train it"), started by torchrun as a user would."""
+    torchrun = Path(sys.executable).with_name("torchrun")
+    r = subprocess.run([str(torchrun), "--standalone", "--nproc-per-node", "2", "examples/train.py", "--mesh",
+                        "tp=2", "--style", "megatron", "--steps", "3"], capture_output=True, text=True, timeout=300,
+                       env=ENV, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = [float(v) for v in re.findall(r"step \d+: loss ([-\d.e]+)", r.stdout)]
+    from shardlayout.program.torch_models import LlamaTorch
+
+    torch.manual_seed(0)  # the example's model and batch, unsharded
+    model = LlamaTorch(layers=2, dim=32, heads=4, ffn=64)
+    x, cos, sin = torch.randn(4, 16, 32), torch.randn(16, 8), torch.randn(16, 8)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    want = []
+    for _ in range(3):
+        loss = model(x, cos, sin).pow(2).mean()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad()
+        want.append(loss.item())
+    assert len(got) == 3
+    assert all(abs(a - b) <= 1e-5 * abs(b) for a, b in zip(got, want)), (got, want)
+    assert "layers.0.wq: (32, 32) (Shard(dim=1),), local (32, 16)" in r.stdout  # column-parallel
+
+
+# ------------------------------------------------------------------------------------------
+# in one process: torch's fake process group (shapes, no data)
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fake_world():
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    def start(world: int, rank: int = 0):
+        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
+
+    yield start
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _llama():
+    from shardlayout.program.torch_models import LlamaTorch
+
+    torch.manual_seed(0)
+    return LlamaTorch(layers=1, dim=16, heads=4, ffn=32), (torch.randn(4, 8, 16), torch.randn(8, 4),
+                                                           torch.randn(8, 4))
+
+
+@pytest.mark.parametrize("rank", [0, 3])
+def test_parameters_are_dtensors_with_the_plans_placements_under_the_users_names(fake_world, rank):
+    from torch.distributed.tensor import DTensor
+
+    import shardlayout
+    from shardlayout.sharding.placements import to_dtensor
+
+    fake_world(4, rank)
+    model, args = _llama()
+    full = {n: p.detach().clone() for n, p in model.named_parameters()}
+    pmod = shardlayout.parallelize(model, "dp=2,tp=2", style="megatron-sp", example_inputs=args)
+    assert isinstance(pmod, shardlayout.ParallelModule)
+    assert list(pmod.state_dict()) == list(full)  # the user's FQNs, nothing added
+    plan = pmod.plan
+    for name, p in pmod.named_parameters():
+        s = plan.shardings[name]
+        assert isinstance(p, torch.nn.Parameter) and isinstance(p, DTensor)
+        assert tuple(p.placements) == tuple(to_dtensor(s)) and tuple(p.shape) == s.shape
+        local = p.to_local()
+        assert tuple(local.shape) == s.local_shape(rank)
+        assert torch.equal(local, full[name][torch.meshgrid(*[torch.tensor(list(i)) for i in s.indices(rank)],
+                                                            indexing="ij")])
+    # the per-rank program: one module per planned collective, one per planned gradient sum
+    mods = dict(pmod.program.named_children())
+    moves = [m for n, m in mods.items() if n.startswith("move_")]
+    comm = [c for c in plan.collectives if c.kind.communicates]
+    assert sorted(m.kind.value for m in moves if m.kind.communicates) == sorted(c.kind.value for c in comm)
+    from shardlayout.run.backward import gradient_reductions
+
+    assert sum(n.startswith("grad_sum_") for n in mods) == len(gradient_reductions(plan))
+    out = pmod(*args)
+    assert isinstance(out, DTensor) and tuple(out.shape) == plan.program.tensors[plan.program.outputs[0]].shape
+
+
+def test_inputs_are_taken_global_local_or_as_dtensors(fake_world):
+    import shardlayout
+
+    fake_world(2)
+    model, (x, cos, sin) = _llama()
+    pmod = shardlayout.parallelize(model, "dp=2", style="dp", example_inputs=(x, cos, sin), outputs="local")
+    assert tuple(pmod(x, cos, sin).shape) == (2, 8, 16)  # the global batch: this rank's half
+    assert tuple(pmod(x[:2], cos, sin).shape) == (2, 8, 16)  # this rank's half already
+    with pytest.raises(shardlayout.ParallelizeError, match=r"input 'x' has shape \(3, 8, 16\).*\(4, 8, 16\)"):
+        pmod(x[:3], cos, sin)
+
+
+def test_refusals_name_what_is_wrong_and_the_fix(fake_world):
+    import shardlayout
+    from shardlayout import Mesh
+    from shardlayout.plan import plan as make_plan
+    from shardlayout.program.torch_import import from_torch
+
+    fake_world(4)
+    model, args = _llama()
+    err = shardlayout.ParallelizeError
+    with pytest.raises(err, match="mesh tp=2 has 2 devices but torch.distributed runs 4 ranks"):
+        shardlayout.parallelize(model, "tp=2", style="megatron", example_inputs=args)
+    with pytest.raises(err, match="needs example_inputs"):
+        shardlayout.parallelize(model, "tp=4", style="megatron")
+    with pytest.raises(err, match="takes an nn.Module"):
+        shardlayout.parallelize(object(), "tp=4", style="megatron", example_inputs=args)
+    m = Mesh.parse("tp=4")
+    p = make_plan(from_torch(model, args), m, {})
+    with pytest.raises(err, match="either a plan or style"):
+        shardlayout.parallelize(model, m, p, style="megatron", example_inputs=args)
+    with pytest.raises(err, match="pins\\['layers.0.wq'\\]: give a Sharding"):
+        shardlayout.parallelize(model, m, pins={"layers.0.wq": 5}, example_inputs=args)
+    # pieces of one mesh axis in two dims: DTensor has no placements for it
+    with pytest.raises(err, match=r"parameter 'layers.0.wq'.*no DTensor placements"):
+        shardlayout.parallelize(model, m, pins={"layers.0.wq": "[tp:(1)2*8, tp:(2)2*8]"}, example_inputs=args)
