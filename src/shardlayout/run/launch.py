@@ -130,7 +130,7 @@ def rank_main(rank: int, world: int, build, options: dict, init_method: str | No
     import torch.distributed as dist
 
     from ..sharding.ragged import nested_piece
-    from .executor import TorchRankExecutor, plan_groups
+    from .executor import TorchRankExecutor, count_calls, plan_groups
 
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
@@ -173,7 +173,8 @@ def rank_main(rank: int, world: int, build, options: dict, init_method: str | No
         half = _half_precision(prog)  # ops computed in bfloat16/float16 round differently per summation order
         forward = _Compare(options.get("dtype") == "float64" and not half, HALF_RTOL if half else 1e-4)
         values = {}
-        with torch.enable_grad() if train else torch.no_grad():
+        fwd_calls: dict = {}  # functional collectives that reached the dispatcher, by primitive
+        with torch.enable_grad() if train else torch.no_grad(), count_calls(fwd_calls):
             for name, value in walk(plan, ex, local, streams):
                 values[name] = value
                 s = plan.shardings[name]
@@ -185,9 +186,15 @@ def rank_main(rank: int, world: int, build, options: dict, init_method: str | No
                                                                  plan.ragged_sources(name)))
                 else:
                     forward.add(name, value, ref[name][_ix(s.indices(rank))])
-        grads = None
+        grads, bwd_calls = None, {}
         if train:
-            grads = _train_step(plan, rank, ex, glob, ref, local, values, lr, options)
+            with count_calls(bwd_calls):
+                grads = _train_step(plan, rank, ex, glob, ref, local, values, lr, options)
+        for calls in (fwd_calls, bwd_calls):
+            for k, n in calls.items():
+                ex.primitives[k] = ex.primitives.get(k, 0) + n
+        for k, n in bwd_calls.items():  # the backward's collectives, as the dispatcher saw them
+            ex.counts[f"backward_{k}"] = ex.counts.get(f"backward_{k}", 0) + n
         steps = _timed_steps(plan, rank, ex, local, options, streams) if options.get("repeat") else None
         err, equal, rel = forward.worst(torch, dist)
         g_err = g_equal = g_rel = None

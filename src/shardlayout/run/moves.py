@@ -29,6 +29,7 @@ import numpy as np
 
 from ..caches import memo
 from ..errors import RunError
+from ..execute.simulator import group_of
 from ..sharding.collective import CollectiveKind
 
 
@@ -120,10 +121,9 @@ class _Gather(_autograd()):
 
     @staticmethod
     def forward(ctx, x, index, own, width: int, group: str, shape: tuple):
-        stacked = _funcol().all_gather_single(_padded(x.reshape(-1), width), 0, group)
         ctx.save_for_backward(own)
         ctx.src_shape = tuple(x.shape)
-        return stacked[index].reshape(shape)
+        return _gather_finish(_gather_issue(x, width, group), index, shape)
 
     @staticmethod
     def backward(ctx, g):
@@ -132,6 +132,34 @@ class _Gather(_autograd()):
             raise RunError("training through an all-gather whose target piece does not hold its source piece: "
                            "its gradient has no local adjoint (please report the plan)")
         return g.reshape(-1)[own].reshape(ctx.src_shape), None, None, None, None, None
+
+
+def _gather_issue(x, width: int, group):
+    return _funcol().all_gather_single(_padded(x.reshape(-1), width), 0, group)
+
+
+def _gather_finish(stacked, index, shape: tuple):
+    return stacked[index].reshape(shape)
+
+
+def _rs_issue(x, slots, positions, width: int, n: int, op: str, group):
+    flat = x.reshape(-1)
+    stacked = flat.new_zeros(width * n).index_copy(0, slots, flat[positions])
+    return _funcol().reduce_scatter_single(stacked, "sum" if op == "avg" else op, 0, group)
+
+
+def _rs_finish(mine, keep: int, n: int, op: str, shape: tuple):
+    out = mine[:keep].reshape(shape)
+    return out / n if op == "avg" else out
+
+
+def _ar_issue(x, op: str, group):
+    return _funcol().all_reduce(x.contiguous(), "sum" if op == "avg" else op, group)
+
+
+def _ar_finish(y, pick, n: int, op: str, shape: tuple):
+    out = y.reshape(-1)[pick].reshape(shape)
+    return out / n if op == "avg" else out
 
 
 def _padded(flat, width: int):
@@ -149,13 +177,9 @@ class _ReduceScatter(_autograd()):
 
     @staticmethod
     def forward(ctx, x, slots, positions, width: int, n: int, keep: int, op: str, group: str, shape: tuple):
-        flat = x.reshape(-1)
-        stacked = flat.new_zeros(width * n).index_copy(0, slots, flat[positions])
-        mine = _funcol().reduce_scatter_single(stacked, "sum" if op == "avg" else op, 0, group)
         ctx.save_for_backward(slots, positions)
-        ctx.meta = (tuple(x.shape), flat.numel(), width, keep, op, n, group)
-        out = mine[:keep].reshape(shape)
-        return out / n if op == "avg" else out
+        ctx.meta = (tuple(x.shape), x.numel(), width, keep, op, n, group)
+        return _rs_finish(_rs_issue(x, slots, positions, width, n, op, group), keep, n, op, shape)
 
     @staticmethod
     def backward(ctx, g):
@@ -173,11 +197,9 @@ class _AllReduce(_autograd()):
 
     @staticmethod
     def forward(ctx, x, pick, n: int, op: str, group: str, shape: tuple):
-        y = _funcol().all_reduce(x.contiguous(), "sum" if op == "avg" else op, group)
         ctx.save_for_backward(pick)
         ctx.meta = (tuple(x.shape), x.numel(), op, n)
-        out = y.reshape(-1)[pick].reshape(shape)
-        return out / n if op == "avg" else out
+        return _ar_finish(_ar_issue(x, op, group), pick, n, op, shape)
 
     @staticmethod
     def backward(ctx, g):
@@ -304,6 +326,22 @@ class Move(_module()):
             return _AllToAll.apply(x, self.send, self.recv, self.send_sizes, self.recv_sizes, self.group, self.shape)
         return _Gather.apply(x, self.index, self.own, self.width, self.group, self.shape)
 
+    def start(self, x):
+        """Issue the collective without waiting and return a function that gives the result (the
+        functional collective's wait happens there): a stream's next chunk moves while this one
+        computes. Forward only (no autograd); a local step or an all-to-all runs now."""
+        if self.op is not None and self.kind is CollectiveKind.REDUCE_SCATTER:
+            raw = _rs_issue(x, self.slots, self.positions, self.width, self.n, self.op, self.group)
+            return lambda: _rs_finish(raw, self.keep, self.n, self.op, self.shape)
+        if self.op is not None:
+            raw = _ar_issue(x, self.op, self.group)
+            return lambda: _ar_finish(raw, self.pick, self.n, self.op, self.shape)
+        if self.kind is CollectiveKind.ALL_GATHER:
+            raw = _gather_issue(x, self.width, self.group)
+            return lambda: _gather_finish(raw, self.index, self.shape)
+        out = self(x)
+        return lambda: out
+
     def extra_repr(self) -> str:
         return self.label
 
@@ -328,12 +366,29 @@ class GradSum(_module()):
 
 
 def _group(groups: dict, pieces) -> tuple:
-    """``(group name, members)`` of this rank over ``pieces``."""
+    """``(group name, members)`` of this rank over ``pieces`` (``groups`` holds names or process groups)."""
     got = groups.get(tuple(pieces))
-    if got is None:
+    if got is None or got[0] is None:
         raise RunError(f"no process group for the axis pieces {tuple(pieces)} (an internal error: the plan's "
                        "groups are made from its collectives; please report it)")
-    return got
+    g, members = got
+    return (g if isinstance(g, str) else g.group_name), tuple(members)
+
+
+def plan_groups(plan, extra=()) -> list:
+    """Every distinct (axis pieces, rank group) the plan's collectives (and the ``extra`` piece
+    tuples, e.g. gradient reductions) need, in one order that every rank computes alike
+    (``dist.new_group`` must be called in the same order)."""
+    pieces = sorted({c.axes for moves in plan.moves.values() for c in moves if c.axes} | set(extra), key=repr)
+    out = []
+    for ps in pieces:
+        seen = []
+        for r in plan.mesh.ranks():
+            g = tuple(group_of(plan.mesh, r, ps))
+            if g not in seen:
+                seen.append(g)
+        out.extend((ps, g) for g in seen)
+    return out
 
 
 def process_groups(plan, rank: int, extra=()) -> dict:
@@ -341,8 +396,6 @@ def process_groups(plan, rank: int, extra=()) -> dict:
     plan's collectives and the ``extra`` axis-piece tuples; ``{pieces: (group name, members)}`` of
     this rank's groups."""
     import torch.distributed as dist
-
-    from .executor import plan_groups
 
     out = {}
     for pieces, members in plan_groups(plan, extra):
@@ -352,4 +405,5 @@ def process_groups(plan, rank: int, extra=()) -> dict:
     return out
 
 
-__all__ = ["GradSum", "Move", "all_to_all_map", "gather_map", "local_pick", "process_groups", "scatter_map"]
+__all__ = ["GradSum", "Move", "all_to_all_map", "gather_map", "local_pick", "plan_groups", "process_groups",
+           "scatter_map"]
