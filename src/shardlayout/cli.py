@@ -662,9 +662,9 @@ def _cmd_train(args, opts: dict, mesh) -> int:
         nproc = mesh.size if args.nproc is None else args.nproc
         if nproc != mesh.size:
             raise ShardingError(f"--nproc {nproc}: the mesh {mesh} has {mesh.size} devices; one rank per device")
-        from .run.program import check_generable
+        from .run.launch import check_trainable
 
-        check_generable(jobs.build_plan(args))  # bad input fails here, once, before any rank starts
+        check_trainable(jobs.build_plan(args), True)  # bad input fails here, once, before any rank starts
         try:
             with _report("progress").task(f"training {args.steps} step(s) on {nproc} ranks"):
                 report = launch(opts, nproc)

@@ -35,6 +35,9 @@ def train(*args):
     (["--mesh", "dp=2,tp=2", "--style", "megatron-sp", "--layers", "2", "--dtype", "float64"], 1e-9),
     # uneven: 4 heads and 32 features on 3 ranks
     (["--mesh", "tp=3", "--style", "megatron", "--layers", "1", "--dtype", "float64"], 1e-9),
+    # expert parallelism: routed rows through two token all-to-alls, the reverse one backward (interpreted)
+    (["--model", "moe", "--size", "tokens=256,dim=64,experts=8,ffn=128", "--mesh", "ep=4", "--style", "ep",
+      "--dtype", "float64"], 1e-9),
     # a user's module (torchtitan's layout) through its own tp-plan, with SGD
     (["--module", "tests/program/zoo.py:make_titan_llama", "--tp-plan", "examples/titan_sp_tp.json", "--mesh",
       "tp=2", "--optimizer", "sgd", "--dtype", "float64"], 1e-9),

@@ -393,15 +393,15 @@ def plan_groups(plan, extra=()) -> list:
 
 def process_groups(plan, rank: int, extra=()) -> dict:
     """Make (collectively: every rank calls this in the same order) the process groups of the
-    plan's collectives and the ``extra`` axis-piece tuples; ``{pieces: (group name, members)}`` of
-    this rank's groups."""
+    plan's collectives and the ``extra`` axis-piece tuples; ``{pieces: (process group, members)}``
+    of this rank's groups."""
     import torch.distributed as dist
 
     out = {}
     for pieces, members in plan_groups(plan, extra):
         g = dist.new_group(list(members))
         if rank in members:
-            out[pieces] = (g.group_name, tuple(members))
+            out[pieces] = (g, tuple(members))
     return out
 
 

@@ -155,7 +155,7 @@ def parallelize(module, mesh, plan=None, *, example_inputs=None, style=None, tp_
     from .backward import gradient_reductions
     from .launch import training_pieces
     from .moves import process_groups
-    from .program import rank_program
+    from .program import InterpretedProgram, ragged_tensors, rank_program
 
     if not isinstance(module, torch.nn.Module):
         raise ParallelizeError(f"parallelize takes an nn.Module, not {type(module).__name__}")
@@ -199,8 +199,11 @@ def parallelize(module, mesh, plan=None, *, example_inputs=None, style=None, tp_
     reductions = gradient_reductions(plan)
     groups = process_groups(plan, rank, training_pieces(plan, reductions))
     by_name = dict(zip(user, examples))
-    gm = rank_program(plan, rank, groups, [by_name[n] if n in by_name else state[n] for n in prog.inputs()],
-                      reductions)
+    if ragged_tensors(plan):  # routed rows: sizes known at run time, the plan interpreted (eager)
+        gm = InterpretedProgram(plan, rank, groups, reductions)
+    else:
+        gm = rank_program(plan, rank, groups, [by_name[n] if n in by_name else state[n] for n in prog.inputs()],
+                          reductions)
     return ParallelModule(module, plan, dm, rank, gm, outputs, constants)
 
 

@@ -89,16 +89,47 @@ class NotGenerable(ShardingError):
     """A plan no fixed per-rank program can run (ragged tensors), and what to do instead."""
 
 
+def ragged_tensors(plan) -> list:
+    """The plan's ragged tensors: their routed row counts are known only at run time."""
+    return [n for n, t in plan.program.tensors.items() if t.ragged is not None]
+
+
 def check_generable(plan) -> None:
-    """Raise ``NotGenerable`` when ``plan`` has ragged tensors: their routed sizes are known only
-    at run time, so no fixed per-rank program exists (``run --train`` runs one step of them
-    through the interpreter)."""
-    ragged = [n for n, t in plan.program.tensors.items() if t.ragged is not None]
+    """Raise ``NotGenerable`` when ``plan`` has ragged tensors: no fixed per-rank graph exists
+    (``parallelize`` runs such a plan through ``InterpretedProgram`` instead)."""
+    ragged = ragged_tensors(plan)
     if ragged:
         raise NotGenerable(f"the plan has ragged tensors ({', '.join(ragged[:3])}): their routed row counts are known "
-                           "only at run time, so parallelize has no fixed per-rank program for it yet; run one step "
-                           "through the interpreter with `shardlayout run --train`, or plan the dense form "
-                           "(--model moe-dense)")
+                           "only at run time, so no fixed per-rank graph exists; parallelize runs it through the "
+                           "interpreter (eager only, not torch.compile)")
+
+
+def _module_base():
+    import torch
+
+    return torch.nn.Module
+
+
+class InterpretedProgram(_module_base()):
+    """A plan with ragged tensors at one rank, as a module: its forward walks the plan with the
+    torch executor (``run.executor``: the same ``Move`` per dense collective, ``run.ragged`` for
+    routed rows with the routing's split sizes). Eager: ``torch.compile`` would need the row
+    counts as graph sizes. Same call convention as ``rank_program``'s GraphModule."""
+
+    def __init__(self, plan, rank: int, groups: dict, reductions: dict):
+        super().__init__()
+        from .executor import TorchRankExecutor
+
+        object.__setattr__(self, "plan", plan)
+        object.__setattr__(self, "executor", TorchRankExecutor(plan.mesh, rank, groups, None, reductions))
+        self._names = plan.program.inputs()
+
+    def forward(self, *local):
+        from ..execute import walk
+
+        values = dict(zip(self._names, local))
+        values.update(walk(self.plan, self.executor, values))
+        return tuple(values[n] for n in self.plan.program.outputs)
 
 
 def _device(t):
@@ -171,4 +202,4 @@ def rank_program(plan, rank: int, groups: dict, examples: list, reductions: dict
     return gm
 
 
-__all__ = ["NotGenerable", "check_generable", "rank_program"]
+__all__ = ["InterpretedProgram", "NotGenerable", "check_generable", "ragged_tensors", "rank_program"]

@@ -2,8 +2,9 @@
 
 A planned collective of a ragged tensor (``sharding.ragged``) moves whole (component, source)
 blocks whose row counts are known only at run time. On one rank it runs as two exchanges on
-the collective's group: the members' extents (a few ints each, one ``all_gather``), then the
-rows — every block a member needs, from the first member of the group that holds it, in one
+the collective's group: the members' extents (a few ints each, one ``all_gather`` on
+torch.distributed directly: metadata, not a planned collective), then the rows — every block a
+member needs, from the first member of the group that holds it, in one functional
 ``all_to_all_single`` whose split sizes are those counts (the token dispatch and combine of
 expert parallelism: torchtitan's and Megatron's convention). A reduction of partial nested
 values with equal extents is one ``all_reduce``. The result is this rank's piece under the
@@ -194,7 +195,7 @@ def _functions() -> tuple:
     nested sum is an ``all_reduce``; with complete gradients its adjoint is the identity."""
     if not _FUNCTIONS:
         import torch
-        import torch.distributed as dist
+        import torch.distributed._functional_collectives as funcol
 
         class RowsExchange(torch.autograd.Function):
             @staticmethod
@@ -202,31 +203,21 @@ def _functions() -> tuple:
                 ctx.ex, ctx.group, ctx.send, ctx.recv = ex, group, send_sizes, recv_sizes
                 if len(send_sizes) == 1:  # a local move: this rank's own blocks, nothing sent
                     return inp.detach().clone()
-                got = inp.new_empty(sum(recv_sizes))
-                ex.ran("all_to_all")
-                dist.all_to_all_single(got, inp.detach().contiguous(), output_split_sizes=recv_sizes,
-                                       input_split_sizes=send_sizes, group=group)
-                return got
+                return funcol.wait_tensor(funcol.all_to_all_single(inp.detach().contiguous(), list(recv_sizes),
+                                                                   list(send_sizes), group))
 
             @staticmethod
             def backward(ctx, g):
-                ex = ctx.ex
                 if len(ctx.send) == 1:
                     return g, None, None, None, None
-                ex.counts["backward_all_to_all"] = ex.counts.get("backward_all_to_all", 0) + 1
-                ex.ran("all_to_all")
-                out = g.new_empty(sum(ctx.send))
-                dist.all_to_all_single(out, g.contiguous(), output_split_sizes=ctx.send,
-                                       input_split_sizes=ctx.recv, group=ctx.group)
+                out = funcol.wait_tensor(funcol.all_to_all_single(g.contiguous(), list(ctx.send), list(ctx.recv),
+                                                                  ctx.group))
                 return out, None, None, None, None
 
         class NestedSum(torch.autograd.Function):
             @staticmethod
             def forward(ctx, data, ex, group):
-                out = data.detach().clone().contiguous()
-                ex.ran("all_reduce")
-                dist.all_reduce(out, op=dist.ReduceOp.SUM, group=group)
-                return out
+                return funcol.wait_tensor(funcol.all_reduce(data.detach().contiguous(), "sum", group))
 
             @staticmethod
             def backward(ctx, g):

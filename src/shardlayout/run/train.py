@@ -6,8 +6,8 @@ reference, and turns the other copy into the parallel module (``run.parallel.par
 step: forward, the loss ``sum(output * G)`` for a fixed random ``G`` per output, backward, the
 optimizer (``torch.optim.AdamW`` or ``SGD``) — on both, in the same process. The report holds both
 loss curves, the largest relative difference of losses and updated parameters, the collectives
-that ran in the first step counted at the dispatcher (``_c10d_functional`` ops, forward and
-backward apart) next to the planned ones, and the steady-state step time.
+that ran in the first step counted at the dispatcher (functional collectives, forward and
+backward apart, ``executor.count_calls``) next to the planned ones, and the steady-state step time.
 """
 
 from __future__ import annotations
@@ -20,10 +20,6 @@ import time
 import numpy as np
 
 from ..errors import RunError
-
-# a planned collective kind -> the functional collective it runs as
-FUNCTIONAL = {"all_gather": "all_gather_into_tensor", "reduce_scatter": "reduce_scatter_tensor",
-              "all_reduce": "all_reduce", "all_to_all": "all_to_all_single"}
 
 
 def _module_base():
@@ -104,37 +100,16 @@ def _model(options: dict, dtype):
     return plan, module, tuple(values[n] for n in plan.program.inputs("input"))
 
 
-class _Count:
-    """Counts ``_c10d_functional`` collectives as they reach the dispatcher."""
-
-    def __init__(self):
-        from torch.utils._python_dispatch import TorchDispatchMode
-
-        counts: dict = {}
-        names = set(FUNCTIONAL.values())
-
-        class Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                ns, _, rest = str(func).partition(".")
-                if ns == "_c10d_functional":
-                    op = rest.split(".")[0]
-                    if op in names:
-                        counts[op] = counts.get(op, 0) + 1
-                return func(*args, **(kwargs or {}))
-
-        self.counts, self.mode = counts, Mode
-
-
 def planned_functional(plan, reductions: dict) -> dict:
-    """The functional collectives one training step should run, forward and backward apart:
-    ``{"forward": {op: n}, "backward": {op: n}}`` (``launch._planned_counts`` by kind)."""
+    """The collectives one training step should run, by primitive, forward and backward apart:
+    ``{"forward": {kind: n}, "backward": {kind: n}}`` (``launch._planned_counts``)."""
     from .launch import _planned_counts
 
     out: dict = {"forward": {}, "backward": {}}
     for k, n in _planned_counts(plan, True, reductions).items():
         side = "backward" if k.startswith("backward_") else "forward"
-        op = FUNCTIONAL[k.removeprefix("backward_")]
-        out[side][op] = out[side].get(op, 0) + n
+        kind = k.removeprefix("backward_")
+        out[side][kind] = out[side].get(kind, 0) + n
     return out
 
 
@@ -171,6 +146,7 @@ def train_main(rank: int, world: int, options: dict, result_path: str | None = N
     import torch.distributed as dist
 
     from .backward import gradient_reductions
+    from .executor import count_calls
     from .parallel import parallelize
 
     dtype = torch.float64 if options.get("dtype") == "float64" else torch.float32
@@ -190,23 +166,18 @@ def train_main(rank: int, world: int, options: dict, result_path: str | None = N
     rng = np.random.default_rng(options.get("seed", 0) + 1)
     G = [torch.from_numpy(rng.standard_normal(plan.program.tensors[n].shape)).to(dtype) for n in plan.program.outputs]
     run = torch.compile(pmod, fullgraph=True) if options.get("compile") else pmod
-    counted = {}
+    counted: dict = {"forward": {}, "backward": {}}
     losses, ref_losses, times = [], [], []
     for step in range(steps):
         dist.barrier()
         t = time.perf_counter()
-        count = _Count() if step == 0 and not options.get("compile") else None
-        with count.mode() if count else _null():
+        count = step == 0 and not options.get("compile")  # the first eager step, at the dispatcher
+        with count_calls(counted["forward"]) if count else _null():
             out = run(*inputs)
-        fwd = dict(count.counts) if count else None
         outs = out if isinstance(out, tuple) else (out,)
         loss = sum((o.full_tensor() * g).sum() for o, g in zip(outs, G))
-        if count:
-            count.counts.clear()
-        with count.mode() if count else _null():
+        with count_calls(counted["backward"]) if count else _null():
             loss.backward()
-        if count:
-            counted = {"forward": fwd, "backward": dict(count.counts)}
         opt.step()
         opt.zero_grad(set_to_none=True)
         dist.barrier()
@@ -238,7 +209,7 @@ def train_main(rank: int, world: int, options: dict, result_path: str | None = N
         "max_param_rel_err": param_rel, "worst_param_on_rank0": worst_param,
         "tolerance": f"{str(dtype).replace('torch.', '')}: {tol:g} relative",
         "equal": bool(loss_rel <= tol and param_rel <= tol),
-        "collectives": counted or None, "planned_collectives": planned,
+        "collectives": None if options.get("compile") else counted, "planned_collectives": planned,
         "step_seconds": {"median": statistics.median(steady), "min": min(steady), "max": max(steady),
                          "steps": len(steady)},
         "first_step_seconds": times[0], "setup_seconds": setup, "seconds": time.perf_counter() - t0,
@@ -257,4 +228,4 @@ class _null:
         return False
 
 
-__all__ = ["FUNCTIONAL", "ProgramModule", "planned_functional", "train_main", "train_rank"]
+__all__ = ["ProgramModule", "planned_functional", "train_main", "train_rank"]
