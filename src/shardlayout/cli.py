@@ -627,8 +627,8 @@ def cmd_run(args) -> int:
 
 def _check_steps(args) -> None:
     """``--steps`` and its companions, checked before any rank starts."""
-    given = [f"--{n}" for n in ("optimizer", "lr") if getattr(args, n) is not None] + (["--compile"] if args.compile
-                                                                                       else [])
+    given = [f"--{n}" for n in ("optimizer", "lr", "checkpoint") if getattr(args, n) is not None] + \
+        [f"--{n}" for n in ("compile", "resume") if getattr(args, n)]
     if args.steps is None:
         if given:
             one = len(given) == 1
@@ -637,6 +637,10 @@ def _check_steps(args) -> None:
         return
     if args.steps < 1 or args.steps > 100000:
         raise ShardingError(f"--steps {args.steps}: give a number of training steps from 1 to 100000")
+    if args.resume and not args.checkpoint:
+        raise ShardingError("--resume loads from --checkpoint DIR: give the directory")
+    if args.checkpoint is not None and not args.checkpoint.strip():
+        raise ShardingError("--checkpoint '': give a directory")
     if args.lr is not None and not (0 < args.lr < float("inf")):
         raise ShardingError(f"--lr {args.lr}: give a positive, finite learning rate")
     if args.repeat:
@@ -664,7 +668,13 @@ def _cmd_train(args, opts: dict, mesh) -> int:
             raise ShardingError(f"--nproc {nproc}: the mesh {mesh} has {mesh.size} devices; one rank per device")
         from .run.launch import check_trainable
 
-        check_trainable(jobs.build_plan(args), True)  # bad input fails here, once, before any rank starts
+        plan = jobs.build_plan(args)
+        check_trainable(plan, True)  # bad input fails here, once, before any rank starts
+        if args.resume:
+            from .run.train import check_checkpoint
+
+            prog = plan.program
+            check_checkpoint(args.checkpoint, {n: prog.tensors[n].shape for n in prog.inputs("param")}, exact=False)
         try:
             with _report("progress").task(f"training {args.steps} step(s) on {nproc} ranks"):
                 report = launch(opts, nproc)
@@ -679,6 +689,13 @@ def _cmd_train(args, opts: dict, mesh) -> int:
           f"{report['ranks']} ranks, mesh {report['mesh']} ({report['backend']}) in {report['seconds']:.2f} s")
     for i, (a, b) in enumerate(zip(report["losses"], report["reference_losses"]), 1):
         print(f"  step {i:>3}: loss {a:.10g}   unsharded {b:.10g}")
+    ck = report.get("checkpoint") or {}
+    if ck.get("loaded"):
+        print(f"resumed from {ck['loaded']['path']} after {ck['loaded']['steps']} step(s): "
+              f"{ck['loaded']['tensors']} tensors and their optimizer state, resharded to this plan")
+    if ck.get("saved"):
+        print(f"saved {ck['saved']['tensors']} tensors and their optimizer state to {ck['saved']['path']} "
+              f"(torch.distributed.checkpoint; {ck['saved']['steps']} step(s) trained)")
     if report["collectives"]:
         print(f"collectives of step 1 (counted at the dispatcher): {report['collectives']}; planned: "
               f"{report['planned_collectives']}")
@@ -817,6 +834,11 @@ def build_parser() -> argparse.ArgumentParser:
                          "program, a torch optimizer), each compared with the unsharded model trained alike")
     rn.add_argument("--optimizer", choices=["adamw", "sgd"], default=None, help="with --steps (default adamw)")
     rn.add_argument("--lr", type=float, default=None, help="with --steps: learning rate (adamw 1e-3, sgd 1e-2)")
+    rn.add_argument("--checkpoint", default=None, metavar="DIR",
+                    help="with --steps: save the model and optimizer state there after training "
+                         "(torch.distributed.checkpoint; loadable under any plan or mesh, or unsharded)")
+    rn.add_argument("--resume", action="store_true",
+                    help="with --checkpoint: load the state from DIR before training (the unsharded reference too)")
     rn.add_argument("--compile", action="store_true",
                     help="with --steps: torch.compile(fullgraph=True) the parallel module (forward and backward)")
     rn.add_argument("--dtype", choices=["float32", "float64"], default="float32",

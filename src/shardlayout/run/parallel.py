@@ -263,7 +263,6 @@ class ParallelModule(_module_base()):
             self.register_buffer(name, b, persistent=name not in module._non_persistent_buffers_set)
         self._index = {n: _local_index(plan.shardings[n], rank) for n in self._user}
         self._local_shapes = {n: tuple(plan.shardings[n].local_shape(rank)) for n in self._user}
-        self._in_placements = {n: _placements(plan.shardings[n], f"input {n!r}") for n in self._user}
         self._out = [(n, plan.shardings[n], _placements(plan.shardings[n], f"output {n!r}")
                       if outputs == "dtensor" else None) for n in prog.outputs]
         self._dtensor = DTensor
@@ -298,7 +297,7 @@ class ParallelModule(_module_base()):
 
         s = self.plan.shardings[name]
         if isinstance(x, self._dtensor):
-            want = self._in_placements[name]
+            want = _placements(s, f"input {name!r} (given as a DTensor)")
             if tuple(x.placements) != want:
                 x = x.redistribute(self.device_mesh, want)
             return x.to_local()

@@ -19,7 +19,11 @@ import time
 
 import numpy as np
 
-from ..errors import RunError
+from ..errors import RunError, ShardingError
+
+
+class CheckpointError(ShardingError):
+    """A checkpoint that cannot be loaded into this model (another model, missing or damaged files)."""
 
 
 def _module_base():
@@ -163,6 +167,10 @@ def train_main(rank: int, world: int, options: dict, result_path: str | None = N
     make_opt = {"adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-3 if lr is None else lr),
                 "sgd": lambda ps: torch.optim.SGD(ps, lr=1e-2 if lr is None else lr)}[kind]
     opt, ref_opt = make_opt(pmod.parameters()), make_opt(reference.parameters())
+    loaded = None
+    if options.get("resume"):  # both sides from the checkpoint: the parallel one resharded by DCP
+        loaded = load_checkpoint(options["checkpoint"], pmod, opt)
+        load_checkpoint(options["checkpoint"], reference, ref_opt)
     rng = np.random.default_rng(options.get("seed", 0) + 1)
     G = [torch.from_numpy(rng.standard_normal(plan.program.tensors[n].shape)).to(dtype) for n in plan.program.outputs]
     run = torch.compile(pmod, fullgraph=True) if options.get("compile") else pmod
@@ -192,6 +200,8 @@ def train_main(rank: int, world: int, options: dict, result_path: str | None = N
         ref_losses.append(float(ref_loss.detach()))
         if options.get("progress") and rank == 0:
             print(f"step {step + 1}/{steps}: loss {losses[-1]:.6g}", flush=True)
+    saved = save_checkpoint(options["checkpoint"], pmod, opt, (loaded or {}).get("steps", 0) + steps) \
+        if options.get("checkpoint") and not options.get("resume") else None
     ref_params = dict(reference.named_parameters())
     errs = sorted(((_rel(p.full_tensor(), ref_params[n]), n) for n, p in pmod.named_parameters()), reverse=True)
     param_rel, worst_param = errs[0] if errs else (0.0, None)
@@ -212,12 +222,94 @@ def train_main(rank: int, world: int, options: dict, result_path: str | None = N
         "collectives": None if options.get("compile") else counted, "planned_collectives": planned,
         "step_seconds": {"median": statistics.median(steady), "min": min(steady), "max": max(steady),
                          "steps": len(steady)},
+        "checkpoint": {"saved": saved, "loaded": loaded},
         "first_step_seconds": times[0], "setup_seconds": setup, "seconds": time.perf_counter() - t0,
     }
     if rank == 0 and result_path:
         with open(result_path, "w") as f:
             json.dump(report, f)
     return report if rank == 0 else None
+
+
+def save_checkpoint(path: str, module, optimizer, steps: int) -> dict:
+    """Save ``module``'s and ``optimizer``'s state with ``torch.distributed.checkpoint`` (every rank
+    writes its own shards; DTensor placements are kept, so any plan or mesh can load it);
+    ``{"path", "tensors", "steps"}``."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    msd, osd = get_state_dict(module, optimizer)
+    dcp.save({"model": msd, "optim": osd, "trained_steps": steps}, checkpoint_id=path)
+    return {"path": path, "tensors": len(msd), "steps": steps}
+
+
+def check_checkpoint(path: str, shapes: dict, exact: bool = True) -> None:
+    """Raise ``CheckpointError`` unless ``path`` holds a ``save_checkpoint`` of a model whose state
+    is exactly ``shapes`` (``{name: shape}``; ``exact=False``: at least those, as the parameters
+    alone are known before the model is built): read from its metadata alone, before any rank loads.
+    ``check_checkpoint("ck", {"layers.0.wq": (16, 16), ...})``"""
+    import os
+
+    import torch.distributed.checkpoint as dcp
+
+    if not os.path.isdir(path) or not os.path.exists(os.path.join(path, ".metadata")):
+        raise CheckpointError(f"--resume: {path} holds no checkpoint (no .metadata file); save one with "
+                              "--checkpoint DIR first")
+    try:
+        meta = dcp.FileSystemReader(path).read_metadata()
+    except Exception as e:  # noqa: BLE001 - a damaged metadata file: one line
+        raise CheckpointError(f"--resume: {path}/.metadata cannot be read ({type(e).__name__}): a damaged "
+                              "checkpoint") from None
+    ends: dict = {}  # every file the metadata reads from, and how far into it
+    for index, info in (getattr(meta, "storage_data", None) or {}).items():
+        f = getattr(info, "relative_path", None)
+        end = int(info.offset) + int(info.length)
+        if f is not None and (f not in ends or end > ends[f][0]):
+            ends[f] = (end, index.fqn)
+    for f, (end, fqn) in sorted(ends.items()):
+        full = os.path.join(path, f)
+        if not os.path.isfile(full):
+            raise CheckpointError(f"--resume: the checkpoint in {path} misses its file {f} (it holds {fqn}); the "
+                                  "checkpoint is incomplete")
+        if os.path.getsize(full) < end:
+            raise CheckpointError(f"--resume: the checkpoint file {full} is truncated ({os.path.getsize(full)} of at "
+                                  f"least {end} bytes; it holds {fqn}); the checkpoint is damaged")
+    saved = {k.removeprefix("model."): v for k, v in meta.state_dict_metadata.items() if k.startswith("model.")}
+    missing, extra = sorted(set(shapes) - set(saved)), sorted(set(saved) - set(shapes)) if exact else []
+    if missing or extra:
+        raise CheckpointError(f"--resume: the checkpoint in {path} is of another model: "
+                              + (f"it has no {', '.join(missing[:3])}" if missing else "")
+                              + ("; " if missing and extra else "")
+                              + (f"it has {', '.join(extra[:3])}, which this model has not" if extra else ""))
+    for k, shape in shapes.items():
+        got = tuple(getattr(saved[k], "size", ()))
+        if got != tuple(shape):
+            raise CheckpointError(f"--resume: tensor {k} is {got} in the checkpoint in {path}, {tuple(shape)} "
+                                  "in this model")
+
+
+def load_checkpoint(path: str, module, optimizer) -> dict:
+    """Load a ``save_checkpoint`` directory into ``module`` and ``optimizer`` (a parallel module
+    under any plan, or the unsharded model), resharded by DCP; a checkpoint of another model, a
+    missing or damaged file is a ``CheckpointError`` naming the tensor, before any state changes."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.utils._pytree import tree_map
+
+    msd, osd = get_state_dict(module, optimizer)
+    check_checkpoint(path, {k: tuple(v.shape) for k, v in msd.items()})
+    # read into copies: a load that fails half-way leaves the module and optimizer as they were
+    fresh = lambda v: v.detach().clone() if isinstance(v, torch.Tensor) else v  # noqa: E731
+    state = {"model": tree_map(fresh, msd), "optim": tree_map(fresh, osd), "trained_steps": 0}
+    try:
+        dcp.load(state, checkpoint_id=path)
+    except (Exception, CheckpointException) as e:  # noqa: BLE001 - a truncated or missing shard file: one line
+        raise CheckpointError(f"--resume: reading the checkpoint in {path} failed ({type(e).__name__}: "
+                              f"{str(e).splitlines()[0][:200]}); the files are damaged or incomplete") from None
+    set_state_dict(module, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    return {"path": path, "tensors": len(msd), "steps": int(state["trained_steps"])}
 
 
 class _null:
