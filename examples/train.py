@@ -2,10 +2,13 @@
 
 ``shardlayout.parallelize`` plans the module (here the Megatron sequence-parallel style on a 2x2
 mesh), gives back the same module with DTensor parameters, and its forward runs the plan's per-rank
-program; the optimizer, ``clip_grad_norm_`` and ``torch.compile`` are torch's own.
+program; the optimizer, ``clip_grad_norm_`` and ``torch.compile`` are torch's own. ``--meta`` builds
+the model on the meta device: each rank allocates and initialises only its own pieces
+(``--memory-limit-mb`` caps each rank's address space to prove it).
 """
 
 import argparse
+import resource
 
 import torch
 import torch.distributed as dist
@@ -14,20 +17,47 @@ import shardlayout
 from shardlayout.program.torch_models import LlamaTorch
 
 
+def vm_bytes() -> int:
+    """This process's address space now (Linux)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mesh", default="dp=2,tp=2")
     ap.add_argument("--style", default="megatron-sp")
     ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--dim", type=int, default=32)
     ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--meta", action="store_true", help="build on the meta device; ranks allocate only their pieces")
+    ap.add_argument("--memory-limit-mb", type=int, default=None,
+                    help="cap each rank's address space at what it has once torch is up, plus this")
     args = ap.parse_args()
 
     dist.init_process_group("gloo")  # torchrun sets RANK, WORLD_SIZE and the rendezvous
     torch.manual_seed(0)  # every rank builds the same model and batch
-    model = LlamaTorch(layers=2, dim=32, heads=4, ffn=64)
-    x, cos, sin = torch.randn(4, 16, 32), torch.randn(16, 8), torch.randn(16, 8)
+    d = args.dim
+    start_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    if args.memory_limit_mb is not None:  # (MALLOC_ARENA_MAX=2 keeps glibc from reserving 64 MiB per thread)
+        limit = vm_bytes() + args.memory_limit_mb * 2**20
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    if args.meta:
+        with torch.device("meta"):
+            model = LlamaTorch(layers=args.layers, dim=d, heads=4, ffn=2 * d)
+        full = sum(p.numel() * p.element_size() for p in model.parameters())
 
-    pmod = shardlayout.parallelize(model, args.mesh, style=args.style, example_inputs=(x, cos, sin))
+        def init(m):  # runs on the DTensor pieces: no rank ever holds a whole weight
+            for p in m.parameters():
+                torch.nn.init.normal_(p, std=d ** -0.5)
+    else:
+        model = LlamaTorch(layers=args.layers, dim=d, heads=4, ffn=2 * d)
+        init = None
+    x, cos, sin = torch.randn(4, 16, d), torch.randn(16, d // 4), torch.randn(16, d // 4)
+
+    pmod = shardlayout.parallelize(model, args.mesh, style=args.style, example_inputs=(x, cos, sin),
+                                   init_weights=init)
     step_fn = torch.compile(pmod, fullgraph=True) if args.compile else pmod
     opt = torch.optim.AdamW(pmod.parameters(), lr=1e-3)
     for step in range(args.steps):
@@ -42,6 +72,15 @@ def main() -> None:
     if dist.get_rank() == 0:
         wq = pmod.layers[0].wq
         print(f"layers.0.wq: {tuple(wq.shape)} {wq.placements}, local {tuple(wq.to_local().shape)}")
+        if args.meta:
+            mine = sum(p.to_local().numel() * p.element_size() for p in pmod.parameters())
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+            from shardlayout.plan.estimate import estimate
+
+            planned = estimate(pmod.plan, "adam").memory  # parameters, gradients, AdamW moments, activations
+            print(f"parameters: {full / 2**20:.1f} MiB in all, {mine / 2**20:.1f} MiB on rank 0; rank 0's peak "
+                  f"resident memory {(peak - start_rss) / 2**20:.1f} MiB above its start, the plan's estimate "
+                  f"{planned / 2**20:.1f} MiB per device")
     dist.destroy_process_group()
 
 

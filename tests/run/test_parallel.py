@@ -90,6 +90,25 @@ def test_the_python_api_example_under_torchrun_trains_as_the_unsharded_model():
     assert "layers.0.wq: (32, 32) (Shard(dim=1),), local (32, 16)" in r.stdout  # column-parallel
 
 
+def test_a_meta_device_model_too_big_for_the_memory_limit_trains_a_step_on_four_ranks():
+    """examples/train.py --meta: Llama (4 layers, d=1024: 160 MiB of float32 weights; unsharded AdamW
+    training holds 4x that) built on meta, each rank under a 500 MiB address-space limit above its
+    start, allocates and initialises only its Megatron pieces and takes a step."""
+    torchrun = Path(sys.executable).with_name("torchrun")
+    limit = 500
+    r = subprocess.run([str(torchrun), "--standalone", "--nproc-per-node", "4", "examples/train.py", "--meta",
+                        "--dim", "1024", "--layers", "4", "--mesh", "tp=4", "--style", "megatron", "--steps", "1",
+                        "--memory-limit-mb", str(limit)], capture_output=True, text=True, timeout=300,
+                       env={**ENV, "MALLOC_ARENA_MAX": "2"}, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    m = re.search(r"parameters: ([\d.]+) MiB in all, ([\d.]+) MiB on rank 0; rank 0's peak resident memory "
+                  r"([\d.]+) MiB above its start, the plan's estimate ([\d.]+) MiB per device", r.stdout)
+    full, mine, peak, planned = (float(v) for v in m.groups())
+    assert full == 160.0 and mine == 40.0
+    assert 4 * full > limit  # weights, gradients and two AdamW moments unsharded: beyond the limit
+    assert peak < limit and re.search(r"step 0: loss [\d.]+", r.stdout)
+
+
 # ------------------------------------------------------------------------------------------
 # in one process: torch's fake process group (shapes, no data)
 # ------------------------------------------------------------------------------------------
@@ -186,3 +205,26 @@ def test_refusals_name_what_is_wrong_and_the_fix(fake_world):
     # pieces of one mesh axis in two dims: DTensor has no placements for it
     with pytest.raises(err, match=r"parameter 'layers.0.wq'.*no DTensor placements"):
         shardlayout.parallelize(model, m, pins={"layers.0.wq": "[tp:(1)2*8, tp:(2)2*8]"}, example_inputs=args)
+
+
+def test_a_meta_device_module_gets_only_its_pieces_initialised_or_is_refused(fake_world):
+    import shardlayout
+    from shardlayout.program.torch_models import LlamaTorch
+
+    fake_world(4, 1)
+    args = (torch.randn(4, 8, 16), torch.randn(8, 4), torch.randn(8, 4))
+    with torch.device("meta"):
+        model = LlamaTorch(layers=1, dim=16, heads=4, ffn=32)
+    with pytest.raises(shardlayout.ParallelizeError, match="meta device and has no way to initialise"):
+        shardlayout.parallelize(model, "tp=4", style="megatron", example_inputs=args)
+    seen = []
+
+    def init(m):
+        for p in m.parameters():
+            seen.append(tuple(p.to_local().shape))
+            p.fill_(0.5)
+
+    pmod = shardlayout.parallelize(model, "tp=4", style="megatron", example_inputs=args, init_weights=init)
+    wq = pmod.layers[0].wq
+    assert wq.to_local().device.type == "cpu" and tuple(wq.to_local().shape) == (16, 4)
+    assert (16, 4) in seen and bool((wq.to_local() == 0.5).all())

@@ -68,12 +68,29 @@ def _device_type() -> str:
     return "cuda" if dist.get_backend() == "nccl" and torch.cuda.is_available() else "cpu"
 
 
+def _on_meta(module) -> bool:
+    return any(t.device.type == "meta" for t in list(module.parameters()) + list(module.buffers()))
+
+
+def _meta_args(args):
+    """The example arguments on the meta device (exporting a module built on ``meta``)."""
+    import torch
+
+    if isinstance(args, torch.Tensor):
+        return args.to("meta")
+    if isinstance(args, (list, tuple)):
+        return type(args)(_meta_args(a) for a in args)
+    if isinstance(args, dict):
+        return {k: _meta_args(v) for k, v in args.items()}
+    return args
+
+
 def _plan_module(module, mesh, example_inputs, style, tp_plan, pins, allow_unmatched):
     """The plan of ``module`` on ``mesh`` from a style / tp-plan / pins (``auto``: the search)."""
     from ..plan import plan as make_plan
     from ..program.torch_import import from_torch
 
-    prog = from_torch(module, example_inputs)
+    prog = from_torch(module, _meta_args(example_inputs) if _on_meta(module) else example_inputs)
     given = dict(pins or {})
     if style == "auto":
         from ..plan.auto import auto_plan
@@ -145,9 +162,12 @@ def _stride(shape) -> tuple:
 
 
 def parallelize(module, mesh, plan=None, *, example_inputs=None, style=None, tp_plan=None, pins=None,
-                allow_unmatched: bool = False, outputs: str = "dtensor"):
+                allow_unmatched: bool = False, outputs: str = "dtensor", init_weights=None):
     """``module`` running ``plan`` (or the plan of ``style`` / ``tp_plan`` / ``pins``; ``style="auto"``
     searches) on ``mesh``: see the module docstring. Collective: every rank calls it alike.
+    A module built on the ``meta`` device gets only this rank's pieces allocated, then initialised
+    by ``init_weights(module)`` (its parameters already DTensors), else by its own ``init_weights()``,
+    else by every submodule's ``reset_parameters()``.
     ``parallelize(model, "tp=2", style="megatron", example_inputs=(x,))``"""
     import torch
 
@@ -180,7 +200,19 @@ def parallelize(module, mesh, plan=None, *, example_inputs=None, style=None, tp_
     state = dict(module.named_parameters(remove_duplicate=False))
     state.update(module.named_buffers(remove_duplicate=False))
     constants = {}
+    meta = _on_meta(module)
+    if meta and init_weights is None and not callable(getattr(module, "init_weights", None)) and not any(
+            callable(getattr(m, "reset_parameters", None)) for m in module.modules()):
+        raise ParallelizeError(f"{type(module).__name__} is on the meta device and has no way to initialise its "
+                               "pieces: pass init_weights=fn (called with the module once its parameters are "
+                               "DTensors), or give it init_weights() or submodules with reset_parameters()")
+    if init_weights is not None and not callable(init_weights):
+        raise ParallelizeError(f"init_weights: give a function of the module, not {type(init_weights).__name__}")
     if any(prog.tensors[n].kind == "buffer" and n not in state for n in prog.inputs()):
+        if meta:
+            raise ParallelizeError("the module builds a tensor constant in forward (torch.export lifts it) and is on "
+                                   "the meta device, where its values do not exist: register it as a buffer, or "
+                                   "build the module on a real device")
         from ..program.torch_import import lifted_constants  # a tensor made in forward, lifted by export
 
         constants = lifted_constants(module, example_inputs)
@@ -204,7 +236,26 @@ def parallelize(module, mesh, plan=None, *, example_inputs=None, style=None, tp_
     else:
         gm = rank_program(plan, rank, groups, [by_name[n] if n in by_name else state[n] for n in prog.inputs()],
                           reductions)
-    return ParallelModule(module, plan, dm, rank, gm, outputs, constants)
+    pmod = ParallelModule(module, plan, dm, rank, gm, outputs, constants)
+    if meta:
+        _initialise(module, init_weights)  # the user's module: its parameters are pmod's DTensors now
+    return pmod
+
+
+def _initialise(module, init_weights) -> None:
+    """Fill the pieces of a module built on meta: the user's function, the module's
+    ``init_weights()``, or every submodule's ``reset_parameters()`` (DTensor ops on the pieces)."""
+    import torch
+
+    with torch.no_grad():
+        if init_weights is not None:
+            init_weights(module)
+        elif callable(getattr(module, "init_weights", None)):
+            module.init_weights()
+        else:
+            for m in module.modules():
+                if m is not module and callable(getattr(m, "reset_parameters", None)):
+                    m.reset_parameters()
 
 
 def _local_index(s, rank: int):
@@ -280,12 +331,12 @@ class ParallelModule(_module_base()):
             raise ParallelizeError(f"parameter {fqn!r} has shape {tuple(t.shape)}, the plan says {tuple(s.shape)}")
         if isinstance(t, DTensor):
             raise ParallelizeError(f"parameter {fqn!r} is already a DTensor; give parallelize the plain module")
-        if t.device.type == "meta":
-            raise ParallelizeError(f"parameter {fqn!r} is on the meta device: materialise the module first "
-                                   "(meta-device builds with local-only init are not supported yet)")
         placements = _placements(s, f"parameter {fqn!r}")
-        with torch.no_grad():
-            local = t.detach()[_local_index(s, rank)].clone()
+        if t.device.type == "meta":  # only this rank's piece is ever allocated; initialised after
+            local = torch.empty(s.local_shape(rank), dtype=t.dtype, device=_device_type())
+        else:
+            with torch.no_grad():
+                local = t.detach()[_local_index(s, rank)].clone()
         dt = DTensor.from_local(local, dm, placements, run_check=False, shape=tuple(s.shape),
                                 stride=_stride(s.shape))
         if isinstance(t, torch.nn.Parameter):
