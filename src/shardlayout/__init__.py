@@ -35,6 +35,10 @@ def __getattr__(name: str):
         from .run import parallel
 
         return getattr(parallel, name)
+    if name == "load_safetensors":
+        from .run.weights import load_safetensors
+
+        return load_safetensors
     raise AttributeError(f"module 'shardlayout' has no attribute {name!r}")
 
 
@@ -49,6 +53,7 @@ __all__ = [
     "ParallelizeError",
     "Propagation",
     "cost",
+    "load_safetensors",
     "parallelize",
     "plan_move",
     "propagate",

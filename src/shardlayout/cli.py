@@ -627,7 +627,7 @@ def cmd_run(args) -> int:
 
 def _check_steps(args) -> None:
     """``--steps`` and its companions, checked before any rank starts."""
-    given = [f"--{n}" for n in ("optimizer", "lr", "checkpoint") if getattr(args, n) is not None] + \
+    given = [f"--{n}" for n in ("optimizer", "lr", "checkpoint", "weights") if getattr(args, n) is not None] + \
         [f"--{n}" for n in ("compile", "resume") if getattr(args, n)]
     if args.steps is None:
         if given:
@@ -639,6 +639,12 @@ def _check_steps(args) -> None:
         raise ShardingError(f"--steps {args.steps}: give a number of training steps from 1 to 100000")
     if args.resume and not args.checkpoint:
         raise ShardingError("--resume loads from --checkpoint DIR: give the directory")
+    if args.resume and args.weights:
+        raise ShardingError("--resume and --weights both say where the weights come from: give one")
+    if args.weights is not None:
+        from .run.weights import weight_files
+
+        weight_files(args.weights)  # exists, before any rank starts
     if args.checkpoint is not None and not args.checkpoint.strip():
         raise ShardingError("--checkpoint '': give a directory")
     if args.lr is not None and not (0 < args.lr < float("inf")):
@@ -689,6 +695,10 @@ def _cmd_train(args, opts: dict, mesh) -> int:
           f"{report['ranks']} ranks, mesh {report['mesh']} ({report['backend']}) in {report['seconds']:.2f} s")
     for i, (a, b) in enumerate(zip(report["losses"], report["reference_losses"]), 1):
         print(f"  step {i:>3}: loss {a:.10g}   unsharded {b:.10g}")
+    if report.get("weights"):
+        w = report["weights"]
+        print(f"weights: {w['tensors']} tensors from {args.weights}; rank 0 read {w['bytes_read'] / 2**20:.2f} of "
+              f"{w['bytes_total'] / 2**20:.2f} MiB")
     ck = report.get("checkpoint") or {}
     if ck.get("loaded"):
         print(f"resumed from {ck['loaded']['path']} after {ck['loaded']['steps']} step(s): "
@@ -837,6 +847,9 @@ def build_parser() -> argparse.ArgumentParser:
     rn.add_argument("--checkpoint", default=None, metavar="DIR",
                     help="with --steps: save the model and optimizer state there after training "
                          "(torch.distributed.checkpoint; loadable under any plan or mesh, or unsharded)")
+    rn.add_argument("--weights", default=None, metavar="PATH",
+                    help="with --steps: start from safetensors weights (a file, or a directory of shards with "
+                         "model.safetensors.index.json); each rank reads only its own pieces")
     rn.add_argument("--resume", action="store_true",
                     help="with --checkpoint: load the state from DIR before training (the unsharded reference too)")
     rn.add_argument("--compile", action="store_true",

@@ -29,12 +29,26 @@ def train(*args):
     return json.loads(r.stdout)
 
 
+def _weights(path):
+    """Random float64 weights of the built-in 1-layer Llama in safetensors (not the run's seeded ones)."""
+    from safetensors.torch import save_file
+
+    from shardlayout.program.models import llama
+
+    prog = llama(layers=1)
+    g = torch.Generator().manual_seed(11)
+    save_file({n: torch.randn(prog.tensors[n].shape, generator=g, dtype=torch.float64)
+               for n in prog.inputs("param")}, str(path))
+    return path
+
+
 @pytest.mark.parametrize("args,tol", [
     # Megatron-SP on a 2x2 mesh: reduce-scatters and all-gathers forward, their adjoints backward,
     # gradients of the data-parallel weights summed on dp
     (["--mesh", "dp=2,tp=2", "--style", "megatron-sp", "--layers", "2", "--dtype", "float64"], 1e-9),
-    # uneven: 4 heads and 32 features on 3 ranks
-    (["--mesh", "tp=3", "--style", "megatron", "--layers", "1", "--dtype", "float64"], 1e-9),
+    # uneven: 4 heads and 32 features on 3 ranks, from safetensors weights (each rank reads its pieces;
+    # the unsharded reference reads them whole)
+    (["--mesh", "tp=3", "--style", "megatron", "--layers", "1", "--dtype", "float64", "--weights", "WEIGHTS"], 1e-9),
     # expert parallelism: routed rows through two token all-to-alls, the reverse one backward (interpreted)
     (["--model", "moe", "--size", "tokens=256,dim=64,experts=8,ffn=128", "--mesh", "ep=4", "--style", "ep",
       "--dtype", "float64"], 1e-9),
@@ -46,8 +60,12 @@ def train(*args):
     (["--module", "tests/program/zoo.py:make_gpt2", "--style", "megatron", "--mesh", "tp=2", "--optimizer", "sgd"],
      1e-5),
 ])
-def test_training_steps_equal_the_unsharded_model_and_run_the_planned_collectives(args, tol):
+def test_training_steps_equal_the_unsharded_model_and_run_the_planned_collectives(args, tol, tmp_path):
+    if "WEIGHTS" in args:
+        args = [str(_weights(tmp_path / "w.safetensors")) if a == "WEIGHTS" else a for a in args]
     rep = train(*args, "--steps", "6")
+    if "--weights" in args:
+        assert rep["weights"]["bytes_read"] < rep["weights"]["bytes_total"]
     assert rep["equal"], rep
     assert len(rep["losses"]) == len(rep["reference_losses"]) == 6
     assert rep["max_loss_rel_err"] <= tol and rep["max_param_rel_err"] <= tol

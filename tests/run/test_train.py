@@ -19,9 +19,9 @@ ENV = {**os.environ, "PYTHONWARNINGS": "ignore"}
 MODEL = ["--layers", "1", "--dtype", "float64", "--lr", "0.01"]
 
 
-def run(*args):
+def run(*args, env=None):
     cmd = [sys.executable, "-m", "shardlayout", "run", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=ENV, cwd=ROOT)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**ENV, **(env or {})}, cwd=ROOT)
 
 
 def refused(capsys, *args) -> str:
@@ -50,15 +50,31 @@ def saved(tmp_path_factory):
     return path, whole["losses"], first["losses"]
 
 
-def test_resuming_under_another_plan_and_mesh_continues_the_uninterrupted_run(saved):
+def test_resuming_under_another_plan_and_mesh_continues_the_uninterrupted_run(saved, tmp_path):
+    import shutil
+
     path, whole, first = saved
     assert first == pytest.approx(whole[:5], rel=1e-12)
+    path = str(shutil.copytree(path, tmp_path / "ck"))
     # fsdp on dp=2: every parameter and its AdamW moments resharded by DCP; the unsharded
     # reference resumes from the same files (DTensor shards read back as whole tensors)
     rep = report("--mesh", "dp=2", "--style", "fsdp", *MODEL, "--steps", "5", "--checkpoint", path, "--resume")
     assert rep["checkpoint"]["loaded"]["steps"] == 5 and rep["equal"]
     assert max(abs(a - b) / abs(b) for a, b in zip(rep["losses"], whole[5:])) <= 1e-9
     assert max(abs(a - b) / abs(b) for a, b in zip(rep["reference_losses"], whole[5:])) <= 1e-9
+    assert rep["checkpoint"]["saved"]["steps"] == 10  # saved back, swapped in whole
+
+
+def test_a_rank_dying_while_saving_leaves_the_previous_checkpoint_whole(saved, tmp_path):
+    import shutil
+
+    path = tmp_path / "ck"
+    shutil.copytree(saved[0], path)
+    before = {p.name: p.read_bytes() for p in path.iterdir()}
+    r = run("--mesh", "tp=2", "--style", "megatron", *MODEL, "--steps", "1", "--checkpoint", str(path),
+            env={"SHARDLAYOUT_FAIL_SAVE_RANK": "1"})
+    assert r.returncode == 1 and "rank 1 exited with code 1" in r.stderr
+    assert {p.name: p.read_bytes() for p in path.iterdir()} == before  # the 5-step checkpoint, untouched
 
 
 def test_a_checkpoint_of_another_model_is_refused_before_any_rank_starts(saved, capsys):

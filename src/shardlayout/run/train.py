@@ -166,6 +166,12 @@ def train_main(rank: int, world: int, options: dict, result_path: str | None = N
     kind = options.get("optimizer") or "adamw"
     make_opt = {"adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-3 if lr is None else lr),
                 "sgd": lambda ps: torch.optim.SGD(ps, lr=1e-2 if lr is None else lr)}[kind]
+    weights = None
+    if options.get("weights"):  # each rank reads its own pieces; the reference reads whole tensors
+        from .weights import load_safetensors
+
+        weights = load_safetensors(pmod, options["weights"])
+        load_safetensors(reference, options["weights"])
     opt, ref_opt = make_opt(pmod.parameters()), make_opt(reference.parameters())
     loaded = None
     if options.get("resume"):  # both sides from the checkpoint: the parallel one resharded by DCP
@@ -201,7 +207,7 @@ def train_main(rank: int, world: int, options: dict, result_path: str | None = N
         if options.get("progress") and rank == 0:
             print(f"step {step + 1}/{steps}: loss {losses[-1]:.6g}", flush=True)
     saved = save_checkpoint(options["checkpoint"], pmod, opt, (loaded or {}).get("steps", 0) + steps) \
-        if options.get("checkpoint") and not options.get("resume") else None
+        if options.get("checkpoint") else None
     ref_params = dict(reference.named_parameters())
     errs = sorted(((_rel(p.full_tensor(), ref_params[n]), n) for n, p in pmod.named_parameters()), reverse=True)
     param_rel, worst_param = errs[0] if errs else (0.0, None)
@@ -222,7 +228,7 @@ def train_main(rank: int, world: int, options: dict, result_path: str | None = N
         "collectives": None if options.get("compile") else counted, "planned_collectives": planned,
         "step_seconds": {"median": statistics.median(steady), "min": min(steady), "max": max(steady),
                          "steps": len(steady)},
-        "checkpoint": {"saved": saved, "loaded": loaded},
+        "checkpoint": {"saved": saved, "loaded": loaded}, "weights": weights,
         "first_step_seconds": times[0], "setup_seconds": setup, "seconds": time.perf_counter() - t0,
     }
     if rank == 0 and result_path:
@@ -234,12 +240,33 @@ def train_main(rank: int, world: int, options: dict, result_path: str | None = N
 def save_checkpoint(path: str, module, optimizer, steps: int) -> dict:
     """Save ``module``'s and ``optimizer``'s state with ``torch.distributed.checkpoint`` (every rank
     writes its own shards; DTensor placements are kept, so any plan or mesh can load it);
-    ``{"path", "tensors", "steps"}``."""
+    ``{"path", "tensors", "steps"}``. Collective. Written to ``path + ".saving"`` and swapped in
+    once every rank has written: a job that dies while saving leaves the previous checkpoint whole."""
+    import os
+    import shutil
+
+    import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
+    path = os.path.abspath(path)
+    staging, old = path + ".saving", path + ".old"
+    rank = dist.get_rank()
+    if rank == 0:
+        shutil.rmtree(staging, ignore_errors=True)  # a save that died before
+    dist.barrier()
     msd, osd = get_state_dict(module, optimizer)
-    dcp.save({"model": msd, "optim": osd, "trained_steps": steps}, checkpoint_id=path)
+    dcp.save({"model": msd, "optim": osd, "trained_steps": steps}, checkpoint_id=staging)
+    if os.environ.get("SHARDLAYOUT_FAIL_SAVE_RANK") == str(rank):  # tests: die after writing, before the swap
+        os._exit(1)
+    dist.barrier()
+    if rank == 0:
+        shutil.rmtree(old, ignore_errors=True)
+        if os.path.exists(path):
+            os.replace(path, old)
+        os.replace(staging, path)
+        shutil.rmtree(old, ignore_errors=True)
+    dist.barrier()
     return {"path": path, "tensors": len(msd), "steps": steps}
 
 
