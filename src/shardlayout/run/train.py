@@ -215,7 +215,10 @@ def train_main(rank: int, world: int, options: dict, result_path: str | None = N
     worst = torch.tensor([loss_rel, param_rel], dtype=torch.float64)
     dist.all_reduce(worst, op=dist.ReduceOp.MAX)
     loss_rel, param_rel = float(worst[0]), float(worst[1])
-    tol = 1e-9 if dtype == torch.float64 else 1e-5
+    from .launch import HALF_RTOL, _half_precision
+
+    half = _half_precision(plan.program)  # ops computed in bfloat16/float16 round per summation order
+    tol = HALF_RTOL if half else 1e-9 if dtype == torch.float64 else 1e-5
     planned = planned_functional(plan, gradient_reductions(plan))
     steady = times[1:] or times
     report = {
@@ -223,7 +226,7 @@ def train_main(rank: int, world: int, options: dict, result_path: str | None = N
         "optimizer": options.get("optimizer") or "adamw", "compile": bool(options.get("compile")),
         "losses": losses, "reference_losses": ref_losses, "max_loss_rel_err": loss_rel,
         "max_param_rel_err": param_rel, "worst_param_on_rank0": worst_param,
-        "tolerance": f"{str(dtype).replace('torch.', '')}: {tol:g} relative",
+        "tolerance": f"{half or str(dtype).replace('torch.', '')}: {tol:g} relative",
         "equal": bool(loss_rel <= tol and param_rel <= tol),
         "collectives": None if options.get("compile") else counted, "planned_collectives": planned,
         "step_seconds": {"median": statistics.median(steady), "min": min(steady), "max": max(steady),
