@@ -42,23 +42,28 @@ def report(*args) -> dict:
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
-    """A checkpoint after 5 AdamW steps of Megatron on tp=2, and the losses of 10 uninterrupted steps."""
+    """A checkpoint after 5 AdamW steps of Megatron-SP on dp=2,tp=2 (4 ranks), and the losses of 10
+    uninterrupted steps."""
     path = str(tmp_path_factory.mktemp("ck") / "step5")
-    whole = report("--mesh", "tp=2", "--style", "megatron", *MODEL, "--steps", "10")
-    first = report("--mesh", "tp=2", "--style", "megatron", *MODEL, "--steps", "5", "--checkpoint", path)
+    whole = report("--mesh", "dp=2,tp=2", "--style", "megatron-sp", *MODEL, "--steps", "10")
+    first = report("--mesh", "dp=2,tp=2", "--style", "megatron-sp", *MODEL, "--steps", "5", "--checkpoint", path)
     assert first["checkpoint"]["saved"]["steps"] == 5 and first["equal"]
     return path, whole["losses"], first["losses"]
 
 
-def test_resuming_under_another_plan_and_mesh_continues_the_uninterrupted_run(saved, tmp_path):
+@pytest.mark.parametrize("plan", [
+    ["--mesh", "dp=2,tp=2", "--style", "megatron-sp"],  # the same plan
+    ["--mesh", "tp=2", "--style", "megatron"],  # another plan on another mesh, 2 ranks instead of 4
+])
+def test_resuming_continues_the_uninterrupted_run(saved, tmp_path, plan):
     import shutil
 
     path, whole, first = saved
     assert first == pytest.approx(whole[:5], rel=1e-12)
     path = str(shutil.copytree(path, tmp_path / "ck"))
-    # fsdp on dp=2: every parameter and its AdamW moments resharded by DCP; the unsharded
-    # reference resumes from the same files (DTensor shards read back as whole tensors)
-    rep = report("--mesh", "dp=2", "--style", "fsdp", *MODEL, "--steps", "5", "--checkpoint", path, "--resume")
+    # every parameter and its AdamW moments resharded by DCP; the unsharded reference resumes from the
+    # same files (DTensor shards read back as whole tensors)
+    rep = report(*plan, *MODEL, "--steps", "5", "--checkpoint", path, "--resume")
     assert rep["checkpoint"]["loaded"]["steps"] == 5 and rep["equal"]
     assert max(abs(a - b) / abs(b) for a, b in zip(rep["losses"], whole[5:])) <= 1e-9
     assert max(abs(a - b) / abs(b) for a, b in zip(rep["reference_losses"], whole[5:])) <= 1e-9
