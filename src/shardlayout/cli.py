@@ -561,7 +561,6 @@ def cmd_demo(args) -> int:
 
 def cmd_run(args) -> int:
     """Run the plan on torch.distributed (forward) and compare with the unsharded run."""
-    import os
 
     from .mesh import Mesh
 
@@ -576,28 +575,14 @@ def cmd_run(args) -> int:
     _check_steps(args)
     if args.steps:
         return _cmd_train(args, opts, mesh)
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # started by torchrun
-        from .run import rank_main
+    from .run import rank_main
+    from .run.launch import check_trainable
 
-        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        report = rank_main(rank, world, lambda: jobs.build_plan(args), opts)
-        if rank != 0:
-            return 0
-    else:
-        from .run import RunError, launch
-
-        nproc = mesh.size if args.nproc is None else args.nproc
-        if nproc != mesh.size:
-            raise ShardingError(f"--nproc {nproc}: the mesh {mesh} has {mesh.size} devices; one rank per device")
-        from .run.launch import check_trainable
-
-        check_trainable(jobs.build_plan(args), args.train)  # bad input fails here, once, before any rank starts
-        try:
-            with _report("progress").task(f"running on {nproc} ranks"):
-                report = launch(opts, nproc)
-        except RunError as e:  # the run failed (a rank died, a timeout): exit 1, not 2
-            print(f"shardlayout: error: {e}", file=sys.stderr)
-            return 1
+    report, code = _on_ranks(args, opts, mesh, lambda rank, world: rank_main(
+        rank, world, lambda: jobs.build_plan(args), opts), lambda: check_trainable(jobs.build_plan(args), args.train),
+        "running")
+    if report is None:
+        return code
     if args.json:
         print(json.dumps(report, sort_keys=True))
     else:
@@ -623,6 +608,31 @@ def cmd_run(args) -> int:
               f"max abs error {report['max_abs_err']:.2e}, relative to each tensor's scale "
               f"{report['max_rel_err']:.1e}" + (f" (the program computes in {report['tolerance']})" if half else ""))
     return 0 if report["equal"] else 1
+
+
+def _on_ranks(args, opts: dict, mesh, rank_job, check, what: str) -> tuple:
+    """Run a job on every rank: under torchrun this process is one rank (``rank_job(rank, world)``);
+    from a shell ``check()`` refuses bad input once, before any rank starts, then ``launch`` starts
+    the ranks. ``(rank 0's report, None)``, or ``(None, exit code)`` on the other ranks and when the
+    run failed (a rank died, a timeout: exit 1, not 2)."""
+    import os
+
+    from .run import RunError, launch
+
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # started by torchrun
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        report = rank_job(rank, world)
+        return (report, None) if rank == 0 else (None, 0)
+    nproc = mesh.size if args.nproc is None else args.nproc
+    if nproc != mesh.size:
+        raise ShardingError(f"--nproc {nproc}: the mesh {mesh} has {mesh.size} devices; one rank per device")
+    check()
+    try:
+        with _report("progress").task(f"{what} on {nproc} ranks"):
+            return launch(opts, nproc), None
+    except RunError as e:
+        print(f"shardlayout: error: {e}", file=sys.stderr)
+        return None, 1
 
 
 def _check_steps(args) -> None:
@@ -656,37 +666,22 @@ def _check_steps(args) -> None:
 
 def _cmd_train(args, opts: dict, mesh) -> int:
     """``run --steps N``: train through parallelize on every rank, compared with the unsharded model."""
-    import os
 
-    from .run import RunError, launch
+    from .run.launch import check_trainable
+    from .run.train import check_checkpoint, train_rank
 
-    opts["train"] = True
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # started by torchrun
-        from .run.train import train_rank
-
-        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        report = train_rank(rank, world, opts)
-        if rank != 0:
-            return 0
-    else:
-        nproc = mesh.size if args.nproc is None else args.nproc
-        if nproc != mesh.size:
-            raise ShardingError(f"--nproc {nproc}: the mesh {mesh} has {mesh.size} devices; one rank per device")
-        from .run.launch import check_trainable
-
+    def check():
         plan = jobs.build_plan(args)
-        check_trainable(plan, True)  # bad input fails here, once, before any rank starts
+        check_trainable(plan, True)
         if args.resume:
-            from .run.train import check_checkpoint
-
             prog = plan.program
             check_checkpoint(args.checkpoint, {n: prog.tensors[n].shape for n in prog.inputs("param")}, exact=False)
-        try:
-            with _report("progress").task(f"training {args.steps} step(s) on {nproc} ranks"):
-                report = launch(opts, nproc)
-        except RunError as e:
-            print(f"shardlayout: error: {e}", file=sys.stderr)
-            return 1
+
+    opts["train"] = True
+    report, code = _on_ranks(args, opts, mesh, lambda rank, world: train_rank(rank, world, opts), check,
+                             f"training {args.steps} step(s)")
+    if report is None:
+        return code
     if args.json:
         print(json.dumps(report, sort_keys=True))
         return 0 if report["equal"] else 1

@@ -132,19 +132,6 @@ def test_a_meta_device_model_too_big_for_the_memory_limit_trains_a_step_on_four_
 # ------------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def fake_world():
-    import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    def start(world: int, rank: int = 0):
-        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
-
-    yield start
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
-
 def _llama():
     from shardlayout.program.torch_models import LlamaTorch
 

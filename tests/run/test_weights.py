@@ -12,19 +12,6 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("safetensors")
 
 
-@pytest.fixture
-def fake_world():
-    import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    def start(world: int, rank: int = 0):
-        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
-
-    yield start
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
-
 def _model():
     from shardlayout.program.torch_models import LlamaTorch
 

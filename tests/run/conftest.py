@@ -1,0 +1,21 @@
+"""Fixtures of the run tests."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture
+def fake_world():
+    """``start(world, rank=0)``: torch's fake process group in this process (shapes and structure, no
+    data: collectives return uninitialised values), torn down after the test."""
+    pytest.importorskip("torch")
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    def start(world: int, rank: int = 0):
+        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
+
+    yield start
+    if dist.is_initialized():
+        dist.destroy_process_group()
