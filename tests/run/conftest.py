@@ -14,6 +14,8 @@ def fake_world():
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     def start(world: int, rank: int = 0):
+        if dist.is_initialized():  # another module's (tests/ops' DTensor checks keep theirs up)
+            dist.destroy_process_group()
         dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
 
     yield start
