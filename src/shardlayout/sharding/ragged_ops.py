@@ -537,7 +537,7 @@ def einsum(equation: str, *operands, out_shape=None) -> Nested:
     if any(r in t for a, t in zip(operands, terms) if not isinstance(a, Nested)):
         raise RaggedError(f"einsum {equation}: a dense operand spans the ragged dim {r!r}; ragged and dense rows "
                           "cannot mix in one dim")
-    run = _torch_einsum if _is_torch(first.data) else np.einsum
+    run = _torch_einsum if _is_torch(first.data) else _np_einsum
     local = ",".join(t.replace(e, "") for t in terms) + "->" + out.replace(e, "")
     pos = out.index(e)
     blocks = {}
@@ -557,6 +557,12 @@ def einsum(equation: str, *operands, out_shape=None) -> Nested:
             off += k
     storage = None if out_shape is None else tuple(out_shape[:pos]) + (0,) + tuple(out_shape[pos + 2:])
     return from_blocks(blocks, first.components, first.sources, pos, first.data, storage)
+
+
+def _np_einsum(eq, *ops):
+    """``np.einsum`` contracting through BLAS (``optimize``: a per-expert ``rd,df->rf`` is a matmul,
+    about 10x faster than numpy's plain einsum loop at MoE sizes)."""
+    return np.einsum(eq, *ops, optimize=len(ops) > 1)
 
 
 def _torch_einsum(eq, *ops):
