@@ -171,3 +171,17 @@ def test_Cli_StyleAuto_BadOrTooSmallBudget(capsys):
     assert code == 2 and err.count("\n") == 1 and "80GiB" in err
     code, _, err = _cli(capsys, "plan", "--style", "auto", "--layers", "1", "--mesh", MESH, "--memory", "1KiB")
     assert code == 1 and err.count("\n") == 1 and "the smallest budget with a plan is" in err
+
+
+def test_a_solver_planner_disagreement_is_an_internal_error_not_bad_input(monkeypatch, capsys):
+    """The ILP's model of plan() being wrong is our bug: exit 1 naming it, never exit 2 as if the input were bad."""
+    import shardlayout.plan.auto as auto
+    from shardlayout.cli import main
+
+    def wrong(*a, **k):
+        raise auto.ModelMismatch("auto: the solver predicted 1e-09 s, the planner gives 2e-05 s")
+
+    monkeypatch.setattr(auto, "auto_plan", wrong)
+    assert main(["plan", "--mesh", "tp=2", "--style", "auto", "--layers", "1"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("shardlayout: error: internal error ModelMismatch:") and "--debug" in err

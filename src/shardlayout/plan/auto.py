@@ -58,8 +58,9 @@ class NoPlanFits(ShardingError):
         self.smallest = smallest
 
 
-class ModelMismatch(ShardingError):
-    """The solver's predicted step time differs from the planner's: a bug in ``plan.space``."""
+class ModelMismatch(RuntimeError):
+    """The solver's predicted step time differs from the planner's: a bug in ``plan.space``, not in
+    the input — an internal error (the CLI exits 1 and shows the traceback under ``--debug``)."""
 
 
 UNITS = {"": 1, "b": 1, "k": 2**10, "kib": 2**10, "m": 2**20, "mib": 2**20, "g": 2**30, "gib": 2**30,
@@ -319,8 +320,7 @@ def auto_plan(program, mesh: Mesh, pins: dict | None = None, memory_per_device=N
     predicted = math.fsum(found.terms[0] + found.terms[1] + found.terms[2])
     if est.seconds != predicted or est.memory != found.memory:
         raise ModelMismatch(f"auto: the solver predicted {predicted!r} s and {found.memory} bytes, the planner "
-                            f"gives {est.seconds!r} s and {est.memory} bytes; the ILP's model of plan() is wrong "
-                            "(please report it)")
+                            f"gives {est.seconds!r} s and {est.memory} bytes; the ILP's model of plan() is wrong")
     styles = tuple(_style_cost(label, p, training, rate, budget) for label, p in seeds if label not in REFERENCE)
     styles += tuple(StyleCost(s, None, False, "does not apply to this program") for s in _missing_styles(seeds))
     stats = {**found.stats, "ops": len(program.ops), "tensors": len(program.tensors),
