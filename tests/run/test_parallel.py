@@ -233,3 +233,34 @@ def test_a_meta_device_module_gets_only_its_pieces_initialised_or_is_refused(fak
     wq = pmod.layers[0].wq
     assert wq.to_local().device.type == "cpu" and tuple(wq.to_local().shape) == (16, 4)
     assert (16, 4) in seen and bool((wq.to_local() == 0.5).all())
+
+
+def test_the_forwards_output_structure_and_tied_weights_are_kept(fake_world):
+    from torch import nn
+    from torch.distributed.tensor import DTensor
+
+    import shardlayout
+
+    class Tied(nn.Module):  # an embedding tied to the output head, a dict returned (as Hugging Face models)
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(32, 16)
+            self.up, self.down = nn.Linear(16, 64), nn.Linear(64, 16)
+            self.head = nn.Linear(16, 32, bias=False)
+            self.head.weight = self.emb.weight
+
+        def forward(self, ids):
+            h = self.emb(ids)
+            h = h + self.down(torch.relu(self.up(h)))
+            return {"logits": self.head(h), "hidden": h, "note": None}
+
+    fake_world(2)
+    torch.manual_seed(0)
+    model, ids = Tied(), torch.randint(0, 32, (4, 8))
+    pmod = shardlayout.parallelize(model, "tp=2", style="megatron", example_inputs=(ids,),
+                                   allow_unmatched=True)
+    assert pmod.head.weight is pmod.emb.weight and isinstance(pmod.emb.weight, DTensor)
+    assert "head.weight" not in dict(pmod.named_parameters())  # one parameter, as in the module
+    out = pmod(ids)
+    assert set(out) == {"logits", "hidden", "note"} and out["note"] is None
+    assert tuple(out["logits"].shape) == (4, 8, 32) and isinstance(out["hidden"], DTensor)

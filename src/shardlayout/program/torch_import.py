@@ -52,14 +52,34 @@ def from_torch(module, example_args, dynamic_shapes=None, decompose: bool = True
     """Export ``module`` with ``example_args`` (and torch's ``dynamic_shapes``) and read its graph
     into a Program. ``from_torch(LlamaTorch(2), (x, cos, sin))``;
     ``from_torch(m, (x,), {"x": {0: Dim("batch")}})`` is symbolic in ``batch``."""
-    import torch
 
     args = tuple(example_args)
+    ep = export_module(module, args, dynamic_shapes)
+    return from_exported(ep, decompose, dim_names=_dim_names(dynamic_shapes, module, args))
+
+
+def export_module(module, example_args, dynamic_shapes=None):
+    """``torch.export.export`` of ``module``, its dynamic-shape refusals as one ``ProgramError`` line."""
+    import torch
+
     try:
-        ep = torch.export.export(module, args, dynamic_shapes=dynamic_shapes)
+        return torch.export.export(module, tuple(example_args), dynamic_shapes=dynamic_shapes)
     except torch._dynamo.exc.UserError as e:  # dynamic shapes torch cannot keep: one line with its fix
         raise ProgramError(f"torch.export refused the dynamic shapes: {_one_line(e)}") from None
-    return from_exported(ep, decompose, dim_names=_dim_names(dynamic_shapes, module, args))
+
+
+def output_structure(ep):
+    """``(out_spec, leaves)``: how the module's forward returns its outputs (a tuple, a dict, a
+    ``ModelOutput``), with ``leaves[i]`` the constant a non-tensor leaf holds and ``TENSOR`` where
+    the program's next output goes. ``torch.utils._pytree.tree_unflatten`` rebuilds the value."""
+    import torch
+
+    out = next(n for n in ep.graph.nodes if n.op == "output")
+    leaves = [TENSOR if isinstance(v, torch.fx.Node) else v for v in out.args[0]]
+    return ep.call_spec.out_spec, leaves
+
+
+TENSOR = object()  # output_structure's marker of a tensor leaf
 
 
 def lifted_constants(module, example_args) -> dict:
@@ -68,7 +88,11 @@ def lifted_constants(module, example_args) -> dict:
     neither parameters nor buffers of the module. ``lifted_constants(gpt2, (ids,))``"""
     import torch
 
-    ep = torch.export.export(module, tuple(example_args))
+    return constants_of(torch.export.export(module, tuple(example_args)))
+
+
+def constants_of(ep) -> dict:
+    """``lifted_constants`` of an export already made."""
     sig = ep.graph_signature
     return {name: ep.constants[name] for name in dict(getattr(sig, "inputs_to_lifted_tensor_constants", {}) or {})
             .values() if name in ep.constants}
@@ -613,4 +637,5 @@ def dynamic_shapes_from_text(text: str, module, example_args) -> tuple:
     return tuple(specs)
 
 
-__all__ = ["dynamic_shapes_from_text", "from_exported", "from_torch"]
+__all__ = ["TENSOR", "constants_of", "dynamic_shapes_from_text", "export_module", "from_exported", "from_torch",
+           "lifted_constants", "output_structure"]

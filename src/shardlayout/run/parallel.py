@@ -85,12 +85,17 @@ def _meta_args(args):
     return args
 
 
-def _plan_module(module, mesh, example_inputs, style, tp_plan, pins, allow_unmatched):
-    """The plan of ``module`` on ``mesh`` from a style / tp-plan / pins (``auto``: the search)."""
-    from ..plan import plan as make_plan
-    from ..program.torch_import import from_torch
+def _export(module, example_inputs):
+    """``torch.export`` of the module at the example inputs (on meta for a module built there)."""
+    from ..program.torch_import import export_module
 
-    prog = from_torch(module, _meta_args(example_inputs) if _on_meta(module) else example_inputs)
+    return export_module(module, _meta_args(example_inputs) if _on_meta(module) else example_inputs)
+
+
+def _plan_module(prog, mesh, style, tp_plan, pins, allow_unmatched):
+    """The plan of ``prog`` on ``mesh`` from a style / tp-plan / pins (``auto``: the search)."""
+    from ..plan import plan as make_plan
+
     given = dict(pins or {})
     if style == "auto":
         from ..plan.auto import auto_plan
@@ -187,8 +192,13 @@ def parallelize(module, mesh, plan=None, *, example_inputs=None, style=None, tp_
         raise ParallelizeError("parallelize needs example_inputs (a tuple of the forward's arguments, global sizes): "
                                "the module is exported with them to plan it and to know its inputs")
     example_inputs = tuple(example_inputs) if isinstance(example_inputs, (list, tuple)) else (example_inputs,)
+    ep = structure = None
     if plan is None:
-        plan = _plan_module(module, ours, example_inputs, style, tp_plan, pins, allow_unmatched)
+        from ..program.torch_import import from_exported, output_structure
+
+        ep = _export(module, example_inputs)
+        structure = output_structure(ep)
+        plan = _plan_module(from_exported(ep), ours, style, tp_plan, pins, allow_unmatched)
     elif not isinstance(plan, Plan):
         raise ParallelizeError(f"plan: give a shardlayout Plan (or None to plan with style=...), not "
                                f"{type(plan).__name__}")
@@ -213,9 +223,9 @@ def parallelize(module, mesh, plan=None, *, example_inputs=None, style=None, tp_
             raise ParallelizeError("the module builds a tensor constant in forward (torch.export lifts it) and is on "
                                    "the meta device, where its values do not exist: register it as a buffer, or "
                                    "build the module on a real device")
-        from ..program.torch_import import lifted_constants  # a tensor made in forward, lifted by export
+        from ..program.torch_import import constants_of  # a tensor made in forward, lifted by export
 
-        constants = lifted_constants(module, example_inputs)
+        constants = constants_of(ep if ep is not None else _export(module, example_inputs))
         state.update(constants)
     user = prog.inputs("input")
     examples = _flat_tensors(example_inputs)
@@ -236,7 +246,7 @@ def parallelize(module, mesh, plan=None, *, example_inputs=None, style=None, tp_
     else:
         gm = rank_program(plan, rank, groups, [by_name[n] if n in by_name else state[n] for n in prog.inputs()],
                           reductions)
-    pmod = ParallelModule(module, plan, dm, rank, gm, outputs, constants)
+    pmod = ParallelModule(module, plan, dm, rank, gm, outputs, constants, structure)
     if meta:
         _initialise(module, init_weights)  # the user's module: its parameters are pmod's DTensors now
     return pmod
@@ -277,7 +287,7 @@ class ParallelModule(_module_base()):
     per-rank program as its forward. ``plan``, ``program`` (the GraphModule) and ``device_mesh``
     are attributes."""
 
-    def __init__(self, module, plan, device_mesh, rank: int, program, outputs: str, constants=None):
+    def __init__(self, module, plan, device_mesh, rank: int, program, outputs: str, constants=None, structure=None):
         import torch
         from torch.distributed.tensor import DTensor
 
@@ -291,12 +301,17 @@ class ParallelModule(_module_base()):
         self._user = prog.inputs("input")
         self._signature = _forward_names(module)
         made: dict = {}  # id(original tensor) -> its DTensor (tied parameters stay tied)
-        for fqn, t in list(module.named_parameters(remove_duplicate=False)) + \
-                list(module.named_buffers(remove_duplicate=False)):
+        named = list(module.named_parameters(remove_duplicate=False)) + \
+            list(module.named_buffers(remove_duplicate=False))
+        planned = {}  # a tied tensor takes the sharding of the name the program uses (export keeps one)
+        for fqn, t in named:
+            if id(t) not in planned or (fqn in plan.shardings and planned[id(t)] not in plan.shardings):
+                planned[id(t)] = fqn
+        for fqn, t in named:
             owner, _, leaf = fqn.rpartition(".")
             sub = module.get_submodule(owner) if owner else module
             if id(t) not in made:
-                made[id(t)] = self._distribute(fqn, t, plan, device_mesh, rank)
+                made[id(t)] = self._distribute(planned[id(t)], t, plan, device_mesh, rank)
             new = made[id(t)]
             if isinstance(t, torch.nn.Parameter):
                 sub._parameters[leaf] = new
@@ -317,6 +332,8 @@ class ParallelModule(_module_base()):
         self._out = [(n, plan.shardings[n], _placements(plan.shardings[n], f"output {n!r}")
                       if outputs == "dtensor" else None) for n in prog.outputs]
         self._dtensor = DTensor
+        n_tensors = sum(1 for v in structure[1] if v is _tensor_leaf()) if structure else -1
+        self._structure = structure if n_tensors == len(prog.outputs) else None  # else: a tuple
 
     def _distribute(self, fqn, t, plan, dm, rank):
         import torch
@@ -372,12 +389,23 @@ class ParallelModule(_module_base()):
                 t = self.get_parameter(n) if _is_param(self, n) else self.get_buffer(n)
                 values.append(t.to_local())
         outs = self.program(*values)
-        if self._outputs == "local":
+        if self._outputs != "local":
+            outs = tuple(self._dtensor.from_local(o, self.device_mesh, pl, run_check=False, shape=tuple(s.shape),
+                                                  stride=_stride(s.shape))
+                         for o, (_, s, pl) in zip(outs, self._out))
+        if self._structure is None:
             return outs[0] if len(outs) == 1 else tuple(outs)
-        wrapped = tuple(self._dtensor.from_local(o, self.device_mesh, pl, run_check=False, shape=tuple(s.shape),
-                                                 stride=_stride(s.shape))
-                        for o, (_, s, pl) in zip(outs, self._out))
-        return wrapped[0] if len(wrapped) == 1 else wrapped
+        from torch.utils._pytree import tree_unflatten
+
+        spec, leaves = self._structure
+        it = iter(outs)
+        return tree_unflatten([next(it) if v is _tensor_leaf() else v for v in leaves], spec)
+
+
+def _tensor_leaf():
+    from ..program.torch_import import TENSOR
+
+    return TENSOR
 
 
 def _is_param(mod, fqn: str) -> bool:

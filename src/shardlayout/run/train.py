@@ -188,7 +188,7 @@ def train_main(rank: int, world: int, options: dict, result_path: str | None = N
         count = step == 0 and not options.get("compile")  # the first eager step, at the dispatcher
         with count_calls(counted["forward"]) if count else _null():
             out = run(*inputs)
-        outs = out if isinstance(out, tuple) else (out,)
+        outs = _tensors(out)
         loss = sum((o.full_tensor() * g).sum() for o, g in zip(outs, G))
         with count_calls(counted["backward"]) if count else _null():
             loss.backward()
@@ -198,7 +198,7 @@ def train_main(rank: int, world: int, options: dict, result_path: str | None = N
         times.append(time.perf_counter() - t)
         losses.append(float(loss.detach()))
         ref_out = reference(*inputs)
-        ref_outs = ref_out if isinstance(ref_out, tuple) else (ref_out,)
+        ref_outs = _tensors(ref_out)
         ref_loss = sum((o * g).sum() for o, g in zip(ref_outs, G))
         ref_loss.backward()
         ref_opt.step()
@@ -340,6 +340,14 @@ def load_checkpoint(path: str, module, optimizer) -> dict:
                               f"{str(e).splitlines()[0][:200]}); the files are damaged or incomplete") from None
     set_state_dict(module, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     return {"path": path, "tensors": len(msd), "steps": int(state["trained_steps"])}
+
+
+def _tensors(out) -> list:
+    """The tensors of a forward's output (a tensor, tuple, dict or ``ModelOutput``), in order."""
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    return [v for v in tree_leaves(out) if isinstance(v, torch.Tensor)]
 
 
 class _null:
