@@ -610,11 +610,12 @@ def cmd_run(args) -> int:
     return 0 if report["equal"] else 1
 
 
-def _on_ranks(args, opts: dict, mesh, rank_job, check, what: str) -> tuple:
+def _on_ranks(args, opts: dict, mesh, rank_job, check, what: str, job=None) -> tuple:
     """Run a job on every rank: under torchrun this process is one rank (``rank_job(rank, world)``);
     from a shell ``check()`` refuses bad input once, before any rank starts, then ``launch`` starts
-    the ranks. ``(rank 0's report, None)``, or ``(None, exit code)`` on the other ranks and when the
-    run failed (a rank died, a timeout: exit 1, not 2)."""
+    the ranks running ``job`` (its module-level rank function; default ``rank_main``).
+    ``(rank 0's report, None)``, or ``(None, exit code)`` on the other ranks and when the run
+    failed (a rank died, a timeout: exit 1, not 2)."""
     import os
 
     from .run import RunError, launch
@@ -629,7 +630,7 @@ def _on_ranks(args, opts: dict, mesh, rank_job, check, what: str) -> tuple:
     check()
     try:
         with _report("progress").task(f"{what} on {nproc} ranks"):
-            return launch(opts, nproc), None
+            return launch(opts, nproc, job), None
     except RunError as e:
         print(f"shardlayout: error: {e}", file=sys.stderr)
         return None, 1
@@ -679,7 +680,7 @@ def _cmd_train(args, opts: dict, mesh) -> int:
 
     opts["train"] = True
     report, code = _on_ranks(args, opts, mesh, lambda rank, world: train_rank(rank, world, opts), check,
-                             f"training {args.steps} step(s)")
+                             f"training {args.steps} step(s)", train_rank)
     if report is None:
         return code
     if args.json:

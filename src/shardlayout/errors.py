@@ -47,6 +47,11 @@ class RunError(ShardingError):
     cannot be differentiated)."""
 
 
+class CheckpointError(ShardingError):
+    """A checkpoint or weights file that cannot be loaded into this model (another model, a missing
+    or damaged file), named with the tensor or file."""
+
+
 class SimulationUnsupported(ShardingError):
     """An op the numpy simulator cannot run (random, undefined or data-dependent values)."""
 

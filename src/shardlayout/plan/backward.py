@@ -106,4 +106,14 @@ def slice_completions(c) -> tuple:
     return tuple(AxisPiece(a, s, p) for a, p, s in sorted(new))
 
 
-__all__ = ["grad_tensors", "gradient_reductions", "op_reductions", "slice_completions"]
+def training_pieces(plan, reductions: dict) -> set:
+    """Axis-piece tuples the backward pass reduces over (gradient sums, local slices' completions)."""
+    from ..sharding.collective import CollectiveKind
+
+    out = set(reductions.values())
+    for moves in plan.moves.values():
+        out |= {slice_completions(c) for c in moves if c.kind is CollectiveKind.LOCAL}
+    return {p for p in out if p}
+
+
+__all__ = ["grad_tensors", "gradient_reductions", "op_reductions", "slice_completions", "training_pieces"]

@@ -16,7 +16,7 @@ import numpy as np
 from ..errors import RunError, ShardingError
 from ..execute import walk
 from ..jobs import build_plan
-from .backward import grad_tensors, gradient_reductions
+from .backward import grad_tensors, gradient_reductions, training_pieces
 
 
 def _free_port() -> int:
@@ -285,17 +285,6 @@ def _train_step(plan, rank, ex, glob, ref, local, values, lr, options) -> _Compa
     return cmp
 
 
-def training_pieces(plan, reductions: dict) -> set:
-    """Axis-piece tuples the backward pass reduces over (gradient sums, local slices' completions)."""
-    from ..sharding.collective import CollectiveKind
-    from .backward import slice_completions
-
-    out = set(reductions.values())
-    for moves in plan.moves.values():
-        out |= {slice_completions(c) for c in moves if c.kind is CollectiveKind.LOCAL}
-    return {p for p in out if p}
-
-
 def _streams(plan, options: dict, train: bool) -> tuple:
     """``(segments, why not)``: the plan's stream choices this run executes chunk by chunk
     (``execute.stream``), and what runs whole instead: every choice under ``--no-streams`` or
@@ -349,16 +338,15 @@ def _ix(idx):
     return tuple(torch.from_numpy(np.asarray(i, dtype=np.int64)) for i in np.ix_(*idx))
 
 
-def _child(rank, world, args_dict, init_method, result_path):
-    """Entry point of a rank (module level: picklable)."""
+def _child(rank, world, args_dict, init_method, result_path, job=None):
+    """Entry point of a rank (module level: picklable); ``job``: another rank function with
+    ``rank_main``'s call (``run.train.train_rank``), else ``rank_main`` on the options' plan."""
     import argparse
 
     ns = argparse.Namespace(**args_dict)
     try:
-        if args_dict.get("steps"):  # training through parallelize (run.train)
-            from .train import train_rank
-
-            train_rank(rank, world, args_dict, init_method, result_path)
+        if job is not None:
+            job(rank, world, args_dict, init_method, result_path)
         else:
             rank_main(rank, world, lambda: build_plan(ns), args_dict, init_method, result_path)
     except ShardingError as e:
@@ -377,9 +365,10 @@ def _child(rank, world, args_dict, init_method, result_path):
 _PEER_LOST = 3  # a rank's exit code when it failed only because another rank went away
 
 
-def launch(args_dict: dict, nproc: int) -> dict:
+def launch(args_dict: dict, nproc: int, job=None) -> dict:
     """Start ``nproc`` ranks of ``run`` on this machine (forked from a server process that imported
-    torch once, not each importing it) and return rank 0's report. Raises
+    torch once, not each importing it) and return rank 0's report; ``job``: the rank function
+    (a module-level function: ``run.train.train_rank``; default ``rank_main``). Raises
     ``RunError`` naming the first rank that failed; no rank is left running."""
     import multiprocessing as mp
 
@@ -389,7 +378,7 @@ def launch(args_dict: dict, nproc: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="shardlayout-run-") as tmp:
         init = f"tcp://127.0.0.1:{_free_port()}"
         result = os.path.join(tmp, "rank0.json")
-        procs = [ctx.Process(target=_child, args=(r, nproc, args_dict, init, result), daemon=True)
+        procs = [ctx.Process(target=_child, args=(r, nproc, args_dict, init, result, job), daemon=True)
                  for r in range(nproc)]
         for p in procs:
             p.start()

@@ -177,8 +177,7 @@ def parallelize(module, mesh, plan=None, *, example_inputs=None, style=None, tp_
     import torch
 
     from ..plan import Plan
-    from .backward import gradient_reductions
-    from .launch import training_pieces
+    from .backward import gradient_reductions, training_pieces
     from .moves import process_groups
     from .program import InterpretedProgram, ragged_tensors, rank_program
 

@@ -19,11 +19,7 @@ import time
 
 import numpy as np
 
-from ..errors import RunError, ShardingError
-
-
-class CheckpointError(ShardingError):
-    """A checkpoint that cannot be loaded into this model (another model, missing or damaged files)."""
+from ..errors import CheckpointError, RunError
 
 
 def _module_base():

@@ -16,7 +16,7 @@ import os
 
 import numpy as np
 
-from .train import CheckpointError
+from ..errors import CheckpointError
 
 
 def weight_files(where) -> list:
