@@ -4,7 +4,8 @@
 mesh), gives back the same module with DTensor parameters, and its forward runs the plan's per-rank
 program; the optimizer, ``clip_grad_norm_`` and ``torch.compile`` are torch's own. ``--meta`` builds
 the model on the meta device: each rank allocates and initialises only its own pieces
-(``--memory-limit-mb`` caps each rank's address space to prove it).
+(``--memory-limit-mb`` caps each rank's address space to prove it); ``--weights FILE`` starts from
+safetensors weights, each rank reading only its pieces.
 """
 
 import argparse
@@ -32,6 +33,7 @@ def main() -> None:
     ap.add_argument("--dim", type=int, default=32)
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--meta", action="store_true", help="build on the meta device; ranks allocate only their pieces")
+    ap.add_argument("--weights", default=None, help="start from these safetensors weights (each rank reads its pieces)")
     ap.add_argument("--memory-limit-mb", type=int, default=None,
                     help="cap each rank's address space at what it has once torch is up, plus this")
     args = ap.parse_args()
@@ -51,13 +53,14 @@ def main() -> None:
         def init(m):  # runs on the DTensor pieces: no rank ever holds a whole weight
             for p in m.parameters():
                 torch.nn.init.normal_(p, std=d ** -0.5)
+        init = None if args.weights else init
     else:
         model = LlamaTorch(layers=args.layers, dim=d, heads=4, ffn=2 * d)
         init = None
     x, cos, sin = torch.randn(4, 16, d), torch.randn(16, d // 4), torch.randn(16, d // 4)
 
     pmod = shardlayout.parallelize(model, args.mesh, style=args.style, example_inputs=(x, cos, sin),
-                                   init_weights=init)
+                                   init_weights=init, weights=args.weights)
     step_fn = torch.compile(pmod, fullgraph=True) if args.compile else pmod
     opt = torch.optim.AdamW(pmod.parameters(), lr=1e-3)
     for step in range(args.steps):

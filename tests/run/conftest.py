@@ -21,3 +21,24 @@ def fake_world():
     yield start
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+@pytest.fixture(scope="session")
+def run_json():
+    """``run_json(*argv) -> report``: ``shardlayout run ... --json`` in this process (its ranks fork
+    from this process's forkserver, which imported torch once for the whole session, instead of a
+    fresh interpreter importing it twice per job); fails the test with the output unless it exits 0."""
+    import contextlib
+    import io
+    import json
+
+    from shardlayout.cli import main
+
+    def go(*argv):
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(["run", *argv, "--json"])
+        assert code == 0, (out.getvalue() + err.getvalue())[-2000:]
+        return json.loads(out.getvalue())
+
+    return go

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
+
+from .shell import shardlayout
 
 pytest.importorskip("torch")
 
@@ -17,8 +17,8 @@ ENV = {**os.environ, "PYTHONWARNINGS": "ignore"}
 
 
 def run(*args, env=None):
-    cmd = [sys.executable, "-m", "shardlayout", "run", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env or ENV)
+    """``shardlayout run`` (in this process unless the ranks must see ``env``: ``shell``)."""
+    return shardlayout("run", *args, env=env)
 
 
 @pytest.mark.parametrize("args,planned", [

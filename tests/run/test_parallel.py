@@ -22,13 +22,6 @@ ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONWARNINGS": "ignore"}
 
 
-def train(*args):
-    cmd = [sys.executable, "-m", "shardlayout", "run", *args, "--json"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=ENV, cwd=ROOT)
-    assert r.returncode == 0, r.stderr[-2000:]
-    return json.loads(r.stdout)
-
-
 def _weights(path):
     """Random float64 weights of the built-in 1-layer Llama in safetensors (not the run's seeded ones)."""
     from safetensors.torch import save_file
@@ -43,9 +36,7 @@ def _weights(path):
 
 
 @pytest.mark.parametrize("args,tol", [
-    # Megatron-SP on a 2x2 mesh: reduce-scatters and all-gathers forward, their adjoints backward,
-    # gradients of the data-parallel weights summed on dp
-    (["--mesh", "dp=2,tp=2", "--style", "megatron-sp", "--layers", "2", "--dtype", "float64"], 1e-9),
+    # (Megatron-SP on dp=2,tp=2 is trained by README's `run --steps` example and tests/run/test_train.py)
     # uneven: 4 heads and 32 features on 3 ranks, from safetensors weights (each rank reads its pieces;
     # the unsharded reference reads them whole)
     (["--mesh", "tp=3", "--style", "megatron", "--layers", "1", "--dtype", "float64", "--weights", "WEIGHTS"], 1e-9),
@@ -60,10 +51,10 @@ def _weights(path):
     (["--module", "tests/program/zoo.py:make_gpt2", "--style", "megatron", "--mesh", "tp=2", "--optimizer", "sgd"],
      1e-5),
 ])
-def test_training_steps_equal_the_unsharded_model_and_run_the_planned_collectives(args, tol, tmp_path):
+def test_training_steps_equal_the_unsharded_model_and_run_the_planned_collectives(args, tol, tmp_path, run_json):
     if "WEIGHTS" in args:
         args = [str(_weights(tmp_path / "w.safetensors")) if a == "WEIGHTS" else a for a in args]
-    rep = train(*args, "--steps", "6")
+    rep = run_json(*args, "--steps", "6")
     if "--weights" in args:
         assert rep["weights"]["bytes_read"] < rep["weights"]["bytes_total"]
     assert rep["equal"], rep
@@ -75,56 +66,58 @@ def test_training_steps_equal_the_unsharded_model_and_run_the_planned_collective
     assert sum(rep["collectives"]["forward"].values()) > 0 and sum(rep["collectives"]["backward"].values()) > 0
 
 
-def test_compiled_training_equals_the_unsharded_model():
-    rep = train("--mesh", "tp=2", "--style", "megatron", "--layers", "1", "--dtype", "float64", "--steps", "3",
+def test_compiled_training_equals_the_unsharded_model(run_json):
+    rep = run_json("--mesh", "tp=2", "--style", "megatron", "--layers", "1", "--dtype", "float64", "--steps", "3",
                 "--compile")
     assert rep["equal"] and rep["compile"] and rep["max_loss_rel_err"] <= 1e-9, rep
 
 
-def test_the_python_api_example_under_torchrun_trains_as_the_unsharded_model():
-    """examples/train.py (README "Train it"), started by torchrun as a user would."""
-    torchrun = Path(sys.executable).with_name("torchrun")
-    r = subprocess.run([str(torchrun), "--standalone", "--nproc-per-node", "2", "examples/train.py", "--mesh",
-                        "tp=2", "--style", "megatron", "--steps", "3"], capture_output=True, text=True, timeout=300,
-                       env=ENV, cwd=ROOT)
-    assert r.returncode == 0, r.stderr[-2000:]
-    got = [float(v) for v in re.findall(r"step \d+: loss ([-\d.e]+)", r.stdout)]
+def test_the_python_example_trains_a_meta_model_too_big_for_the_memory_limit_as_the_unsharded_one(tmp_path):
+    """examples/train.py (README "Train it") under torchrun, as a user starts it: a Llama (4 layers,
+    d=1024: 160 MiB of float32 weights; unsharded AdamW training holds 4x that) built on meta, its
+    weights from safetensors shards (a file per layer, each mapped while read), Megatron on tp=4;
+    each rank under a 500 MiB address-space limit
+    above its start allocates and reads only its pieces, and the losses equal the unsharded model's."""
+    from safetensors.torch import save_file
+
     from shardlayout.program.torch_models import LlamaTorch
 
-    torch.manual_seed(0)  # the example's model and batch, unsharded
-    model = LlamaTorch(layers=2, dim=32, heads=4, ffn=64)
-    x, cos, sin = torch.randn(4, 16, 32), torch.randn(16, 8), torch.randn(16, 8)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    want = []
-    for _ in range(3):
-        loss = model(x, cos, sin).pow(2).mean()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad()
-        want.append(loss.item())
-    assert len(got) == 3
-    assert all(abs(a - b) <= 1e-5 * abs(b) for a, b in zip(got, want)), (got, want)
-    assert "layers.0.wq: (32, 32) (Shard(dim=1),), local (32, 16)" in r.stdout  # column-parallel
-
-
-def test_a_meta_device_model_too_big_for_the_memory_limit_trains_a_step_on_four_ranks():
-    """examples/train.py --meta: Llama (4 layers, d=1024: 160 MiB of float32 weights; unsharded AdamW
-    training holds 4x that) built on meta, each rank under a 500 MiB address-space limit above its
-    start, allocates and initialises only its Megatron pieces and takes a step."""
+    torch.manual_seed(0)
+    model = LlamaTorch(layers=4, dim=1024, heads=4, ffn=2048)
+    weights, index = tmp_path / "weights", {}  # Hugging Face's layout: a shard per layer and an index
+    weights.mkdir()
+    for i in range(4):
+        part = {n: p.detach().contiguous() for n, p in model.state_dict().items() if n.startswith(f"layers.{i}.")}
+        save_file(part, str(weights / f"model-{i + 1:05d}-of-00004.safetensors"))
+        index.update({n: f"model-{i + 1:05d}-of-00004.safetensors" for n in part})
+    (weights / "model.safetensors.index.json").write_text(json.dumps({"weight_map": index}))
     torchrun = Path(sys.executable).with_name("torchrun")
     limit = 500
     r = subprocess.run([str(torchrun), "--standalone", "--nproc-per-node", "4", "examples/train.py", "--meta",
-                        "--dim", "1024", "--layers", "4", "--mesh", "tp=4", "--style", "megatron", "--steps", "1",
-                        "--memory-limit-mb", str(limit)], capture_output=True, text=True, timeout=300,
-                       env={**ENV, "MALLOC_ARENA_MAX": "2"}, cwd=ROOT)
+                        "--dim", "1024", "--layers", "4", "--mesh", "tp=4", "--style", "megatron", "--steps", "2",
+                        "--weights", str(weights), "--memory-limit-mb", str(limit)],
+                       capture_output=True, text=True, timeout=300, env={**ENV, "MALLOC_ARENA_MAX": "2"}, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-2000:]
     m = re.search(r"parameters: ([\d.]+) MiB in all, ([\d.]+) MiB on rank 0; rank 0's peak resident memory "
                   r"([\d.]+) MiB above its start, the plan's estimate ([\d.]+) MiB per device", r.stdout)
     full, mine, peak, planned = (float(v) for v in m.groups())
     assert full == 160.0 and mine == 40.0
     assert 4 * full > limit  # weights, gradients and two AdamW moments unsharded: beyond the limit
-    assert peak < limit and re.search(r"step 0: loss [\d.]+", r.stdout)
+    assert peak < limit
+    assert "layers.0.wq: (1024, 1024) (Shard(dim=1),), local (1024, 256)" in r.stdout  # column-parallel
+    got = [float(v) for v in re.findall(r"step \d+: loss ([-\d.e]+)", r.stdout)]
+    torch.manual_seed(0)  # the example's batch after its (meta) model: the same draws
+    x, cos, sin = torch.randn(4, 16, 1024), torch.randn(16, 256), torch.randn(16, 256)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    want = []
+    for _ in range(2):
+        loss = model(x, cos, sin).pow(2).mean()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad()
+        want.append(loss.item())
+    assert len(got) == 2 and all(abs(a - b) <= 1e-5 * abs(b) for a, b in zip(got, want)), (got, want)
 
 
 # ------------------------------------------------------------------------------------------

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
+
+from .shell import shardlayout
 
 pytest.importorskip("torch")
 
@@ -24,8 +24,8 @@ SIZES = "tokens=64,dim=32,experts=8,ffn=128,top_k=2"
 
 
 def run(*args):
-    cmd = [sys.executable, "-m", "shardlayout", "run", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=ENV)
+    """``shardlayout run`` in this process (``shell``)."""
+    return shardlayout("run", *args)
 
 
 def test_expert_parallel_moe_on_four_gloo_ranks_equals_the_unsharded_run():

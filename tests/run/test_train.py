@@ -4,7 +4,6 @@ checkpoint of another model or with a damaged file is one clear error."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -34,19 +33,15 @@ def refused(capsys, *args) -> str:
     return err
 
 
-def report(*args) -> dict:
-    r = run(*args, "--json")
-    assert r.returncode == 0, r.stderr[-2000:]
-    return json.loads(r.stdout)
 
 
 @pytest.fixture(scope="module")
-def saved(tmp_path_factory):
+def saved(tmp_path_factory, run_json):
     """A checkpoint after 5 AdamW steps of Megatron-SP on dp=2,tp=2 (4 ranks), and the losses of 10
     uninterrupted steps."""
     path = str(tmp_path_factory.mktemp("ck") / "step5")
-    whole = report("--mesh", "dp=2,tp=2", "--style", "megatron-sp", *MODEL, "--steps", "10")
-    first = report("--mesh", "dp=2,tp=2", "--style", "megatron-sp", *MODEL, "--steps", "5", "--checkpoint", path)
+    whole = run_json("--mesh", "dp=2,tp=2", "--style", "megatron-sp", *MODEL, "--steps", "10")
+    first = run_json("--mesh", "dp=2,tp=2", "--style", "megatron-sp", *MODEL, "--steps", "5", "--checkpoint", path)
     assert first["checkpoint"]["saved"]["steps"] == 5 and first["equal"]
     return path, whole["losses"], first["losses"]
 
@@ -55,7 +50,7 @@ def saved(tmp_path_factory):
     ["--mesh", "dp=2,tp=2", "--style", "megatron-sp"],  # the same plan
     ["--mesh", "tp=2", "--style", "megatron"],  # another plan on another mesh, 2 ranks instead of 4
 ])
-def test_resuming_continues_the_uninterrupted_run(saved, tmp_path, plan):
+def test_resuming_continues_the_uninterrupted_run(saved, tmp_path, plan, run_json):
     import shutil
 
     path, whole, first = saved
@@ -63,7 +58,7 @@ def test_resuming_continues_the_uninterrupted_run(saved, tmp_path, plan):
     path = str(shutil.copytree(path, tmp_path / "ck"))
     # every parameter and its AdamW moments resharded by DCP; the unsharded reference resumes from the
     # same files (DTensor shards read back as whole tensors)
-    rep = report(*plan, *MODEL, "--steps", "5", "--checkpoint", path, "--resume")
+    rep = run_json(*plan, *MODEL, "--steps", "5", "--checkpoint", path, "--resume")
     assert rep["checkpoint"]["loaded"]["steps"] == 5 and rep["equal"]
     assert max(abs(a - b) / abs(b) for a, b in zip(rep["losses"], whole[5:])) <= 1e-9
     assert max(abs(a - b) / abs(b) for a, b in zip(rep["reference_losses"], whole[5:])) <= 1e-9

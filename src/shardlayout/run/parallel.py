@@ -167,12 +167,13 @@ def _stride(shape) -> tuple:
 
 
 def parallelize(module, mesh, plan=None, *, example_inputs=None, style=None, tp_plan=None, pins=None,
-                allow_unmatched: bool = False, outputs: str = "dtensor", init_weights=None):
+                allow_unmatched: bool = False, outputs: str = "dtensor", init_weights=None, weights=None):
     """``module`` running ``plan`` (or the plan of ``style`` / ``tp_plan`` / ``pins``; ``style="auto"``
     searches) on ``mesh``: see the module docstring. Collective: every rank calls it alike.
     A module built on the ``meta`` device gets only this rank's pieces allocated, then initialised
     by ``init_weights(module)`` (its parameters already DTensors), else by its own ``init_weights()``,
-    else by every submodule's ``reset_parameters()``.
+    else by every submodule's ``reset_parameters()``; or, with ``weights`` (safetensors: a file or a
+    directory, ``run.weights``), each rank reads its pieces from there instead.
     ``parallelize(model, "tp=2", style="megatron", example_inputs=(x,))``"""
     import torch
 
@@ -210,8 +211,11 @@ def parallelize(module, mesh, plan=None, *, example_inputs=None, style=None, tp_
     state.update(module.named_buffers(remove_duplicate=False))
     constants = {}
     meta = _on_meta(module)
-    if meta and init_weights is None and not callable(getattr(module, "init_weights", None)) and not any(
-            callable(getattr(m, "reset_parameters", None)) for m in module.modules()):
+    if weights is not None and init_weights is not None:
+        raise ParallelizeError("give init_weights or weights (where the values come from), not both")
+    can_init = callable(getattr(module, "init_weights", None)) or any(
+        callable(getattr(m, "reset_parameters", None)) for m in module.modules())
+    if meta and weights is None and init_weights is None and not can_init:
         raise ParallelizeError(f"{type(module).__name__} is on the meta device and has no way to initialise its "
                                "pieces: pass init_weights=fn (called with the module once its parameters are "
                                "DTensors), or give it init_weights() or submodules with reset_parameters()")
@@ -246,7 +250,11 @@ def parallelize(module, mesh, plan=None, *, example_inputs=None, style=None, tp_
         gm = rank_program(plan, rank, groups, [by_name[n] if n in by_name else state[n] for n in prog.inputs()],
                           reductions)
     pmod = ParallelModule(module, plan, dm, rank, gm, outputs, constants, structure)
-    if meta:
+    if weights is not None:
+        from .weights import load_safetensors
+
+        load_safetensors(pmod, weights)
+    elif meta:
         _initialise(module, init_weights)  # the user's module: its parameters are pmod's DTensors now
     return pmod
 
