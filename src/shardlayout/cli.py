@@ -640,6 +640,8 @@ def _check_steps(args) -> None:
     """``--steps`` and its companions, checked before any rank starts."""
     given = [f"--{n}" for n in ("optimizer", "lr", "checkpoint", "weights") if getattr(args, n) is not None] + \
         [f"--{n}" for n in ("compile", "resume") if getattr(args, n)]
+    if args.steps is None and args.train and given:  # `run --train --checkpoint DIR`: one step through parallelize
+        args.steps = 1
     if args.steps is None:
         if given:
             one = len(given) == 1
