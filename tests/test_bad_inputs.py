@@ -20,6 +20,7 @@ import pytest
 
 from shardlayout import CostModel, Layout, Mesh, Sharding, ShardingError, plan_move, propagate
 from shardlayout.cli import main
+from shardlayout.errors import LayoutError, MeshError, ShardingSpecError
 from shardlayout.plan import plan
 from shardlayout.program import Program, ProgramBuilder
 
@@ -57,8 +58,23 @@ BAD_PROGRAMS = {
                             "nested too deeply"),
     "huge int": ('{"tensors": [{"name": "x", "shape": [' + "9" * 5000 + ']}], "ops": [], "outputs": ["x"]}',
                  "cannot be read"),
-    "NaN size": ('{"tensors": [{"name": "x", "shape": [NaN]}], "ops": [], "outputs": ["x"]}', "NaN"),
-    "NaN param": (prog([X, A], [Op("mul", ["x", float("nan")], ["a"])], ["a"]), "NaN"),
+    "NaN size": ('{"tensors": [{"name": "x", "shape": [NaN]}], "ops": [], "outputs": ["x"]}',
+                 "tensor 'x' (tensors[0]): shape[0] is NaN"),
+    "NaN size of an op's output": ('{"tensors": [{"name": "x", "shape": [4, 4], "kind": "input"}, {"name": "a", '
+                                   '"shape": [4, NaN]}], "ops": [{"target": "relu", "inputs": ["x"], '
+                                   '"outputs": ["a"]}], "outputs": ["a"]}', "tensor 'a' (tensors[1]): shape[1] is NaN"),
+    "NaN param": (prog([X, A], [Op("mul", ["x", float("nan")], ["a"])], ["a"]), "op 0 (mul -> 'a'): inputs[1] is NaN"),
+    "NaN view size": (prog([X, T("a", [16])], [Op("view", ["x"], ["a"], shape=[float("nan")])], ["a"]),
+                      "op 0 (view -> 'a'): params.shape[0] is NaN"),
+    "Infinity symbol": ('{"tensors": [{"name": "x", "shape": [4]}], "ops": [], "outputs": ["x"], '
+                        '"symbols": {"b": Infinity}}', "symbols.b is Infinity"),
+    "shape negative": (prog([T("x", [-4, 4], kind="input")], [], ["x"]), "tensor 'x' (tensors[0]): shape [-4, 4] must "
+                       "be a list of ints >= 1 (at most 2**63-1); dim 0 is -4"),
+    "shape non-integer": (prog([T("x", [4, 4.5], kind="input")], [], ["x"]), "dim 1 is 4.5"),
+    "view size negative": (prog([X, T("a", [16])], [Op("view", ["x"], ["a"], shape=[-16])], ["a"]),
+                           "op 0 (view -> 'a'): op view: param shape = [-16]"),
+    "op input not a tensor": (prog([X, A], [Op("relu", ["q"], ["a"])], ["a"]),
+                              "op 0 (relu -> 'a'): input 'q' is not defined"),
     "cyclic": (prog([X, A, T("b", [4, 4])], [Op("relu", ["b"], ["a"]), Op("relu", ["a"], ["b"])], ["b"]),
                "before the op that produces it"),
     "out of order": (prog([X, A, T("b", [4, 4])], [Op("relu", ["a"], ["b"]), Op("relu", ["x"], ["a"])], ["b"]),
@@ -77,7 +93,10 @@ BAD_PROGRAMS = {
     "tensor unknown key": (prog([T("x", [4], kind="input", size=4)], [], ["x"]), "unknown key(s) size"),
     "output not a name": (prog([X], [], [["x"]]), "not a tensor name"),
     "unknown output": (prog([X], [], ["y"]), "'y'"),
-    "unknown op": (prog([X, A], [Op("frobnicate", ["x"], ["a"])], ["a"]), "frobnicate"),
+    "unknown op": (prog([X, A], [Op("frobnicate", ["x"], ["a"])], ["a"]),
+                   "op 0 (frobnicate -> 'a'): no sharding rule for op 'frobnicate'"),
+    "misspelt op": (prog([X, A], [{"target": "reluu", "inputs": ["x"], "outputs": ["a"], "name": "act"}], ["a"]),
+                    "op 0 'act' (reluu -> 'a'): no sharding rule for op 'reluu' (did you mean 'relu'"),
     "unknown param": (prog([X, A], [Op("relu", ["x"], ["a"], bogus=1)], ["a"]), "bogus"),
     "unknown kind": (prog([T("x", [4], kind="weight")], [], ["x"]), "kind 'weight'"),
     "unknown dtype": (prog([T("x", [4], dtype="float8")], [], ["x"]), "dtype 'float8'"),
@@ -113,7 +132,8 @@ def test_bad_program_json_api(name):
 
 
 @pytest.mark.parametrize("name", ["cyclic", "deep nesting", "huge int", "declared output shape wrong",
-                                  "einsum bad subscripts", "no outputs", "empty file"])
+                                  "einsum bad subscripts", "no outputs", "empty file", "unknown op", "NaN size",
+                                  "NaN param", "shape negative", "shape non-integer"])
 def test_bad_program_json_cli(name, tmp_path, capsys):
     path = tmp_path / "p.json"
     path.write_text(BAD_PROGRAMS[name][0])
@@ -192,6 +212,26 @@ BAD_CLI = {
     "bad choice": (["export", "--to", "onnx"], "invalid choice"),
     "unknown option": (["plan", "--bogus"], "unrecognized arguments"),
     "program missing": (["plan", "--program", "/nonexistent/p.json"], "--program"),
+    # empty entries in comma lists: refused, never skipped (they would shift every later entry)
+    "shape empty entry": (["show", *M, "--shape", "8,,12", "--placements", "S(0),R"],
+                          "--shape '8,,12': dim 1 is empty (a comma after '8')"),
+    "shape trailing comma": (["show", *M, "--shape", "8,12,", "--placements", "S(0),R"], "dim 2 is empty"),
+    "shape leading comma": (["show", *M, "--shape", ",8,12", "--placements", "S(0),R"], "dim 0 is empty"),
+    "shape empty entry with --sharding": (["show", *M, "--sharding", "[8, 12]", "--shape", "8,,12"], "--shape"),
+    "view to empty entry": (["view", *M, "--shape", "8,12", "--placements", "S(0),S(1)", "--to", "16,,6"],
+                            "--to '16,,6': dim 1 is empty"),
+    "placements empty entry": (["show", *M, "--shape", "8,12", "--placements", "S(0),,R"],
+                               "--placements 'S(0),,R': placement 1 is empty"),
+    "input shape empty entry": (["explain", "relu", *M, "--inputs", "8,,12:S(0),R"], "--inputs shape '8,,12'"),
+    "input placements empty entry": (["explain", "relu", *M, "--inputs", "8,12:S(0),,R"],
+                                     "--inputs placements 'S(0),,R': placement 1"),
+    "partition spec empty entry": (["show", *M, "--shape", "8,4", "--partition-spec", "dp,,tp"], "entry 1 is empty"),
+    "partition spec empty axis": (["show", *M, "--shape", "8,4", "--partition-spec", "('dp',,'tp'),None"],
+                                  "axis 1 is empty"),
+    "tiler empty mode": (["layout", "logical_divide", "8:1", "[4,,2]"], "mode 1 is empty"),
+    "size empty entry": (["plan", "--size", "dim=64,,seq=8"], "--size 'dim=64,,seq=8': entry 1 is empty"),
+    "mesh empty entry": (["show", "--mesh", "dp=2,,tp=4", "--shape", "8", "--placements", "S(0),R"], "'dp=2,,tp=4'"),
+    "pin an int": (["plan", "--pin", "x=5"], "--pin x: Sharding.parse: '5'"),
     "program is a directory": (["plan", "--program", "/"], "--program"),
 }
 
@@ -312,6 +352,124 @@ BAD_API = {
 }
 
 
+# issue 35: the error class and what the message names (the thing given and the fix)
+DEEP_TUPLE = 4
+for _ in range(2000):
+    DEEP_TUPLE = (DEEP_TUPLE,)
+NEST_64 = 4
+for _ in range(64):
+    NEST_64 = (NEST_64,)
+SELF_LIST: list = [4]
+SELF_LIST.append(SELF_LIST)
+PROG = Program.from_json(prog([X, A], [Op("relu", ["x"], ["a"])], ["a"]))
+
+
+def _nest_make_layout(n):
+    from shardlayout.layout import make_layout
+
+    L = Layout(2)
+    for _ in range(n):
+        L = make_layout(L)
+    return L
+
+
+def _auto_plan(*a):
+    from shardlayout.plan.auto import auto_plan
+
+    return auto_plan(*a)
+
+
+NAMED_API = {
+    # floats and bools as ranks and mesh coordinates
+    "coord float": (lambda: MESH.coord(2.5), MeshError, "mesh dp=2,tp=4: rank 2.5 is a float, not an int; give the "
+                    "rank as an int from 0 to 7"),
+    "coord bool": (lambda: MESH.coord(True), MeshError, "rank True is a bool, not an int"),
+    "coord str": (lambda: MESH.coord("3"), MeshError, "rank '3' is a str"),
+    "rank_of float": (lambda: MESH.rank_of((0, 1.5)), MeshError, "coordinate (0, 1.5), entry 1 (axis 'tp') 1.5 is a "
+                      "float, not an int; give one int per axis, from 0 to 3 on axis 'tp'"),
+    "rank_of bool": (lambda: MESH.rank_of((True, 1)), MeshError, "entry 0 (axis 'dp') True is a bool"),
+    "rank_of an int": (lambda: MESH.rank_of(5), MeshError, "coordinate 5 is not a tuple of ints"),
+    "local_shape float rank": (lambda: Sharding.parse("[dp*4, 12]", MESH).local_shape(1.0), MeshError,
+                               "rank 1.0 is a float"),
+    # a pin that is not a sharding
+    "int pin": (lambda: plan(PROG, MESH, {"x": 5}), ShardingSpecError,
+                "plan: pin 'x' is 5 (int), not a sharding; give a Sharding or its text, e.g. {'x': '[4, 4]'}"),
+    "int pin, style auto": (lambda: plan(PROG, MESH, {"a": 5}, style="auto"), ShardingSpecError, "pin 'a' is 5 (int)"),
+    "int pin, auto_plan": (lambda: _auto_plan(PROG, MESH, {"x": 5}), ShardingSpecError, "auto_plan: pin 'x' is 5"),
+    "pin key not a name": (lambda: plan(PROG, MESH, {3: "[4, 4]"}), ShardingSpecError, "pin key 3 (int)"),
+    "pins a list": (lambda: plan(PROG, MESH, [("x", "[4, 4]")]), ShardingSpecError, "pins must be a dict"),
+    "pin text bad": (lambda: plan(PROG, MESH, {"x": "[4"}), ShardingSpecError, "pin 'x': Sharding.parse"),
+    "pin on another mesh": (lambda: plan(PROG, MESH, {"x": Sharding.parse("[4, 4]", "tp=2")}), MeshError,
+                            "pin 'x' ([4, 4]) is on mesh tp=2, the plan is on mesh dp=2,tp=4"),
+    "plan of a path": (lambda: plan("p.json", MESH), ShardingError, "plan: program must be a Program, got str"),
+    # a mesh that is neither a Mesh nor its text
+    "Sharding.parse int mesh": (lambda: Sharding.parse("[dp*4]", 5), MeshError,
+                                "Sharding.parse: mesh must be a Mesh or its text, got int 5"),
+    "Sharding.parse bad mesh text": (lambda: Sharding.parse("[dp*4]", "dp"), MeshError, "'dp' in 'dp' is not"),
+    "Sharding.parse int text": (lambda: Sharding.parse(5, MESH), ShardingSpecError, "Sharding.parse: got int 5"),
+    "from_placements list mesh": (lambda: Sharding.from_placements([2], (8,), ["S(0)"]), MeshError,
+                                  "Sharding.from_placements: mesh must be a Mesh"),
+    "plan int mesh": (lambda: plan(PROG, 8), MeshError, "plan: mesh must be a Mesh or its text, got int 8"),
+    # nesting past 64 levels
+    "Layout deep shape": (lambda: Layout(DEEP_TUPLE), LayoutError,
+                          "Layout: shape is nested 2000 levels deep, more than the 64 a layout may have"),
+    "Layout deep stride": (lambda: Layout((4, 2), ((4,), DEEP_TUPLE)), LayoutError, "stride is nested 2001 levels"),
+    "Layout 65 levels": (lambda: Layout((NEST_64,)), LayoutError, "nested 65 levels deep"),
+    "Layout of a list in itself": (lambda: Layout(SELF_LIST), LayoutError, "shape contains itself"),
+    "tiler deep": (lambda: __import__("shardlayout.layout").layout.logical_divide(Layout(8), DEEP_TUPLE), LayoutError,
+                   "logical_divide: tiler is nested 2000 levels deep"),
+    "coordinate deep": (lambda: Layout(8)(DEEP_TUPLE), LayoutError, "coordinate is nested 2000 levels deep"),
+    "complement cotarget deep": (lambda: __import__("shardlayout.layout").layout.complement(Layout(4), DEEP_TUPLE),
+                                 LayoutError, "cotarget is nested 2000 levels deep"),
+    "flatten deep": (lambda: __import__("shardlayout.layout").layout.flatten(DEEP_TUPLE), LayoutError,
+                     "flatten: an int-tuple is nested 2000 levels deep"),
+    "make_layout 65 levels": (lambda: _nest_make_layout(70), LayoutError, "would be nested 65 levels deep"),
+    "make_layout of a deep tuple": (lambda: __import__("shardlayout.layout").layout.make_layout(Layout(2), DEEP_TUPLE),
+                                    LayoutError, "is not a Layout"),
+}
+
+
+@pytest.mark.parametrize("name", list(NAMED_API))
+def test_bad_input_api_names_the_thing(name):
+    fn, cls, match = NAMED_API[name]
+    t0 = time.perf_counter()
+    with pytest.raises(cls) as e:
+        fn()
+    assert match in str(e.value), str(e.value)
+    assert time.perf_counter() - t0 < LIMIT
+
+
+def test_near_misses_of_the_named_cases_succeed():
+    import numpy as np
+
+    from shardlayout.layout import logical_divide
+
+    assert MESH.coord(np.int64(5)) == (1, 1) and all(type(c) is int for c in MESH.coord(np.int64(5)))
+    assert MESH.rank_of((np.int32(1), np.int64(1))) == 5 and MESH.rank_of([1, 1]) == 5
+    assert MESH.rank_of(np.array([1, 1])) == 5
+    assert Mesh((np.int64(2), 4), ("dp", "tp")) == MESH and type(Mesh((np.int64(2),), ("dp",)).shape[0]) is int
+    assert Sharding.parse("[dp*4]", "dp=2") == Sharding.parse("[dp*4]", Mesh.parse("dp=2"))  # a mesh's text
+    assert Sharding("dp=2", (8,)) == Sharding.replicated(Mesh.parse("dp=2"), (8,))
+    assert Sharding.from_placements("dp=2,tp=4", (8, 12), ["S(0)", "S(1)"]) == Sharding.parse("[dp*4, tp*3]", MESH)
+    assert str(plan(PROG, "dp=2,tp=4", {"x": "[dp*2, 4]"}).shardings["a"]) == "[dp*2, 4]"
+    assert str(plan(PROG, MESH, {"x": Sharding.parse("[dp*2, 4]", MESH)}).shardings["a"]) == "[dp*2, 4]"
+    assert Layout(NEST_64).depth == 64 and Layout(NEST_64, NEST_64).depth == 64
+    assert Layout(8)(np.int64(3)) == 3 and Layout((4, 2))([1, np.int64(1)]) == 5
+    assert str(logical_divide(Layout(8), 4)) == "(4,2):(1,4)" and logical_divide(Layout(8), (4,))
+    assert ProgramBuilder().input("x", (np.int64(4), 4)) == "x"
+
+
+@pytest.mark.parametrize("argv", [
+    ["show", *M, "--shape", "(8,)", "--placements", "S(0),R"],  # Python's one-tuple
+    ["show", *M, "--shape", "(8, 12)", "--placements", "S(0),S(1)"],
+    ["view", *M, "--shape", "8,12", "--placements", "S(0),S(1)", "--to", "16,-1"],
+    ["show", *M, "--shape", "8,4", "--partition-spec", "('dp','tp'),None"],
+    ["plan", "--size", "dim=64,seq=8", "--layers", "1", "--max-rows", "0"],
+], ids=lambda a: " ".join(a)[:60])
+def test_near_misses_of_the_empty_entries_succeed(argv, capsys):
+    assert main(argv) == 0, capsys.readouterr().err
+
+
 @pytest.mark.parametrize("name", list(BAD_API))
 def test_bad_input_api(name):
     t0 = time.perf_counter()
@@ -370,6 +528,7 @@ def test_api_controls_succeed():
     (["show", "--mesh", "dp=２", "--shape", "8", "--placements", "S(0)"], "ASCII"),
     (["plan", "--layers", "２"], "--layers"),
     (["layout", "coalesce", "(" * 20_000 + "4" + ")" * 20_000 + ":1"], "nested too deeply"),  # argv has a limit
+    (["view", *M, "--shape", "8,12", "--placements", "S(0),S(1)", "--to", "16,,6"], "--to '16,,6': dim 1 is empty"),
 ])
 def test_bad_input_in_a_subprocess(argv, match):
     _run_refused(argv, match)

@@ -38,7 +38,7 @@ def _parse_operand(text: str):
     if text.lstrip("-").isascii() and text.lstrip("-").isdigit():
         return int(text)
     if text.startswith("[") and text.endswith("]"):
-        parts = _split_top(text[1:-1])
+        parts = _split_top(text[1:-1], "operand", "mode", "one tiler per mode, e.g. [4,_,(2,2):(1,2)]")
         return tuple(_parse_operand(p) for p in parts)
     return Layout.parse(text)
 
@@ -58,31 +58,60 @@ def cmd_layout(args) -> int:
     return 0
 
 
-def _parse_shape(text: str) -> tuple:
+def _parse_shape(text: str, flag: str = "--shape") -> tuple:
+    """``8,12`` (or ``(8,12)``, Python's ``(8,)``) as a tuple of ints; ``''`` or ``()`` is a
+    scalar's shape. An empty entry (``8,,12``, ``8,12,``) is refused, never skipped."""
+    body = text.strip()
+    if body.startswith("(") and body.endswith(")"):
+        body = body[1:-1].strip()
+        if body.endswith(",") and "," not in body[:-1]:  # Python's one-tuple (8,)
+            body = body[:-1]
+    if not body:
+        return ()
+    parts = _no_empty(body.split(","), text, flag, "dim", "one int per dim, e.g. 8,12")
     try:
         if not text.isascii():  # int() would read '８' or '٨' as 8
             raise ValueError
-        shape = tuple(int(x) for x in text.replace("(", "").replace(")", "").split(",") if x.strip())
+        shape = tuple(int(x) for x in parts)
     except ValueError:
-        raise ShardingError(f"--shape {text!r} is not a comma-separated list of ints, e.g. 8,12") from None
+        raise ShardingError(f"{flag} {text!r} is not a comma-separated list of ints, e.g. 8,12") from None
     return shape
 
 
-def _split_top(text: str) -> list:
+def _no_empty(parts: list, text: str, flag: str, what: str, fix: str) -> list:
+    """``parts``, or a ShardingError naming the first empty one (``8,,12``: a size left out or a
+    comma too many, which would shift every later entry)."""
+    for i, p in enumerate(parts):
+        if not p.strip():
+            where = ("at the end" if i == len(parts) - 1 else "at the start" if i == 0
+                     else f"after {parts[i - 1].strip()!r}")
+            raise ShardingError(f"{flag} {text!r}: {what} {i} is empty (a comma {where}); give {fix}")
+    return parts
+
+
+def _split_top(text: str, flag: str | None = None, what: str = "entry", fix: str = "") -> list:
+    """Split at top-level commas; with ``flag``, an empty entry is refused (naming ``flag``),
+    else skipped."""
     from .sharding.core import split_top_level
 
-    return [p for p in split_top_level(text) if p]
+    parts = split_top_level(text)
+    if flag is not None:
+        return _no_empty(parts, text, flag, what, fix)
+    return [p for p in parts if p]
 
 
 def _parse_spec(text: str) -> tuple:
     out = []
+    fix = "one entry per dim (None for a dim on no axis), e.g. \"('dp','tp'),None\""
     for part in _split_top(text.strip().removeprefix("P(").removeprefix("PartitionSpec(").rstrip(")")
-                           if text.strip().startswith(("P(", "PartitionSpec(")) else text):
+                           if text.strip().startswith(("P(", "PartitionSpec(")) else text,
+                           "--partition-spec", "entry", fix):
         p = part.strip().strip("'\"")
         if p in ("None", "_", ""):
             out.append(None)
         elif p.startswith("(") and p.endswith(")"):
-            out.append(tuple(x.strip().strip("'\"") for x in _split_top(p[1:-1])))
+            out.append(tuple(x.strip().strip("'\"") for x in _split_top(p[1:-1], "--partition-spec", "axis",
+                                                                           "axis names, e.g. ('dp','tp')")))
         else:
             out.append(p)
     return tuple(out)
@@ -99,14 +128,15 @@ def sharding_from_args(args):
         raise ShardingError("give exactly one of --sharding, --placements, --partition-spec")
     if args.sharding is not None:
         s = Sharding.parse(args.sharding, mesh)
-        if args.shape and _parse_shape(args.shape) != s.shape:
+        if args.shape and _parse_shape(args.shape, "--shape") != s.shape:
             raise ShardingError(f"--shape {args.shape} does not match {args.sharding} (shape {s.shape})")
         return s
     if not args.shape:
         raise ShardingError("--placements and --partition-spec need --shape, e.g. --shape 8,12")
     shape = _parse_shape(args.shape)
     if args.placements is not None:
-        return Sharding.from_placements(mesh, shape, _split_top(args.placements))
+        return Sharding.from_placements(mesh, shape, _split_top(args.placements, "--placements", "placement",
+                                                                 "one placement per mesh dim, e.g. S(0),R"))
     return Sharding.from_partition_spec(mesh, shape, _parse_spec(args.partition_spec))
 
 
@@ -191,7 +221,7 @@ def cmd_view(args) -> int:
     from .propagation import propagate
 
     s = sharding_from_args(args)
-    to = _parse_shape(args.to)
+    to = _parse_shape(args.to, "--to")
     p = propagate("view", [s], shape=to, subaxes=not args.no_subaxes)
     out = p.outputs[0]
     info = {
@@ -229,7 +259,9 @@ def _parse_input(text: str, mesh):
             f"input {text!r}: write a sharding '[dp*4, tp*3]' or 'SHAPE:PLACEMENTS', e.g. '8,12:S(0),R'"
         )
     shape, placements = text.split(":", 1)
-    return Sharding.from_placements(mesh, _parse_shape(shape), _split_top(placements))
+    return Sharding.from_placements(mesh, _parse_shape(shape, "--inputs shape"),
+                                    _split_top(placements, "--inputs placements", "placement",
+                                               "one placement per mesh dim, e.g. 8,12:S(0),R"))
 
 
 def _parse_param(text: str):

@@ -95,7 +95,12 @@ def model_sizes(model: str, text: str | None) -> dict:
     if not text.strip(" ,"):
         raise ShardingError(f"--size '': give KEY=N pairs, e.g. --size dim=64 ({model} takes "
                             f"{', '.join(known)})")
-    for item in (x.strip() for x in text.split(",") if x.strip()):
+    items = [x.strip() for x in text.split(",")]
+    if "" in items:
+        i = items.index("")
+        raise ShardingError(f"--size {text!r}: entry {i} is empty (a comma too many); give KEY=N pairs separated by "
+                            f"single commas, e.g. --size dim=64,seq=32")
+    for item in items:
         key, eq, value = item.partition("=")
         key = key.strip()
         if key not in known or not eq:
@@ -199,7 +204,10 @@ def user_pins(args, mesh) -> dict:
         if "=" not in text:
             raise ShardingError(f"--pin {text!r}: write name=SHARDING, e.g. 'x=[dp, 8, 16]'")
         name, sh = text.split("=", 1)
-        pins[name.strip()] = Sharding.parse(sh, mesh)
+        try:
+            pins[name.strip()] = Sharding.parse(sh, mesh)
+        except ShardingError as e:
+            raise type(e)(f"--pin {name.strip()}: {e}") from None
     return pins
 
 

@@ -6,7 +6,9 @@
 
 from __future__ import annotations
 
+import numbers
 import re
+import reprlib
 from dataclasses import dataclass
 from functools import cached_property
 from itertools import product
@@ -37,8 +39,9 @@ class Mesh:
         for n, s in zip(names, shape):
             if not isinstance(n, str) or not _NAME.match(n):
                 raise MeshError(f"Mesh: axis name {n!r} is not an identifier (e.g. 'dp', 'tp')")
-            if isinstance(s, bool) or not isinstance(s, int) or s < 1:
+            if isinstance(s, bool) or not isinstance(s, numbers.Integral) or s < 1:
                 raise MeshError(f"Mesh: axis {n!r} has size {s!r}; sizes are positive ints")
+        shape = tuple(int(s) for s in shape)  # numpy ints become ints: the hash and the text stay plain
         if len(set(names)) != len(names):
             raise MeshError(f"Mesh: axis names {names} repeat; each axis needs its own name")
         if len(names) > MAX_AXES:
@@ -119,6 +122,9 @@ class Mesh:
 
     def coord(self, rank: int) -> tuple:
         """Mesh coordinate of a rank, row-major. ``Mesh.parse("dp=2,tp=4").coord(5) -> (1, 1)``."""
+        if type(rank) is not int:
+            rank = _whole(rank, f"mesh {self}: rank {reprlib.repr(rank)}",
+                          f"give the rank as an int from 0 to {self.size - 1}")
         if not 0 <= rank < self.size:
             raise MeshError(f"rank {rank} is not in mesh {self} of {self.size} devices")
         out = []
@@ -129,12 +135,20 @@ class Mesh:
 
     def rank_of(self, coord) -> int:
         """Rank at a mesh coordinate. ``Mesh.parse("dp=2,tp=4").rank_of((1, 1)) -> 5``."""
+        if type(coord) is not tuple:
+            if isinstance(coord, (str, bytes)) or not hasattr(coord, "__iter__"):
+                raise MeshError(f"mesh {self}: coordinate {reprlib.repr(coord)} is not a tuple of ints; give one int "
+                                f"per axis ({', '.join(self.names) or 'none'}), e.g. mesh.rank_of({(0,) * self.ndim})")
+            coord = tuple(coord)
         if len(coord) != self.ndim:
             raise MeshError(
                 f"coordinate {tuple(coord)} has {len(coord)} entries; mesh {self} has {self.ndim} axes"
             )
         r = 0
-        for c, s, n in zip(coord, self.shape, self.names):
+        for i, (c, s, n) in enumerate(zip(coord, self.shape, self.names)):
+            if type(c) is not int:
+                c = _whole(c, f"mesh {self}: coordinate {reprlib.repr(coord)}, entry {i} (axis {n!r}) "
+                           f"{reprlib.repr(c)}", f"give one int per axis, from 0 to {s - 1} on axis {n!r}")
             if not 0 <= c < s:
                 raise MeshError(f"coordinate {c} on axis {n!r} is outside 0..{s - 1}")
             r = r * s + c
@@ -149,6 +163,26 @@ class Mesh:
         if isinstance(names, str):
             names = [names]
         return Mesh(tuple(self.axis_size(n) for n in names), tuple(names))
+
+
+def _whole(x, what: str, fix: str) -> int:
+    """``x`` as an int (numpy ints accepted), or a MeshError: ``what`` is not a whole number; ``fix``.
+    bools are refused (True is an int to Python, never a rank or coordinate to a user)."""
+    if isinstance(x, bool) or not isinstance(x, numbers.Integral):
+        kind = "a bool" if isinstance(x, bool) else f"a {type(x).__name__}"
+        raise MeshError(f"{what} is {kind}, not an int; {fix}")
+    return int(x)
+
+
+def as_mesh(mesh, where: str) -> Mesh:
+    """``mesh`` as a Mesh: a Mesh as it is, its text (``"dp=2,tp=4"``) parsed; anything else a
+    MeshError naming ``where`` and the type received. ``as_mesh("tp=2", "plan").size -> 2``"""
+    if isinstance(mesh, Mesh):
+        return mesh
+    if isinstance(mesh, str):
+        return Mesh.parse(mesh)
+    raise MeshError(f"{where}: mesh must be a Mesh or its text, got {type(mesh).__name__} {reprlib.repr(mesh)}; "
+                    "pass e.g. Mesh.parse('dp=2,tp=4') or 'dp=2,tp=4'")
 
 
 def group_ranks(mesh: Mesh, rank: int, pieces) -> tuple:

@@ -60,7 +60,7 @@ def test_malformed_json_is_refused_clearly(text, needle):
     ('{"tensors":[{"name":"a","shape":[2],"dtype":"floaty"}],"ops":[],"outputs":["a"]}', "dtype 'floaty'"),
     ('{"tensors":[{"name":"a","shape":[2],"kind":"weird"}],"ops":[],"outputs":["a"]}', "kind 'weird'"),
     ('{"tensors":[{"name":"a","shape":[2,3]},{"name":"b","shape":[2]}],"ops":[{"target":"sum","inputs":["a"],'
-     '"params":{"dim":5},"outputs":["b"]}],"outputs":["b"]}', r"op sum \(sum\): .*dim = 5 is out of range"),
+     '"params":{"dim":5},"outputs":["b"]}],"outputs":["b"]}', r"op 0 \(sum -> 'b'\): .*dim = 5 is out of range"),
 ])
 def test_program_json_is_validated_in_full(text, match):
     from shardlayout import ShardingError

@@ -5,6 +5,7 @@
     '(5,4):(8,2)'
 """
 
+from . import inttuple as _it
 from .algebra import (
     blocked_product,
     coalesce,
@@ -22,8 +23,27 @@ from .algebra import (
     zipped_divide,
     zipped_product,
 )
-from .core import Layout, make_layout
-from .inttuple import congruent, crd2idx, depth, flatten, idx2crd, product, rank
+from .core import Layout, make_layout, too_deep
+
+
+def _guarded(f):
+    """An int-tuple function that refuses a tuple nested past Python's stack with a LayoutError
+    naming its depth (never a RecursionError); no cost on the way in."""
+    import functools
+
+    @functools.wraps(f)
+    def g(*args):
+        try:
+            return f(*args)
+        except RecursionError:
+            deep = [a for a in args if isinstance(a, (tuple, list))]
+            raise too_deep(f.__name__, "an int-tuple", deep[0] if len(deep) == 1 else tuple(deep)) from None
+
+    return g
+
+
+congruent, crd2idx, depth, flatten, idx2crd, product, rank = (
+    _guarded(f) for f in (_it.congruent, _it.crd2idx, _it.depth, _it.flatten, _it.idx2crd, _it.product, _it.rank))
 
 __all__ = [
     "Layout",

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from ..caches import memo
 from ..errors import LayoutError
-from .core import Layout, _fmt, _new, as_layout, make_layout
+from .core import MAX_DEPTH, Layout, _fmt, _new, _norm, _repr, as_layout, make_layout, too_deep
 from .inttuple import _flatten_into, leaves, product
 
 __all__ = [
@@ -60,18 +60,20 @@ def _flat2(shape: tuple, stride: tuple):
     return shape, stride
 
 
-def _tiler(t, where: str):
+def _tiler(t, where: str, level: int = 0):
     """Normalise a tiler: Layout, int, None, text, or a (nested) sequence of those."""
     if t is None or type(t) is int or isinstance(t, Layout):
         if type(t) is int and t <= 0:
             raise LayoutError(f"{where}: tiler {t} is not positive; an int tiler n means n:1")
         return t
     if isinstance(t, (tuple, list)):
-        return tuple(_tiler(x, where) for x in t)
+        if level >= MAX_DEPTH:
+            raise too_deep(where, "tiler", t, level)
+        return tuple(_tiler(x, where, level + 1) for x in t)
     if isinstance(t, str):
         return Layout.parse(t)
     raise LayoutError(
-        f"{where}: tiler {t!r} is not a Layout, an int, None or a tuple of tilers"
+        f"{where}: tiler {_repr(t)} is not a Layout, an int, None or a tuple of tilers"
     )
 
 
@@ -413,10 +415,10 @@ def complement(layout, cotarget=None) -> Layout:
     L = layout if type(layout) is Layout else _layout(layout, "complement")
     if cotarget is not None and type(cotarget) is not int:
         if isinstance(cotarget, (tuple, list)):
-            cotarget = product(tuple(cotarget))
+            cotarget = product(_norm(cotarget, "cotarget", True, f"complement({L}, ...)"))
     if cotarget is not None and (type(cotarget) is not int or cotarget <= 0):
         raise LayoutError(
-            f"complement({L}, {cotarget!r}): cotarget must be a positive int (or a shape)"
+            f"complement({L}, {_repr(cotarget)}): cotarget must be a positive int (or a shape)"
         )
     return _complement(L.shape, L.stride, cotarget)
 

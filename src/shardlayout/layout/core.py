@@ -9,6 +9,7 @@ Immutable and hashable; the stride defaults to column-major, as in CuTe.
 from __future__ import annotations
 
 import numbers
+import reprlib
 
 from ..errors import LayoutError
 from .inttuple import (
@@ -22,27 +23,85 @@ from .inttuple import (
 )
 
 
-def _norm(x, what: str, positive: bool, where: str):
+def _repr(x) -> str:
+    """A short repr of user input, safe on deep or huge values (``reprlib``)."""
+    return reprlib.repr(x)
+
+
+MAX_DEPTH = 64  # CuTe layouts nest a few levels; deeper is a mistake (and would exhaust Python's stack)
+
+
+def _norm(x, what: str, positive: bool, where: str, level: int = 0):
     """Turn lists into tuples and numpy ints into ints; refuse anything else. A tuple that is
     already well formed is returned as is (the common case, checked without rebuilding it)."""
     if type(x) is int:
         return x if x > 0 or not positive else _int_leaf(x, what, positive, where)
-    if type(x) is tuple:
+    if type(x) is tuple and level < MAX_DEPTH:
         for y in x:
             if type(y) is not int or (positive and y <= 0):
                 break
         else:
             return x
     if isinstance(x, (tuple, list)):
-        return tuple([_norm(y, what, positive, where) for y in x])
+        if level >= MAX_DEPTH:
+            raise too_deep(where, what, x, level)
+        return tuple([_norm(y, what, positive, where, level + 1) for y in x])
     return _int_leaf(x, what, positive, where)
+
+
+def too_deep(where: str, what: str, x, above: int = 0) -> LayoutError:
+    """The LayoutError of ``what`` (a tuple/list found ``above`` levels down) nested past
+    ``MAX_DEPTH``, naming its depth."""
+    n = _nesting(x, above)
+    if n is None:
+        return LayoutError(f"{where}: {what} contains itself (a list nested in itself); give nested tuples of ints")
+    return LayoutError(f"{where}: {what} is nested {n} levels deep, more than the {MAX_DEPTH} a layout may have; "
+                       "flatten it (CuTe layouts nest a few levels)")
+
+
+def check_depth(x, where: str, what: str):
+    """``x`` itself when it is an int or a tuple/list nested at most ``MAX_DEPTH`` levels, else
+    the LayoutError of :func:`too_deep` (checked without recursion)."""
+    if isinstance(x, (tuple, list)):
+        n = _nesting(x, 0)
+        if n is None or not isinstance(n, int) or n > MAX_DEPTH:
+            raise too_deep(where, what, x)
+    return x
+
+
+def _nesting(x, above: int, cap: int = 1 << 20):
+    """The nesting depth of tuple/list ``x`` plus ``above``, found without recursion (each
+    container once); "more than N" (text) past ``cap`` containers, None for one that contains
+    itself."""
+    depth: dict = {}
+    stack = [(x, False)]
+    on_path: set = set()
+    seen = 0
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        if done:
+            on_path.discard(key)
+            depth[key] = 1 + max((depth[id(c)] for c in node if isinstance(c, (tuple, list))), default=0)
+            continue
+        if key in depth:
+            continue
+        if key in on_path:
+            return None
+        seen += 1
+        if seen > cap:
+            return f"more than {above + MAX_DEPTH}"
+        on_path.add(key)
+        stack.append((node, True))
+        stack.extend((c, False) for c in node if isinstance(c, (tuple, list)) and id(c) not in depth)
+    return above + depth[id(x)]
 
 
 def _int_leaf(x, what: str, positive: bool, where: str) -> int:
     """``x`` as an int leaf (numpy ints accepted), or a LayoutError saying why not."""
     if isinstance(x, bool) or not isinstance(x, numbers.Integral):
         raise LayoutError(
-            f"{where}: {what} entry {x!r} is not an integer; {what}s are nested tuples of ints"
+            f"{where}: {what} entry {_repr(x)} is not an integer; {what}s are nested tuples of ints"
         )
     x = int(x)
     if positive and x <= 0:
@@ -186,8 +245,8 @@ class Layout(_Slots):
 
     def crd2idx(self, crd: IntTuple) -> int:
         """Offset of a (possibly hierarchical) coordinate. ``Layout((4, 2)).crd2idx((1, 1)) -> 5``."""
-        if isinstance(crd, list):
-            crd = tuple(crd)
+        if type(crd) is not int:
+            crd = _norm(crd, "coordinate", False, f"Layout {self}")
         try:
             return crd2idx(crd, self.shape, self.stride)
         except ValueError as e:
@@ -231,7 +290,7 @@ class Layout(_Slots):
         """Read the text form. ``Layout.parse("(4,2):(1,4)") -> Layout((4, 2), (1, 4))``."""
         if not isinstance(text, str) or text.count(":") != 1 or not text.isascii():
             raise LayoutError(
-                f"Layout.parse: {text!r} is not 'shape:stride', e.g. '(4,2):(1,4)' or '8:1'"
+                f"Layout.parse: {_repr(text)} is not 'shape:stride', e.g. '(4,2):(1,4)' or '8:1'"
             )
         left, right = text.split(":")
         try:
@@ -305,7 +364,10 @@ def make_layout(*layouts) -> Layout:
         layouts = tuple(layouts[0])
     for x in layouts:
         if not isinstance(x, Layout):
-            raise LayoutError(f"make_layout: {x!r} is not a Layout; pass Layout objects")
+            raise LayoutError(f"make_layout: {_repr(x)} is not a Layout; pass Layout objects")
+    if any(type(x.shape) is tuple for x in layouts) and 1 + max(depth(x.shape) for x in layouts) > MAX_DEPTH:
+        raise LayoutError(f"make_layout: the result would be nested {1 + max(depth(x.shape) for x in layouts)} "
+                          f"levels deep, more than the {MAX_DEPTH} a layout may have; flatten a mode first")
     return _new(tuple(x.shape for x in layouts), tuple(x.stride for x in layouts))
 
 
@@ -319,4 +381,4 @@ def as_layout(x, where: str) -> Layout:
         return _new(x, 1)
     if isinstance(x, str):
         return Layout.parse(x)
-    raise LayoutError(f"{where}: {x!r} is not a Layout, an int, or layout text")
+    raise LayoutError(f"{where}: {_repr(x)} is not a Layout, an int, or layout text")

@@ -459,10 +459,21 @@ def get_op(op: str) -> OpDef:
     opdef = _REGISTRY.get(name)
     if opdef is None:
         raise UnsupportedOp(
-            f"no sharding rule for op {op!r} (looked up {name!r}); known: {', '.join(sorted(_REGISTRY))}. "
-            "Declare it with shardlayout.ops.register_op(name, signature, rule, numpy)"
+            f"no sharding rule for op {op!r} (looked up {name!r}){did_you_mean(name)}; shardlayout.ops.registered() "
+            f"lists the {len(_REGISTRY)} known ops. Declare it with shardlayout.ops.register_op(name, signature, "
+            "rule, numpy)"
         )
     return opdef
+
+
+def did_you_mean(name) -> str:
+    """`` (did you mean 'mm', 'bmm'?)``: the registered ops closest to ``name``, or ``""``."""
+    import difflib
+
+    if not isinstance(name, str):
+        return ""
+    close = difflib.get_close_matches(name.removeprefix("aten.").split(".")[0], list(_REGISTRY), n=3)
+    return f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
 
 
 def registered() -> dict:

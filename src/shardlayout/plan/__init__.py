@@ -26,18 +26,20 @@ re-plans and verifies at other sizes drawn from them.
 from __future__ import annotations
 
 import json
+import reprlib
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from ..caches import paused_gc, register_clearer
 from ..config import settings
-from ..errors import NotRepresentable, ShardingError
+from ..errors import MeshError, NotRepresentable, ShardingError, ShardingSpecError
 from ..execute.verify import DEFAULT_BUDGET, Verification
 from ..execute.verify import verify as verify_plan
-from ..mesh import Mesh
+from ..mesh import Mesh, as_mesh
 from ..ops.registry import _SEEN, _typed, get_op
 from ..ops.result import canonical_op_name
-from ..program import Program
+from ..program import Program, ProgramError
 from ..sharding import Sharding
 from ..sharding.cost import DEFAULT_COST_MODEL, CostModel, cost
 from ..sharding.move import plan_move
@@ -289,7 +291,11 @@ def plan(program: Program, mesh: Mesh, pins: dict | None = None, cost_model: Cos
     not divide are claimed too, with torch.chunk's uneven shards.
     ``plan(prog, Mesh.parse("tp=2"), {"w": "[8, tp*3]"}).shardings["y"] -> [4, tp*3]``
     """
-    user = {k: (Sharding.parse(v, mesh) if isinstance(v, str) else v) for k, v in (pins or {}).items()}
+    if not isinstance(program, Program):
+        raise ProgramError(f"plan: program must be a Program, got {type(program).__name__}; build one with "
+                           "ProgramBuilder, Program.from_json(text) or shardlayout.program.from_torch")
+    mesh = as_mesh(mesh, "plan")
+    user = pin_shardings(program, mesh, pins)
     p = None
     if program.repeated is not None and style is None and not auto and not program.symbols:
         from .repeat import plan_repeated
@@ -473,6 +479,46 @@ def _producers_users(program: Program) -> tuple:
     stream search."""
     _op_table(program)  # made with the op table
     return program.__dict__["_producers_users"]
+
+
+def pin_shardings(program: Program, mesh: Mesh, pins, where: str = "plan") -> dict:
+    """``{tensor name: Sharding}`` of ``pins`` (a dict of Shardings or their text), each pin a
+    Sharding on ``mesh``; anything else a ShardingSpecError naming the pin and what it got.
+    ``pin_shardings(prog, Mesh.parse("tp=2"), {"w": "[8, tp*3]"})["w"].shape -> (8, 6)``"""
+    if pins is None:
+        return {}
+    if not isinstance(pins, Mapping):
+        raise ShardingSpecError(f"{where}: pins must be a dict of tensor name -> Sharding (or its text), got "
+                                f"{type(pins).__name__}; e.g. {{'x': '[dp*4, 12]'}}")
+    out = {}
+    for k, v in pins.items():
+        if type(v) is not Sharding:
+            if not isinstance(k, str):
+                raise ShardingSpecError(f"{where}: pin key {reprlib.repr(k)} ({type(k).__name__}) is not a tensor "
+                                        "name; key each pin by its tensor's name (a str)")
+            if isinstance(v, str):
+                try:
+                    v = Sharding.parse(v, mesh)
+                except ShardingError as e:
+                    raise _renamed(e, f"pin {k!r}: {e}") from None
+            elif not isinstance(v, Sharding):
+                t = program.tensors.get(k)
+                eg = f"'{Sharding(mesh, t.shape)}'" if t is not None else "'[dp*4, 12]'"
+                raise ShardingSpecError(f"{where}: pin {k!r} is {reprlib.repr(v)} ({type(v).__name__}), not a "
+                                        f"sharding; give a Sharding or its text, e.g. {{{k!r}: {eg}}}")
+        if v.mesh != mesh:
+            raise MeshError(f"{where}: pin {k!r} ({v}) is on mesh {v.mesh}, the plan is on mesh {mesh}; make the pin "
+                            "on the plan's mesh (or pass its text)")
+        out[k] = v
+    return out
+
+
+def _renamed(e: ShardingError, message: str) -> ShardingError:
+    """``e``'s class with another message (a ShardingSpecError when that class needs more)."""
+    try:
+        return type(e)(message)
+    except TypeError:
+        return ShardingSpecError(message)
 
 
 def _check_pins(program: Program, pins: dict) -> None:

@@ -32,10 +32,9 @@ import time
 from dataclasses import dataclass, field
 
 from ..errors import ShardingError
-from ..mesh import Mesh
-from ..sharding import Sharding
+from ..mesh import Mesh, as_mesh
 from ..sharding.cost import DEFAULT_COST_MODEL, CostModel
-from . import Plan, plan
+from . import Plan, pin_shardings, plan
 from .chain import segments, shared_inputs, slot_groups, solve_chain
 from .estimate import StepEstimate, check_flop_rate, check_training, estimate
 from .space import Context, domains, evaluate, memory_of, op_table, seed_plans, unify
@@ -221,8 +220,7 @@ class AutoPlan:
 
 def _check_pins(program, mesh: Mesh, pins) -> dict:
     out = {}
-    for k, v in (pins or {}).items():
-        s = Sharding.parse(v, mesh) if isinstance(v, str) else v
+    for k, s in pin_shardings(program, mesh, pins, "auto_plan").items():
         if k not in program.tensors:
             raise ShardingError(f"pin {k!r}: the program has no such tensor")
         if s.shape != program.tensors[k].shape:
@@ -302,6 +300,7 @@ def auto_plan(program, mesh: Mesh, pins: dict | None = None, memory_per_device=N
     :class:`NoPlanFits` with the smallest budget that works when nothing fits.
     ``auto_plan(llama(layers=8), Mesh.parse("dp=2,tp=4"), memory_per_device="64KiB").plan``"""
     t0 = time.perf_counter()
+    mesh = as_mesh(mesh, "auto_plan")
     cm = cost_model or DEFAULT_COST_MODEL
     check_training(training)
     rate = check_flop_rate(flop_rate)

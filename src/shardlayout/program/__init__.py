@@ -25,11 +25,13 @@ shape (``Program.sym_shape``); ``Program.at(bindings)`` is the same program at o
 from __future__ import annotations
 
 import json
+import numbers
+import reprlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from ..caches import register_clearer
-from ..errors import ShardingError, SymbolError
+from ..errors import ShardingError, SymbolError, UnsupportedOp
 from ..sharding.cost import ITEMSIZE
 from ..symbolic import Expr, FactBase, Guard, sym
 
@@ -264,8 +266,9 @@ class Program:
     @staticmethod
     def from_json(text: str) -> "Program":
         """Read JSON (no code is evaluated); checks every name and shape."""
+        constants: list = []
         try:
-            data = json.loads(text, parse_constant=_no_constant)
+            data = json.loads(text, parse_constant=lambda name: constants.append(name) or _NonNumber(name))
         except json.JSONDecodeError as e:
             raise ProgramError(f"program JSON is malformed: {e.msg} at line {e.lineno}") from None
         except RecursionError:
@@ -274,6 +277,8 @@ class Program:
             if isinstance(e, ShardingError):
                 raise
             raise ProgramError(f"program JSON cannot be read: {str(e).split(';')[0]}") from None
+        if constants:
+            _refuse_non_number(data, constants[0])
         if not isinstance(data, dict) or not {"tensors", "ops", "outputs"} <= set(data):
             raise ProgramError("program JSON needs the keys 'tensors', 'ops' and 'outputs'")
         for key in ("tensors", "ops", "outputs"):
@@ -285,13 +290,19 @@ class Program:
                                "tensors, ops, outputs and, when symbolic, symbols, facts and notes")
         b = _symbolic_builder(data)
         try:
-            for t in data["tensors"]:
-                spec, sym_shape = _tensor_entry(t, b._symbols)
+            for i, t in enumerate(data["tensors"]):
+                spec, sym_shape = _tensor_entry(t, b._symbols, i)
                 b._add(spec)
                 if sym_shape is not None:
                     b._sym[spec.name] = sym_shape
-            for op in data["ops"]:
-                b._add_op(_op_entry(op, b._symbols))
+            for i, op in enumerate(data["ops"]):
+                entry = _op_entry(op, b._symbols, i)
+                for role, names in (("input", entry.inputs), ("output", entry.outputs)):
+                    for n in names:
+                        if isinstance(n, str) and n not in b._tensors:
+                            raise ProgramError(f"program JSON: {_op_where(i, op)}: {role} {n!r} is not defined: no "
+                                               "tensor entry has that name; add one to 'tensors' or fix the name")
+                b._add_op(entry)
             for o in data["outputs"]:
                 if not isinstance(o, str):
                     raise ProgramError(f"program JSON: output {o!r} is not a tensor name")
@@ -318,8 +329,69 @@ KINDS = ("input", "param", "buffer", "value")
 MAX_DIM = (1 << 63) - 1  # torch's int64 sizes
 
 
-def _no_constant(name: str):
+class _NonNumber:
+    """Where program JSON had NaN, Infinity or -Infinity (numbers JSON does not allow): kept
+    while parsing, so the error can name the tensor or op it came from."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+def _holds(value, name: str) -> str | None:
+    """The path (``[0]``, ``.dim``) to the first ``_NonNumber`` in ``value``, found without
+    recursion; None when there is none."""
+    stack = [(value, "")]
+    while stack:
+        v, path = stack.pop()
+        if isinstance(v, _NonNumber):
+            return path
+        if isinstance(v, dict):
+            stack.extend((x, f"{path}.{k}") for k, x in reversed(list(v.items())))
+        elif isinstance(v, list):
+            stack.extend((x, f"{path}[{j}]") for j, x in reversed(list(enumerate(v))))
+    return None
+
+
+def _refuse_non_number(data, name: str) -> None:
+    """The ProgramError for NaN / Infinity in program JSON, naming the tensor or op (and the key)
+    that holds it."""
+    fix = "JSON allows finite numbers only; sizes and size parameters are ints >= 1"
+    if isinstance(data, dict):
+        for i, t in enumerate(data.get("tensors") if isinstance(data.get("tensors"), list) else ()):
+            path = _holds(t, name)
+            if path is not None:
+                who = f"tensor {t['name']!r} (tensors[{i}])" if isinstance(t, dict) and isinstance(t.get("name"), str) \
+                    else f"tensors[{i}]"
+                raise ProgramError(f"program JSON: {who}: {path.lstrip('.')} is {name}; {fix}")
+        for i, op in enumerate(data.get("ops") if isinstance(data.get("ops"), list) else ()):
+            path = _holds(op, name)
+            if path is not None:
+                raise ProgramError(f"program JSON: {_op_where(i, op)}: {path.lstrip('.')} is {name}; {fix}")
+        for k, v in data.items():
+            path = _holds(v, name)
+            if path is not None:
+                raise ProgramError(f"program JSON: {k}{path} is {name}; {fix}")
     raise ProgramError(f"program JSON: {name} is not a number JSON allows (nor a size or a parameter)")
+
+
+def _op_where(i: int, op) -> str:
+    """How errors name op ``i`` of program JSON: its index, name, target and output tensors,
+    ``op 3 'wq' (mm -> 'q')``; whatever of them the entry has."""
+    if not isinstance(op, (dict, Op)):
+        return f"op {i}"
+    get = op.get if isinstance(op, dict) else lambda k: getattr(op, k, None)
+    name, target, outs = get("name"), get("target"), get("outputs")
+    text = f"op {i}" + (f" {name!r}" if isinstance(name, str) and name else "")
+    if isinstance(target, str) and target:
+        outs = [o for o in outs if isinstance(o, str)] if isinstance(outs, (list, tuple)) else []
+        arrow = f" -> {', '.join(map(repr, outs[:3]))}{', ...' if len(outs) > 3 else ''}" if outs else ""
+        text += f" ({target}{arrow})"
+    return text
 
 
 def _symbolic_builder(data: dict) -> "ProgramBuilder":
@@ -336,11 +408,13 @@ def _symbolic_builder(data: dict) -> "ProgramBuilder":
     return b
 
 
-def _op_entry(op, symbols=None) -> "Op":
-    """One op of program JSON, checked: a target, lists of inputs and outputs, a params object."""
+def _op_entry(op, symbols=None, i: int = 0) -> "Op":
+    """One op of program JSON (entry ``i``), checked: a target, lists of inputs and outputs, a
+    params object."""
     if not isinstance(op, dict):
-        raise ProgramError(f"program JSON: op entry {op!r} is not an object with 'target', 'inputs', 'outputs'")
-    where = f"op {op.get('name') or op.get('target')!r}"
+        raise ProgramError(f"program JSON: op entry {reprlib.repr(op)} (ops[{i}]) is not an object with 'target', "
+                           "'inputs', 'outputs'")
+    where = _op_where(i, op)
     if not isinstance(op.get("target"), str) or not op["target"]:
         raise ProgramError(f"program JSON: {where} needs a string 'target' (an aten op name, e.g. 'mm')")
     for key in ("inputs", "outputs"):
@@ -379,27 +453,30 @@ def _op_entry(op, symbols=None) -> "Op":
 
 def _check_kinds(prog: "Program", declared: dict) -> None:
     """A tensor an op produces is a 'value'; one declared 'value' is produced by an op."""
-    produced = {o: op for op in prog.ops for o in op.outputs}
+    produced = {o: (i, op) for i, op in enumerate(prog.ops) for o in op.outputs}
     for name, kind in declared.items():
         if kind != "value" and name in produced:
-            op = produced[name]
-            raise ProgramError(f"program JSON: op {op.name or op.target} ({op.target}) produces {name!r}, declared "
+            raise ProgramError(f"program JSON: {_op_where(*produced[name])} produces {name!r}, declared "
                                f"kind {kind!r}; an op's output has kind 'value'")
         if kind == "value" and name not in produced:
             raise ProgramError(f"program JSON: tensor {name!r} has kind 'value' but no op produces it; give it kind "
                                "'input' or 'param', or add the op that computes it")
 
 
-def _tensor_entry(t, symbols=None) -> tuple:
-    """One tensor of program JSON, checked: a name, positive int sizes, a known dtype and kind;
-    ``(TensorSpec, symbolic shape or None)``."""
+def _tensor_entry(t, symbols=None, i: int = 0) -> tuple:
+    """One tensor of program JSON (entry ``i``), checked: a name, positive int sizes, a known
+    dtype and kind; ``(TensorSpec, symbolic shape or None)``."""
     if not isinstance(t, dict) or not isinstance(t.get("name"), str) or not t["name"]:
-        raise ProgramError(f"program JSON: tensor entry {t!r} needs a non-empty string 'name'")
+        raise ProgramError(f"program JSON: tensor entry {reprlib.repr(t)} (tensors[{i}]) needs a non-empty string "
+                           "'name'")
     name, shape = t["name"], t.get("shape")
     if not isinstance(shape, list) or any(isinstance(x, bool) or not isinstance(x, int) or not 1 <= x <= MAX_DIM
                                           for x in shape):
-        raise ProgramError(f"program JSON: tensor {name!r}: shape {shape!r} must be a list of ints >= 1 "
-                           "(at most 2**63-1)")
+        bad = "" if not isinstance(shape, list) else next(
+            f"; dim {d} is {x!r}" + (" (a bool)" if isinstance(x, bool) else "") for d, x in enumerate(shape)
+            if isinstance(x, bool) or not isinstance(x, int) or not 1 <= x <= MAX_DIM)
+        raise ProgramError(f"program JSON: tensor {name!r} (tensors[{i}]): shape {reprlib.repr(shape)} must be a list "
+                           f"of ints >= 1 (at most 2**63-1){bad}")
     unknown = set(t) - {"name", "shape", "dtype", "kind", "sym_shape", "ragged"}
     if unknown:
         raise ProgramError(f"program JSON: tensor {name!r}: unknown key(s) {', '.join(sorted(unknown))}; "
@@ -428,14 +505,20 @@ def _tensor_entry(t, symbols=None) -> tuple:
 def _check_dataflow(prog: "Program") -> None:
     """Every op known and called as its signature says, its inputs produced before it (or program
     inputs), each tensor produced once, and the declared shapes equal to what the op produces."""
-    from ..ops.registry import get_op
+    from ..ops.registry import did_you_mean, get_op
     from .shapes import shape_of
 
     produced: set = set()
     made_by = {o: op for op in prog.ops for o in op.outputs}
-    for op in prog.ops:
-        where = f"op {op.name or op.target} ({op.target})"
-        get_op(op.target)
+    for n, op in enumerate(prog.ops):
+        where = _op_where(n, op)
+        try:
+            get_op(op.target)
+        except UnsupportedOp:
+            raise UnsupportedOp(f"program JSON: {where}: no sharding rule for op {op.target!r}"
+                                f"{did_you_mean(op.target)}; use an aten op name (e.g. 'mm', 'aten.mm.default'), "
+                                "or declare it first with shardlayout.ops.register_op(name, signature, rule, numpy)"
+                                ) from None
         for i in op.inputs:
             if isinstance(i, str) and i in made_by and i not in produced:
                 raise ProgramError(f"program JSON: {where} reads {i!r} before the op that produces it; "
@@ -542,7 +625,10 @@ class ProgramBuilder:
         if spec.name in self._tensors or (self._repeat is not None and self._repeat.is_middle(spec.name)):
             raise ProgramError(f"tensor {spec.name!r} is defined twice")
         if any(isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_DIM for n in spec.shape):
-            raise ProgramError(f"tensor {spec.name!r}: shape {spec.shape} must be non-negative ints")
+            d, n = next((d, n) for d, n in enumerate(spec.shape)
+                        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_DIM)
+            raise ProgramError(f"tensor {spec.name!r}: shape {reprlib.repr(spec.shape)} must be non-negative ints "
+                               f"(at most 2**63-1); dim {d} is {n!r}" + (" (a bool)" if isinstance(n, bool) else ""))
         if spec.dtype not in DTYPES:
             raise ProgramError(f"tensor {spec.name!r}: dtype {spec.dtype!r} is not one of {', '.join(DTYPES)}")
         self._tensors[spec.name] = spec
@@ -567,6 +653,8 @@ class ProgramBuilder:
             shape = _sy.evaluate_shape(sym_shape, self._symbols)
         if not isinstance(shape, tuple):
             raise ProgramError(f"tensor {name!r}: shape {shape!r} must be a tuple of sizes, e.g. (4, 8)")
+        if any(type(n) is not int for n in shape):  # numpy ints are sizes too
+            shape = tuple(int(n) if isinstance(n, numbers.Integral) and not isinstance(n, bool) else n for n in shape)
         out = self._add(TensorSpec(name, shape, dtype, kind))
         if sym_shape is not None and _sy.is_symbolic_shape(sym_shape):
             self._sym[name] = tuple(sym_shape)

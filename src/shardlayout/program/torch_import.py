@@ -604,9 +604,11 @@ def dynamic_shapes_from_text(text: str, module, example_args) -> tuple:
         params = []
     specs: list = [None] * len(args)
     dims: dict = {}
-    for item in (x.strip() for x in text.split(",")):
-        if not item:
-            continue
+    items = [x.strip() for x in text.split(",")]
+    if "" in items:
+        raise ProgramError(f"--dynamic {text!r}: entry {items.index('')} is empty (a comma too many); give "
+                           "INPUT:DIM=SYMBOL entries separated by single commas, e.g. x:0=batch,x:1=seq")
+    for item in items:
         m = re.match(r"^([A-Za-z_][A-Za-z0-9_]*|\d+)\s*:\s*(-?\d+)\s*=\s*(.+)$", item)
         if not m or not m.group(3).strip().isascii():
             raise ProgramError(f"--dynamic {item!r}: write INPUT:DIM=SYMBOL, e.g. x:0=batch (INPUT is a forward "

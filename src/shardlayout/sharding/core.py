@@ -20,9 +20,10 @@ Imports run one way (``A -> B``: A imports B):
 from __future__ import annotations
 
 import re
+import reprlib
 
 from ..errors import ShardingSpecError
-from ..mesh import Mesh
+from ..mesh import Mesh, as_mesh
 from .factors import (
     REDUCE_OPS,
     ChunkProgram,
@@ -74,7 +75,7 @@ class Sharding:
 
     def __init__(self, mesh: Mesh, shape, dims=None, partial=()):
         if not isinstance(mesh, Mesh):
-            raise ShardingSpecError(f"Sharding: mesh must be a Mesh, got {type(mesh).__name__}")
+            mesh = as_mesh(mesh, "Sharding")
         shape = _check_shape(shape)
         if dims is None:
             dims = [() for _ in shape]
@@ -199,7 +200,8 @@ class Sharding:
     # -- conversions and shards (placements.py, shards.py) ----------------------------------
     @staticmethod
     def parse(text: str, mesh: Mesh) -> "Sharding":
-        """Read the text form. ``Sharding.parse("[dp*4, tp*3] +sum(x)", mesh)``."""
+        """Read the text form. ``Sharding.parse("[dp*4, tp*3] +sum(x)", mesh)``; ``mesh`` is a Mesh
+        or its text (``Sharding.parse("[dp*4]", "dp=2")``)."""
         return parse_sharding(text, mesh)
 
     @staticmethod
@@ -213,6 +215,7 @@ class Sharding:
 
         ``Sharding.from_placements(mesh, (8, 12), ["S(0)", "S(1)"])``
         """
+        mesh = as_mesh(mesh, "Sharding.from_placements")
         return cls(mesh, *parts_from_placements(mesh, shape, placements))
 
     def to_placements(self) -> tuple:
@@ -226,6 +229,7 @@ class Sharding:
     @classmethod
     def from_partition_spec(cls, mesh: Mesh, shape, spec) -> "Sharding":
         """From a JAX PartitionSpec (per dim: None, an axis, or a tuple of axes, major first)."""
+        mesh = as_mesh(mesh, "Sharding.from_partition_spec")
         return cls(mesh, *parts_from_partition_spec(mesh, shape, spec))
 
     def to_partition_spec(self) -> tuple:
@@ -402,6 +406,11 @@ def split_top_level(inner: str) -> list:
 
 def parse_sharding(text: str, mesh: Mesh) -> Sharding:
     """Read ``[dp*4, tp*3] +sum(x)``; uneven dims carry their size: ``[dp*tp*3 of 9]``."""
+    if not isinstance(mesh, Mesh):
+        mesh = as_mesh(mesh, "Sharding.parse")
+    if not isinstance(text, str):
+        raise ShardingSpecError(f"Sharding.parse: got {type(text).__name__} {reprlib.repr(text)}, not text; write e.g. "
+                                "'[dp*4, tp*3]' (a Sharding is used as it is, not parsed)")
     src = text
     text = text.strip()
     if not text.isascii():  # Python's int() would read '٨' or '８' as 8
