@@ -215,14 +215,16 @@ def _resized(name, inputs, params) -> IndexMap | None:
 
 def _attention(name, inputs, params, n_out):
     causal = bool(params.get("is_causal", False))
-    whole = {"t", "d"} | ({"s"} if causal else set())
     if name.endswith("_backward"):
         letters = ["bhse", "bhsd", "bhtd", "bhte", "bhse", "bhs"]
         ins = tuple(letters[i] if i < 6 and isinstance(x, Sharding) else None for i, x in enumerate(inputs))
         return IndexMap(ins, ("bhsd", "bhtd", "bhte"), whole=frozenset("stde"))
-    ins = ("bhsd", "bhtd", "bhte") + tuple(None for _ in inputs[3:])
+    from ..ops.families import sdpa_map
+
+    fm = sdpa_map(inputs, causal)
+    ins = tuple(lt if isinstance(x, Sharding) else None for x, lt in zip(inputs, fm.inputs))
     outs = ("bhse",) if n_out == 1 else ("bhse", "bhs")
-    return IndexMap(ins, outs, whole=frozenset(whole))
+    return IndexMap(ins, outs, whole=fm.whole)
 
 
 def _indexing(name, inputs, params):
@@ -242,9 +244,11 @@ def _indexing(name, inputs, params):
         lidx = lx[:d] + "Z" + lx[d + 1:]
         return IndexMap((lx, lidx), (lidx,), whole=frozenset(lx[d]), values=(None, ("index", x.shape[d])))
     if name == "index":
-        idx = inputs[1]
-        li = LETTERS[x.ndim: x.ndim + idx.ndim].upper()
-        return IndexMap((lx, li), (li + lx[1:],), whole=frozenset(lx[0]), values=(None, ("index", x.shape[0])))
+        from ..ops.families import index_letters
+
+        dims, lx, li, out, _ = index_letters(x, list(inputs[1:]), params.get("indexed"))
+        return IndexMap((lx, *li), (out,), whole=frozenset(lx[d] for d in dims),
+                        values=(None, *(("index", x.shape[d]) for d in dims)))
     if name in ("index_put", "_index_put_impl"):
         idx, vals = inputs[1], inputs[2]
         li = LETTERS[x.ndim: x.ndim + idx.ndim].upper()

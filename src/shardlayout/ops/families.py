@@ -147,6 +147,10 @@ for _n, _fn in {"eq": np.equal, "ne": np.not_equal, "le": np.less_equal, "lt": n
     pointwise(_n, "x|scalar, y|scalar", (lambda g: lambda a, b: g(a, b).astype(float))(_fn))
 pointwise("logical_and", "x, y", lambda a, b: ((a != 0) & (b != 0)).astype(float))
 pointwise("logical_or", "x, y", lambda a, b: ((a != 0) | (b != 0)).astype(float))
+pointwise("logical_xor", "x, y", lambda a, b: ((a != 0) ^ (b != 0)).astype(float))
+for _n, _fn in {"bitwise_and": np.bitwise_and, "bitwise_or": np.bitwise_or, "bitwise_xor": np.bitwise_xor}.items():
+    pointwise(_n, "x|scalar, y|scalar",
+              (lambda g: lambda a, b: g(np.asarray(a).astype(np.int64), np.asarray(b).astype(np.int64)))(_fn))
 pointwise("maximum", "x, y", lambda a, b: np.maximum(a, b), linear="max")
 pointwise("minimum", "x, y", lambda a, b: np.minimum(a, b), linear="min")
 pointwise("clamp", "x ; min: scalar? = None, max: scalar? = None", lambda a, min=None, max=None: np.clip(a, min, max))
@@ -894,15 +898,29 @@ register_op("bincount", "x, weights? ; minlength: int[0..] = 0, bins: int[1..] =
 # ------------------------------------------------------------------------------------------
 
 
+def sdpa_map(inputs, is_causal=False) -> FactorMap:
+    """Attention's factor map: q ``bhsd``, k ``bhtd``, v ``bhte`` -> ``bhse``; an attention mask
+    (``attn_mask`` / ``attn_bias``, broadcast to ``[b, h, s, t]``) rides along with the scores:
+    its query rows go where the queries go, its key columns stay whole with the keys.
+    ``sdpa_map([q, k, v]).output -> 'bhse'``"""
+    whole = {"t", "d"} | ({"s"} if is_causal else set())
+    letters = ["bhsd", "bhtd", "bhte"]
+    mask = inputs[3] if len(inputs) > 3 and isinstance(inputs[3], Sharding) else None
+    if mask is not None:
+        letters.append("bhst"[4 - mask.ndim:])
+    letters += ["" for _ in inputs[len(letters):]]
+    return FactorMap(tuple(letters), "bhse", whole=frozenset(whole),
+                     broadcast=frozenset("bhst") if mask is not None else frozenset())
+
+
 def _sdpa_rule(name, inputs, is_causal=False, cost_model=None, tensor_dtype="float32", out_pins=(), **_):
     """q [b,h,s,d], k [b,h,t,d], v [b,h,t,e] -> [b,h,s,e]. Batch and heads shard freely; the
     query sequence shards exactly (each rank attends its queries to all keys) unless causal
     (the local mask would use local positions); keys/values sequence and d stay whole."""
-    q, k, v = inputs[0], inputs[1], inputs[2]
-    whole = {"t", "d"} | ({"s"} if is_causal else set())
+    q, v = inputs[0], inputs[2]
+    fm = sdpa_map(inputs, is_causal)
     out_shape = q.shape[:-1] + (v.shape[-1],)
-    p = _whole(name, [q, k, v], ["bhsd", "bhtd", "bhte"], "bhse", whole, [out_shape], cost_model, tensor_dtype,
-               out_pins[:1])
+    p = factor_map_result(name, tuple(inputs), fm, [out_shape], cost_model, tensor_dtype, out_pins[:1])
     if name == "scaled_dot_product_attention":
         return p
     o = p.outputs[0]  # the fused kernels also return the log-sum-exp [b, h, s]
@@ -936,8 +954,6 @@ def _check_sdpa(name, inputs, params):
         want = q.shape[:2] + (q.shape[2], k.shape[2])
         if m.ndim > 4 or any(a not in (1, b) for a, b in zip(m.shape[::-1], want[::-1])):
             raise OpError(f"op {name}: attn_mask of shape {m.shape} does not broadcast to [b, h, s, t] = {want}")
-        raise OpError(f"op {name}: an attn_mask is not supported by the sharding rule yet; use is_causal or "
-                      "apply the mask before the call")
 
 
 _SDPA = "q, k, v ; dropout_p: float = 0.0, is_causal: bool = False, scale: float? = None"
@@ -1080,15 +1096,61 @@ register_op("new_full", "x ; size: ints, fill_value: scalar, " + _CREATE, _new_r
 register_op("new_empty", _NEW, _new_rule, not_simulated="its values are undefined")
 
 
-def _advanced_index_rule(name, inputs, cost_model=None, tensor_dtype="float32", out_pins=(), **_):
-    """``x[idx]`` (one index tensor on dim 0): like index_select; index_put keeps x's shape and
-    needs the indexed dim whole in x and everything whole in the values it writes."""
-    x, idx = inputs[0], inputs[1]
+def index_dims(x_ndim: int, n_index: int, indexed=None) -> tuple:
+    """The dims of ``x`` that ``index``'s index tensors select (``indexed``, default the first
+    ``n_index``), checked. ``index_dims(3, 2) -> (0, 1)``."""
+    dims = tuple(range(n_index)) if indexed is None else tuple(int(d) for d in indexed)
+    if len(dims) != n_index or len(set(dims)) != n_index or any(not 0 <= d < x_ndim for d in dims) \
+            or list(dims) != sorted(dims):
+        raise OpError(f"op index: {n_index} index tensor(s) for dims {list(dims)} of a {x_ndim}-D input; give one "
+                      "increasing dim of the input per index tensor (params 'indexed')")
+    return dims
+
+
+def index_letters(x, idxs, indexed):
+    """``x[i0, i1, ...]`` as letters: x's indexed dims whole, the index tensors broadcast to one
+    shape whose dims replace the indexed ones (in place when those are adjacent, else in front,
+    as torch and numpy place them)."""
+    dims = index_dims(x.ndim, len(idxs), indexed)
     lx = LETTERS[: x.ndim]
-    li = LETTERS[x.ndim: x.ndim + idx.ndim].upper()
+    nb = max(i.ndim for i in idxs)
+    lb = LETTERS[x.ndim: x.ndim + nb].upper()
+    rest = [lx[d] for d in range(x.ndim) if d not in dims]
+    if dims == tuple(range(dims[0], dims[0] + len(dims))):
+        out = lx[: dims[0]] + lb + lx[dims[-1] + 1:]
+    else:
+        out = lb + "".join(rest)
+    return dims, lx, [lb[nb - i.ndim:] for i in idxs], out, lb
+
+
+def _broadcast_shape(shapes) -> tuple:
+    n = max(len(s) for s in shapes)
+    out = []
+    for k in range(n):
+        sizes = {s[len(s) - n + k] for s in shapes if len(s) - n + k >= 0} - {1}
+        if len(sizes) > 1:
+            raise OpError(f"op index: index tensors of shapes {[list(s) for s in shapes]} do not broadcast")
+        out.append(sizes.pop() if sizes else 1)
+    return tuple(out)
+
+
+def _advanced_index_rule(name, inputs, cost_model=None, tensor_dtype="float32", out_pins=(), indexed=None, **_):
+    """``x[i0, i1, ...]`` (index tensors on the dims ``indexed``, default the first ones): x's
+    indexed dims stay whole, the index tensors' broadcast dims carry any sharding to the output;
+    index_put keeps x's shape and needs the indexed dim whole in x and everything whole in the
+    values it writes."""
+    x = inputs[0]
     args = (cost_model, tensor_dtype, out_pins)
     if name == "index":
-        return _whole(name, [x, idx], [lx, li], li + lx[1:], {lx[0]}, [idx.shape + x.shape[1:]], *args)
+        idxs = list(inputs[1:])
+        dims, lx, li, out, lb = index_letters(x, idxs, indexed)
+        b = _broadcast_shape([i.shape for i in idxs])
+        sizes = dict(zip(lx, x.shape)) | dict(zip(lb, b))
+        fm = FactorMap(tuple([lx] + li), out, whole=frozenset(lx[d] for d in dims), broadcast=frozenset(lb))
+        return factor_map_result(name, tuple(inputs), fm, [tuple(sizes[ch] for ch in out)], *args)
+    idx = inputs[1]
+    lx = LETTERS[: x.ndim]
+    li = LETTERS[x.ndim: x.ndim + idx.ndim].upper()
     vals = inputs[2]
     lv = li + lx[1:] if vals.shape == idx.shape + x.shape[1:] else LETTERS[: vals.ndim].upper()
     whole = {lx[0]} | set(li) | (set(lv) - set(lx[1:]))
@@ -1111,7 +1173,15 @@ def _check_index_put(name, inputs, params):
         raise OpError(f"op {name}: values of shape {vals.shape} do not broadcast to the indexed shape {want}")
 
 
-register_op("index", "x, index", _advanced_index_rule, lambda a, i: a[np.asarray(i).astype(int)])
+def _np_index(a, *idxs, indexed=None):
+    dims = index_dims(np.ndim(a), len(idxs), indexed)
+    key = [slice(None)] * np.ndim(a)
+    for d, i in zip(dims, idxs):
+        key[d] = np.asarray(i).astype(int)
+    return np.asarray(a)[tuple(key)]
+
+
+register_op("index", "*xs ; indexed: ints? = None", _advanced_index_rule, _np_index)
 register_op("index_put", "x, index, values ; accumulate: bool = False", _advanced_index_rule, _np_index_put,
             check=_check_index_put)
 register_op("_index_put_impl", "x, index, values ; accumulate: bool = False, unsafe: bool = False",

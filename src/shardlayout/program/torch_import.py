@@ -21,6 +21,7 @@ cannot read is specialised: every symbol in it gets a guard ``symbol == example`
 
 from __future__ import annotations
 
+import contextlib
 import operator
 import re
 
@@ -63,9 +64,26 @@ def export_module(module, example_args, dynamic_shapes=None):
     import torch
 
     try:
-        return torch.export.export(module, tuple(example_args), dynamic_shapes=dynamic_shapes)
+        with _without_cache(module):
+            return torch.export.export(module, tuple(example_args), dynamic_shapes=dynamic_shapes)
     except torch._dynamo.exc.UserError as e:  # dynamic shapes torch cannot keep: one line with its fix
         raise ProgramError(f"torch.export refused the dynamic shapes: {_one_line(e)}") from None
+
+
+@contextlib.contextmanager
+def _without_cache(module):
+    """A Hugging Face model (``module.config.use_cache``) exported without its KV cache: the cache
+    object is generation state, not a tensor the program computes (torch.export cannot return it),
+    and a plan is of one forward. The user's config is restored afterwards."""
+    cfg = getattr(module, "config", None)
+    if getattr(cfg, "use_cache", None) is not True:
+        yield
+        return
+    cfg.use_cache = False
+    try:
+        yield
+    finally:
+        cfg.use_cache = True
 
 
 def output_structure(ep):
@@ -86,9 +104,7 @@ def lifted_constants(module, example_args) -> dict:
     """``{program input name: tensor}`` of the tensor constants ``torch.export`` lifts out of
     ``module``'s forward (a mask built with ``torch.tril`` in ``forward``): program inputs that are
     neither parameters nor buffers of the module. ``lifted_constants(gpt2, (ids,))``"""
-    import torch
-
-    return constants_of(torch.export.export(module, tuple(example_args)))
+    return constants_of(export_module(module, example_args))
 
 
 def constants_of(ep) -> dict:
@@ -337,6 +353,25 @@ def _sympy_guard(text: str):
         return None
 
 
+def _decomposed(ep):
+    """``ep`` in core ATen. Where torch's own decomposition of a graph fails (GPT-2 under sdpa: the
+    decomposed attention returns other strides than the traced one, and a later ``view`` of it is
+    refused), attention is kept whole (``scaled_dot_product_attention`` has a rule) and the rest
+    decomposed; a second failure is one ``ProgramError`` line."""
+    import torch
+
+    try:
+        return ep.run_decompositions()
+    except (ValueError, RuntimeError) as first:
+        table = torch.export.default_decompositions()
+        table.pop(torch.ops.aten.scaled_dot_product_attention.default, None)
+        try:
+            return ep.run_decompositions(table)
+        except (ValueError, RuntimeError):
+            raise ProgramError(f"torch could not decompose the exported program to core ATen: "
+                               f"{type(first).__name__}: {_one_line(first)}") from None
+
+
 def from_exported(ep, decompose: bool = True, dim_names: dict | None = None) -> Program:
     """A Program from an ``ExportedProgram`` (e.g. ``torch.export.load("model.pt2")``);
     ``dim_names`` (``{"x": {0: "batch"}}``, an input's name or position) names its symbols (else
@@ -347,7 +382,7 @@ def from_exported(ep, decompose: bool = True, dim_names: dict | None = None) -> 
 
     known = registered()
     if decompose:
-        ep = ep.run_decompositions()
+        ep = _decomposed(ep)
     sig = ep.graph_signature
     params = dict(sig.inputs_to_parameters)
     buffers = {**dict(getattr(sig, "inputs_to_lifted_tensor_constants", {}) or {}), **dict(sig.inputs_to_buffers)}
@@ -564,6 +599,9 @@ def _arguments(node, short: str, names: dict, syms: _Symbols, b) -> tuple:
             rs = [resolve(x) for x in v]
             if all(is_tensor(r) for r in rs):
                 inputs.extend(rs)
+            elif short == "index" and all(r is None or is_tensor(r) for r in rs):  # x[:, idx]: skipped dims
+                inputs.extend(r for r in rs if r is not None)
+                kwargs["indexed"] = [d for d, r in enumerate(rs) if r is not None]
             else:
                 kwargs[arg.name] = [r if isinstance(r, (int, Expr)) else _jsonable(r) for r in rs]
         elif short in _POINTWISE_SCALARS and isinstance(v, (int, float)) and not isinstance(v, bool) \

@@ -159,6 +159,11 @@ def torch_op(opdef, args: list, params: dict, out_shapes: list) -> list:
         idx = (slice(None),) * kw["dim"] + (slice(kw["start"], kw["end"], kw.get("step", 1)),)
         out[idx] = g
         return [out]
+    if opdef.name == "index":  # x[i0, i1, ...] on the dims ``indexed`` (None for the dims in between)
+        key = [None] * (max(params.get("indexed") or [len(args) - 2]) + 1)
+        for d, i in zip(params.get("indexed") or range(len(args) - 1), args[1:]):
+            key[d] = i
+        return [torch.ops.aten.index.Tensor(args[0], key)]
     if opdef.shape_driven and opdef.name not in ("slice", "narrow"):
         x = args[0]
         if opdef.name == "expand":
