@@ -30,7 +30,7 @@ lint: $(DEVSTAMP)
 	$(BIN)/ruff check src tests benchmarks
 
 # every benchmark (each times ours and its peer in one run), then README's tables from their output
-BENCHES := layout view strategy plan verify run auto stream
+BENCHES := layout view strategy plan verify run auto stream train
 bench: $(DEVSTAMP)
 	for b in $(BENCHES); do $(BIN)/python benchmarks/bench_$$b.py || exit 1; done
 	$(BIN)/python benchmarks/update_readme.py
