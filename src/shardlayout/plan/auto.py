@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..errors import ShardingError
 from ..mesh import Mesh, as_mesh
@@ -37,7 +37,7 @@ from ..sharding.cost import DEFAULT_COST_MODEL, CostModel
 from . import Plan, pin_shardings, plan
 from .chain import segments, shared_inputs, slot_groups, solve_chain
 from .estimate import StepEstimate, check_flop_rate, check_training, estimate
-from .space import Context, domains, evaluate, memory_of, op_table, seed_plans, unify
+from .space import Context, _order, domains, evaluate, memory_of, op_table, seed_plans, unify
 
 SMALL_CHAIN = 8
 """Under a binding budget, a chain of at most this many blocks is solved as one ILP (proven
@@ -313,7 +313,11 @@ def auto_plan(program, mesh: Mesh, pins: dict | None = None, memory_per_device=N
     shared = shared_inputs(program, [(s.lo, s.hi) for s in segs]) if len(segs) > 1 else frozenset()
     ctx = Context.of(program, mesh, cm, training, rate, shared)
     doms = unify(domains(program, seeds, pins), slot_groups(segs))
-    found = _search(program, segs, doms, ctx, budget, method, time_limit, seeds)
+    idle, idle_mem = _idle(program, doms, training)
+    found = _search(program, segs, doms, ctx, None if budget is None else budget - idle_mem, method, time_limit,
+                    seeds)
+    found = replace(found, assignment={**found.assignment, **idle}, memory=found.memory + idle_mem,
+                    fastest_memory=found.fastest_memory + idle_mem)
     final = plan(program, mesh, found.assignment, cm)
     est = estimate(final, training, rate)
     predicted = math.fsum(found.terms[0] + found.terms[1] + found.terms[2])
@@ -326,6 +330,19 @@ def auto_plan(program, mesh: Mesh, pins: dict | None = None, memory_per_device=N
              "choices": sum(len(v) for v in doms.values())}
     return AutoPlan(final, est, predicted, found.method, found.gap, time.perf_counter() - t0, found.solver_seconds,
                     budget, found.fastest_memory, styles, _blocks(program, segs, final, seeds), stats)
+
+
+def _idle(program, doms: dict, training: str) -> tuple:
+    """``({tensor: sharding}, bytes)`` of the program inputs no op reads (a buffer the export kept,
+    e.g. a rotary table's original copy): no op's table holds them, yet they are on the device.
+    Each takes its leanest sharding of its domain. ``_idle(prog, doms, "adam") -> ({}, 0)``"""
+    used = {t for op in program.ops for t in (*op.inputs, *op.outputs) if type(t) is str}
+    mem = memory_of(program, {t: v for t, v in doms.items() if t not in used and v}, training)
+    idle = {}
+    for t in sorted(set(program.inputs()) - used):
+        if doms.get(t):
+            idle[t] = min(doms[t], key=lambda s: (mem.get((t, s), 0), _order(s)))
+    return idle, sum(mem.get((t, s), 0) for t, s in idle.items())
 
 
 def _search(program, segs, doms, ctx, budget, method, time_limit, seeds) -> Found:

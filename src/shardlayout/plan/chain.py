@@ -76,7 +76,9 @@ def _uses(program: Program) -> tuple:
 
 def cuts(program: Program) -> list:
     """``[(i, tensor)]``: after op ``i`` exactly one made tensor, ``tensor``, crosses (program
-    inputs may cross too). ``(35, 'layers.0.resid1') in cuts(llama(layers=1)) -> True``"""
+    inputs may cross too), and it did not cross the cut before (every reader of a crossing value
+    is in the block after its cut: a value read in two blocks would have its moves priced by both).
+    ``(35, 'layers.0.resid1') in cuts(llama(layers=1)) -> True``"""
     _, last = _uses(program)
     live: set = set()
     out = []
@@ -84,7 +86,10 @@ def cuts(program: Program) -> list:
         live |= {o for o in op.outputs if last.get(o, -1) > i}
         live = {t for t in live if last.get(t, -1) > i}
         if len(live) == 1:
-            out.append((i, next(iter(live))))
+            t = next(iter(live))
+            if out and out[-1][1] == t:  # still the same value: its readers would span two blocks
+                continue
+            out.append((i, t))
     return out
 
 

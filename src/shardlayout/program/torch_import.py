@@ -450,6 +450,15 @@ def from_exported(ep, decompose: bool = True, dim_names: dict | None = None) -> 
                     f"{target} at node {node.name!r} ({line}) has no sharding rule; declare it with "
                     f"shardlayout.register_op({short!r}, signature, rule, numpy)"
                 )
+            empties = [a for a in node.all_input_nodes if isinstance(names.get(a), _Empty)]
+            if _is_empty(val, syms):  # a zero-size value (Phi-3's partial rotary: the part not rotated is empty)
+                names[node] = _Empty(node.name)
+                continue
+            if empties:
+                got = _without_empties(node, short, names, empties)
+                if got is not None:
+                    names[node] = got
+                    continue
             inputs, kwargs = _arguments(node, short, names, syms, b)
             n_out = len(val) if isinstance(val, (list, tuple)) else 1
             vals = val if isinstance(val, (list, tuple)) else (val,)
@@ -488,6 +497,36 @@ def from_exported(ep, decompose: bool = True, dim_names: dict | None = None) -> 
     if loops.rows:
         check_loops_routed(prog, {names[r]: split.name for split, r in loops.rows.items()})
     return prog
+
+
+class _Empty:
+    """A zero-size value of the graph (no sharding has a 0 extent): not a tensor of the program.
+    A ``cat`` drops it; any other reader that makes something non-empty is refused by name."""
+
+    def __init__(self, node: str):
+        self.node = node
+
+
+def _is_empty(val, syms) -> bool:
+    if not hasattr(val, "shape"):
+        return False
+    return 0 in _hint_shape(val, syms)
+
+
+def _without_empties(node, short: str, names: dict, empties: list):
+    """A node reading zero-size values: ``cat`` of the others (one left: that value itself);
+    anything else raises ``UnsupportedOp`` naming the node and the empty input."""
+    if short in ("cat", "concat", "concatenate"):
+        parts = [names[a] for a in node.args[0] if not isinstance(names[a], _Empty)]
+        if len(parts) == 1:
+            return parts[0]
+        return None  # several left: ``_arguments`` skips the empties (see there)
+    where = (node.meta.get("stack_trace") or "").strip().splitlines()
+    line = where[-2].strip() if len(where) >= 2 else "(no source line)"
+    raise UnsupportedOp(f"node {node.name!r} ({node.target}, {line}) reads the zero-size value of node "
+                        f"{empties[0].name!r} and makes a non-empty one; shardlayout plans zero-size values only "
+                        "where a cat drops them (a partial rotary's empty part): make the size non-zero or drop "
+                        "the op")
 
 
 def _emit_stacked(node, kind: tuple, names: dict, syms: _Symbols, b):
@@ -596,7 +635,7 @@ def _arguments(node, short: str, names: dict, syms: _Symbols, b) -> tuple:
             else:
                 kwargs[arg.name] = r
         elif isinstance(v, (list, tuple)) and v and any(isinstance(x, torch.fx.Node) for x in v):
-            rs = [resolve(x) for x in v]
+            rs = [r for r in (resolve(x) for x in v) if not isinstance(r, _Empty)]  # a cat drops empties
             if all(is_tensor(r) for r in rs):
                 inputs.extend(rs)
             elif short == "index" and all(r is None or is_tensor(r) for r in rs):  # x[:, idx]: skipped dims
