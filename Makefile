@@ -23,8 +23,9 @@ $(DEVSTAMP): pyproject.toml | $(BIN)/python
 demo: $(STAMP)
 	$(BIN)/shardlayout demo
 
+# two workers: the suite is mostly one-thread Python, and this machine has two cores
 test: $(DEVSTAMP)
-	$(BIN)/python -m pytest src tests README.md --doctest-glob=README.md
+	$(BIN)/python -m pytest -n 2 src tests README.md --doctest-glob=README.md
 
 lint: $(DEVSTAMP)
 	$(BIN)/ruff check src tests benchmarks

@@ -270,7 +270,8 @@ def _creation(name, inputs, n_out):
     return IndexMap(tuple(None for _ in inputs), ("",) * n_out, whole=frozenset(), kind="created")
 
 
-_CREATION = frozenset({"arange", "full", "zeros", "ones", "scalar_tensor", "empty", "rand", "randn", "new_zeros",
+_CREATION = frozenset({"arange", "full", "zeros", "ones", "scalar_tensor", "empty", "empty_permuted", "rand", "randn",
+                       "new_zeros",
                        "new_ones", "new_full", "new_empty", "_assert_tensor_metadata", "_assert_async",
                        "_assert_scalar", "sym_constrain_range_for_size"})
 _DATA_DEPENDENT = frozenset({"nonzero", "masked_select", "unique", "_unique2", "argwhere"})

@@ -1078,6 +1078,8 @@ register_op("scalar_tensor", "; s: scalar, mesh: mesh? = None, " + _CREATE, _cre
 for _n in ("empty", "rand", "randn"):
     register_op(_n, "; size: ints, mesh: mesh? = None, memory_format: ignored = None, generator: ignored = None, "
                 + _CREATE, _creation_rule, not_simulated="its values are random or undefined")
+register_op("empty_permuted", "; size: ints, physical_layout: ignored = None, mesh: mesh? = None, " + _CREATE,
+            _creation_rule, not_simulated="its values are undefined")
 
 
 def _new_rule(name, inputs, size=None, cost_model=None, tensor_dtype="float32", out_pins=(), **_):

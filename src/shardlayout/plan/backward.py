@@ -33,6 +33,7 @@ from ..sharding.collective import AxisPiece
 _NO_GRAD = {**{n: None for n in ("eq", "ne", "le", "lt", "ge", "gt", "logical_and", "logical_or", "logical_not",
                                  "bitwise_not", "argsort", "one_hot", "histc", "bincount", "nonzero", "argwhere",
                                  "unique", "_unique2", "arange", "full", "zeros", "ones", "scalar_tensor", "empty",
+                                 "empty_permuted",
                                  "rand", "randn", "new_zeros", "new_ones", "new_full", "new_empty", "zeros_like",
                                  "ones_like", "full_like", "empty_like")},
             "topk": (1,), "sort": (1,)}

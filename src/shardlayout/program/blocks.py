@@ -183,6 +183,30 @@ def graph(program: Program) -> Graph:
     return g
 
 
+def heads_of(program: Program, lin) -> int | None:
+    """How many attention heads a Linear's output features hold: the view that splits its
+    features into ``(heads, head_dim)`` (within three pass-through ops of the matmul), or None
+    when no such view follows. ``heads_of(prog, k_proj) -> 2`` (GQA: 2 kv heads)."""
+    g = graph(program)
+    features = program.tensors[lin.output].shape[-1]
+    todo, seen = [(lin.output, 0)], set()
+    while todo:
+        t, depth = todo.pop()
+        for i in g.users(t):
+            if i in seen or depth >= 3:
+                continue
+            seen.add(i)
+            op = g.op(i)
+            out = program.tensors[op.outputs[0]].shape if op.outputs else ()
+            src = program.tensors[t].shape
+            if short(op) in VIEWS and len(out) == len(src) + 1 and src[-1] == features \
+                    and out[-2] * out[-1] == features and out[:-2] == src[:-1]:
+                return out[-2] // max(lin.parts, 1)
+            if g.passes(i):
+                todo.extend((o, depth + 1) for o in op.outputs)
+    return None
+
+
 def passthrough(op) -> bool:
     """Does ``op`` only move or combine values element by element (views, pieces, pointwise)?"""
     name = short(op)

@@ -42,7 +42,7 @@ from ..errors import ShardingError, UnmatchedStyle
 from ..mesh import Mesh
 from ..sharding import Factor, Sharding
 from . import Program
-from .blocks import Block, Linear, Structure, derived, find_blocks, short, weight_consumers
+from .blocks import Block, Linear, Structure, derived, find_blocks, heads_of, short, weight_consumers
 
 STYLES = ("dp", "megatron", "megatron-sp", "fsdp", "ep")
 
@@ -248,9 +248,14 @@ def _megatron(program: Program, mesh: Mesh, s: Structure, sequence: bool) -> Sty
     for i in _lookups(program):  # embeddings and patch convolutions: replicated on tp, batched on dp
         out = program.ops[i].outputs[0]
         pins[out] = sharded(mesh, t[out].shape, {0: ["dp"]})
+    tp = mesh.axis_size("tp")
     for b in blocks:
         for lin in b.first:
-            pins.update(column(mesh, program, lin))
+            heads = heads_of(program, lin) if b.kind == "attention" else None
+            if heads is not None and heads % tp:  # fewer kv heads than ranks (MQA, GQA): each rank holds them all
+                pins.update(replicated(mesh, program, [lin.weight] + ([lin.bias] if lin.bias else [])))
+            else:
+                pins.update(column(mesh, program, lin))
         for lin in b.last:
             pins.update(row(mesh, program, lin))
         if sequence:

@@ -33,6 +33,10 @@ from .expert_loop import check_loops_routed, expert_loops
 # scalar arguments of these ops are operands (add(x, 1e-6)), not parameters
 _POINTWISE_SCALARS = {"add", "sub", "mul", "div", "pow", "where", "eq", "ne", "le", "lt", "ge", "gt",
                       "maximum", "minimum", "fill", "full_like", "masked_fill"}
+# custom ops of model libraries that are an aten op under another name (same arguments, same values)
+LIBRARY_OPS = {
+    "transformers.grouped_mm_fallback.default": "aten._grouped_mm.default",  # (rows, w[E,K,N], offs): torch's
+}
 _ASSERTS = ("aten._assert_scalar", "aten.sym_constrain_range_for_size", "aten.sym_constrain_range")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
@@ -427,7 +431,7 @@ def from_exported(ep, decompose: bool = True, dim_names: dict | None = None) -> 
                 base = names[node.args[0]]
                 names[node] = base[node.args[1]] if isinstance(base, tuple) else base
                 continue
-            target = str(node.target)
+            target = LIBRARY_OPS.get(str(node.target), str(node.target))
             val = node.meta.get("val")
             if _is_scalar_node(node, val):
                 names[node] = syms.expr(val) if isinstance(val, (int, torch.SymInt)) and not isinstance(val, bool) \

@@ -1,0 +1,76 @@
+"""Tiny configs of Hugging Face transformers' own model classes, called as users call them:
+``model(input_ids)`` (or ``model(input_ids, attention_mask)``). Each factory returns
+``(module, example_args)`` for ``shardlayout plan --module examples/hf_models.py:llama``.
+
+The classes are the library's (``pip install transformers``); only the sizes are small. Build one
+at real size on the meta device the same way (``with torch.device("meta"): LlamaForCausalLM(cfg)``).
+"""
+
+from __future__ import annotations
+
+import torch
+import transformers as hf
+
+VOCAB, HIDDEN, FFN, LAYERS, HEADS = 128, 32, 64, 2, 4
+BATCH, SEQ = 2, 8
+
+
+def _ids():
+    return torch.arange(BATCH * SEQ).reshape(BATCH, SEQ) % VOCAB
+
+
+def _build(config_class, model_class, **extra):
+    torch.manual_seed(0)
+    sizes = dict(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=FFN, num_hidden_layers=LAYERS,
+                 num_attention_heads=HEADS, max_position_embeddings=64)
+    return model_class(config_class(**{**sizes, **extra})).eval(), (_ids(),)
+
+
+def llama():
+    """Llama with grouped-query attention (2 kv heads for 4 query heads)."""
+    return _build(hf.LlamaConfig, hf.LlamaForCausalLM, num_key_value_heads=2)
+
+
+def llama_masked():
+    """Llama called with a 2-D padding mask: ``model(input_ids, attention_mask)``."""
+    model, (ids,) = llama()
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0
+    return model, (ids, mask)
+
+
+def mistral():
+    return _build(hf.MistralConfig, hf.MistralForCausalLM, num_key_value_heads=2)
+
+
+def qwen2():
+    """Qwen2: biases on q, k and v."""
+    return _build(hf.Qwen2Config, hf.Qwen2ForCausalLM, num_key_value_heads=2)
+
+
+def phi3():
+    """Phi-3: q|k|v fused in one ``qkv_proj``, gate|up in one ``gate_up_proj``."""
+    return _build(hf.Phi3Config, hf.Phi3ForCausalLM, num_key_value_heads=HEADS, pad_token_id=0, bos_token_id=0,
+                  eos_token_id=0)
+
+
+def gemma():
+    """Gemma: multi-query attention (one kv head), tied embeddings."""
+    return _build(hf.GemmaConfig, hf.GemmaForCausalLM, num_key_value_heads=1, head_dim=HIDDEN // HEADS)
+
+
+def gpt2():
+    """GPT-2: Conv1D weights (in, out), q|k|v fused in ``c_attn``, tied embeddings."""
+    torch.manual_seed(0)
+    cfg = hf.GPT2Config(vocab_size=VOCAB, n_embd=HIDDEN, n_layer=LAYERS, n_head=HEADS, n_positions=64,
+                        bos_token_id=0, eos_token_id=0)
+    return hf.GPT2LMHeadModel(cfg).eval(), (_ids(),)
+
+
+def mixtral():
+    """Mixtral: a sparse MoE of 4 experts, top-2, experts as grouped weights."""
+    return _build(hf.MixtralConfig, hf.MixtralForCausalLM, num_key_value_heads=2, num_local_experts=4,
+                  num_experts_per_tok=2)
+
+
+make = llama

@@ -1,0 +1,106 @@
+"""Hugging Face transformers' own model classes (tiny configs, examples/hf_models.py), imported as
+users call them — ``model(input_ids)``, the KV cache on by default — planned by every style and
+checked: Megatron's collectives (one all-reduce per attention and per MLP block), every layer
+weight cut on ``tp`` in Megatron's dim (or kept whole where the kv heads are fewer than the ranks),
+the plan verified on every rank, and auto agreeing with the planner and no costlier than the
+best style."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from shardlayout import Mesh
+from shardlayout.plan import plan
+from shardlayout.plan.auto import auto_plan
+from shardlayout.plan.estimate import estimate
+from shardlayout.program.styles import style_pins
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "hf_models.py"
+TP2, DPTP = Mesh.parse("tp=2"), Mesh.parse("dp=2,tp=2")
+COLUMN = ("q_proj", "k_proj", "v_proj", "qkv_proj", "gate_proj", "up_proj", "gate_up_proj", "c_attn", "c_fc")
+ROW = ("o_proj", "down_proj", "c_proj")
+
+
+@functools.cache
+def _examples():
+    spec = importlib.util.spec_from_file_location("hf_models_example", EXAMPLES)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@functools.cache
+def program(name):
+    from shardlayout.program.torch_import import from_torch
+
+    model, args = getattr(_examples(), name)()
+    return model, from_torch(model, args)
+
+
+def _cut_dim(s) -> list:
+    """The dims of a sharding bound to tp."""
+    return [d for d, fs in enumerate(s.dims) if any(f.axis == "tp" for f in fs)]
+
+
+def _megatron_dims(model, name: str):
+    """Where Megatron cuts a layer weight: (column dim, row dim) of its module's weight layout —
+    nn.Linear holds (out, in), GPT-2's Conv1D (in, out)."""
+    import torch
+
+    module = model.get_submodule(name.rsplit(".", 1)[0])
+    return (0, 1) if isinstance(module, torch.nn.Linear) else (1, 0)
+
+
+@pytest.mark.parametrize("name", ["llama", "mistral", "qwen2", "phi3", "gemma", "gpt2", "llama_masked"])
+def test_megatron_cuts_every_layer_weight_and_verifies(name):
+    model, prog = program(name)
+    p = plan(prog, TP2, style_pins(prog, TP2, "megatron"))
+    assert p.counts() == {("all_reduce", ("tp",)): 4}  # 2 layers: one after attention, one after the MLP
+    kv = model.config.num_key_value_heads if hasattr(model.config, "num_key_value_heads") else None
+    checked = 0
+    for t in prog.inputs("param"):
+        leaf = t.split(".")[-2]
+        if ".layers." not in t and ".h." not in t or not t.endswith("weight") or len(prog.tensors[t].shape) != 2:
+            continue
+        col, row = _megatron_dims(model, t)
+        if leaf in ("k_proj", "v_proj") and kv is not None and kv % 2:
+            assert _cut_dim(p.shardings[t]) == [], (t, str(p.shardings[t]))  # MQA: every rank holds the kv head
+        elif leaf in COLUMN:
+            assert _cut_dim(p.shardings[t]) == [col], (t, str(p.shardings[t]))
+        elif leaf in ROW:
+            assert _cut_dim(p.shardings[t]) == [row], (t, str(p.shardings[t]))
+        else:
+            continue
+        checked += 1
+    assert checked >= 8
+    assert p.verify().ok
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_megatron_sp_and_auto_on_dp_tp(name):
+    _, prog = program(name)
+    sp = plan(prog, DPTP, style_pins(prog, DPTP, "megatron-sp"))
+    counts = sp.counts()
+    assert counts[("reduce_scatter", ("tp",))] == 4 and counts[("all_gather", ("tp",))] in (3, 4)
+    assert sp.verify().ok
+    a = auto_plan(prog, DPTP)  # raises ModelMismatch if the solver's model and plan() disagree
+    assert a.estimate.seconds == a.predicted
+    best = min(estimate(plan(prog, DPTP, style_pins(prog, DPTP, s))).seconds for s in ("dp", "megatron"))
+    assert a.estimate.seconds <= best
+    assert a.plan.verify().ok
+
+
+def test_a_library_custom_op_is_its_aten_twin():
+    """Mixtral's experts run ``transformers::grouped_mm_fallback`` (float32): torch's grouped mm."""
+    _, prog = program("mixtral")
+    targets = {op.target for op in prog.ops}
+    assert "aten._grouped_mm.default" in targets and not any("transformers" in t for t in targets)
+    p = plan(prog, TP2, style_pins(prog, TP2, "megatron"))
+    assert p.verify().ok
