@@ -445,7 +445,8 @@ def _figures(args, draw) -> dict:
 
 
 def _plan_title(p, args) -> str:
-    source = (getattr(args, "module", None) or getattr(args, "export", None) or getattr(args, "program", None)
+    source = (getattr(args, "hf", None) or getattr(args, "module", None) or getattr(args, "export", None)
+              or getattr(args, "program", None)
               or getattr(args, "model", "program"))
     return f"plan of {source} ({len(p.program.ops)} ops) on mesh {p.mesh}" + (
         f", style {args.style}" if getattr(args, "style", None) else "")
@@ -487,7 +488,8 @@ def print_plan(p, v, args) -> None:
     prog = p.program
     shown = [n for n in prog.tensors if prog.tensors[n].kind in ("input", "param")
              or n in prog.outputs or any(c.tensor == n for c in p.collectives)]
-    source = (getattr(args, "module", None) or getattr(args, "export", None) or getattr(args, "program", None)
+    source = (getattr(args, "hf", None) or getattr(args, "module", None) or getattr(args, "export", None)
+              or getattr(args, "program", None)
               or getattr(args, "model", "program"))
     print(f"plan of {source} ({len(prog.ops)} ops, {len(prog.tensors)} tensors) "
           f"on mesh {p.mesh}" + (f", style {args.style}" if getattr(args, "style", None) else ""))
@@ -771,6 +773,9 @@ def _add_model_args(pl) -> None:
     pl.add_argument("--program", help="a program JSON file instead of a built-in model")
     pl.add_argument("--module", help="pkg.mod:factory returning (torch module, example args); via torch.export")
     pl.add_argument("--export", help="a torch.export .pt2 file")
+    pl.add_argument("--hf", metavar="CONFIG", help="a Hugging Face transformers config.json (or a directory holding "
+                    "one, or a cached model id): its causal-LM class built on the meta device, no weights; example "
+                    "input_ids of --size batch=B,seq=S (default 1, 128)")
     pl.add_argument("--layers", type=int, default=2)
     pl.add_argument("--size", metavar="KEY=N,...", help="a built-in model's sizes, e.g. dim=4096,seq=4096,batch=1,"
                     "heads=32,ffn=11008 (llama) or tokens=...,experts=... (moe)")

@@ -23,6 +23,9 @@ def load_program(args):
     from .program import Program
     from .program.models import MODELS
 
+    sources = [f"--{k}" for k in ("hf", "module", "export", "program") if getattr(args, k, None)]
+    if len(sources) > 1:
+        raise ShardingError(f"{' and '.join(sources)}: give one model source")
     if getattr(args, "size", None) and (getattr(args, "module", None) or getattr(args, "export", None)
                                         or getattr(args, "program", None)):
         raise ShardingError("--size sets a built-in model's sizes (--model llama|moe|moe-dense); a module, program or "
@@ -32,6 +35,11 @@ def load_program(args):
     if getattr(args, "dynamic", None) and not getattr(args, "module", None):
         raise ShardingError("--dynamic applies to --module (the model is exported with those dims dynamic); an "
                             "--export archive keeps the dynamic dims it was exported with")
+    if getattr(args, "hf", None):
+        from .program.torch_import import from_torch
+
+        module, example_args, _ = hf_source(args, "meta")
+        return from_torch(module, example_args)
     if getattr(args, "module", None):
         from .program.torch_import import dynamic_shapes_from_text, from_torch
 
@@ -80,6 +88,16 @@ def load_program(args):
     return MODELS[args.model](layers=args.layers, **model_sizes(args.model, getattr(args, "size", None)))
 
 
+def hf_source(args, device: str):
+    """``(module, example_args, None)`` of ``--hf SOURCE [--size batch=B,seq=S]`` built on
+    ``device`` (``program.hf``; batch 1 and seq 128 unless given)."""
+    from .program.hf import hf_model
+
+    sizes = {"batch": 1, "seq": 128, **model_sizes("hf", getattr(args, "size", None))}
+    module, example_args = hf_model(args.hf, sizes["batch"], sizes["seq"], device)
+    return module, example_args, None
+
+
 def model_sizes(model: str, text: str | None) -> dict:
     """``--size dim=4096,seq=4096`` for a built-in model: its size parameters, checked.
     ``model_sizes("llama", "dim=64,seq=32") -> {"dim": 64, "seq": 32}``"""
@@ -89,8 +107,11 @@ def model_sizes(model: str, text: str | None) -> dict:
 
     if not text:
         return {}
-    fn = {"llama": llama, "moe": moe, "moe-dense": moe_dense}[model]
-    known = [p for p in inspect.signature(fn).parameters if p != "layers"]
+    if model == "hf":
+        known = ["batch", "seq"]
+    else:
+        fn = {"llama": llama, "moe": moe, "moe-dense": moe_dense}[model]
+        known = [p for p in inspect.signature(fn).parameters if p != "layers"]
     out = {}
     if not text.strip(" ,"):
         raise ShardingError(f"--size '': give KEY=N pairs, e.g. --size dim=64 ({model} takes "

@@ -79,12 +79,13 @@ def _model(options: dict, dtype):
 
     import torch
 
-    from ..jobs import _call_factory, build_plan
+    from ..jobs import _call_factory, build_plan, hf_source
     from .launch import _global_inputs
 
     ns = argparse.Namespace(**options)
-    if options.get("module"):
-        module, example_args, dynamic = _call_factory(options["module"])
+    if options.get("module") or options.get("hf"):
+        module, example_args, dynamic = (hf_source(ns, "cpu") if options.get("hf")
+                                         else _call_factory(options["module"]))
         if dynamic is not None:
             raise RunError("--steps trains at the example sizes: drop the factory's dynamic_shapes")
         module = module.to(dtype)

@@ -1,0 +1,57 @@
+"""``--hf CONFIG``: a transformers model built from its config alone on the meta device (no
+weights, no network), planned like any module; bad sources are one line, exit 2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from shardlayout.cli import main
+
+pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny-llama")
+    transformers.LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2,
+                             max_position_embeddings=64).save_pretrained(d)
+    return d
+
+
+def test_the_model_is_built_on_meta_from_the_config_alone(tiny):
+    from shardlayout.program.hf import hf_model
+
+    module, (ids,) = hf_model(str(tiny / "config.json"), batch=2, seq=16)
+    assert type(module).__name__ == "LlamaForCausalLM"
+    assert {p.device.type for p in module.parameters()} == {"meta"}
+    assert tuple(ids.shape) == (2, 16) and int(ids.max()) < 128
+
+
+def test_plan_hf_megatron_counts_and_sizes(tiny, capsys):
+    assert main(["plan", "--hf", str(tiny), "--mesh", "tp=2", "--style", "megatron", "--size", "batch=2,seq=16",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    kinds = [c["kind"] for c in out["collectives"]]
+    assert kinds == ["all_reduce"] * 4  # 2 layers: attention and MLP
+    assert out["shapes"]["input_ids"] == [2, 16]
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["--hf", "/no/such/config.json"], "no such file or directory"),
+    (["--hf", "{tiny}", "--size", "seq=65"], "longer than the model's max_position_embeddings 64"),
+    (["--hf", "{tiny}", "--size", "dim=8"], "hf takes batch=N, seq=N"),
+    (["--hf", "{tiny}", "--module", "x.py:make"], "--hf and --module: give one model source"),
+    (["--hf", "{bad}"], "has no \"model_type\""),
+    (["--hf", "not-a-cached-model-id"], "not a transformers config"),
+])
+def test_bad_sources_are_one_line(argv, match, tiny, tmp_path, capsys):
+    bad = tmp_path / "config.json"
+    bad.write_text(json.dumps({"hidden_size": 8}))
+    argv = [a.format(tiny=tiny, bad=bad) for a in argv]
+    assert main(["plan", *argv, "--mesh", "tp=2"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("shardlayout: error:") and err.count("\n") == 1 and match in err, err
