@@ -59,3 +59,18 @@ def test_exported_moe_plans_expert_parallel_and_verifies():
     m = Mesh.parse("ep=4")
     p = plan(prog, m, style_pins(prog, m, "ep"))
     assert p.verify().ok and p.shardings["experts.w1"].dims[0][0].axis == "ep"
+
+
+def test_a_forward_torch_export_cannot_trace_is_one_line_naming_the_models_line(tmp_path, capsys):
+    """torchtitan's FlexAttention models assert on a block mask export cannot build: exit 2, one line
+    naming the module class and the model's own source line, never an internal error."""
+    from shardlayout.cli import main
+
+    f = tmp_path / "needs_mask.py"
+    f.write_text("import torch\n\nclass NeedsMask(torch.nn.Module):\n    def forward(self, x, mask=None):\n"
+                 "        assert mask is not None, 'mask must be a BlockMask'\n        return x\n\n"
+                 "def make():\n    return NeedsMask(), (torch.ones(2, 4),)\n")
+    assert main(["plan", "--module", f"{f}:make", "--mesh", "tp=2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "torch.export could not trace the module (NeedsMask)" in err, err
+    assert f"{f}:5" in err and "mask must be a BlockMask" in err, err

@@ -72,6 +72,25 @@ def export_module(module, example_args, dynamic_shapes=None):
             return torch.export.export(module, tuple(example_args), dynamic_shapes=dynamic_shapes)
     except torch._dynamo.exc.UserError as e:  # dynamic shapes torch cannot keep: one line with its fix
         raise ProgramError(f"torch.export refused the dynamic shapes: {_one_line(e)}") from None
+    except Exception as e:  # noqa: BLE001 - the model's forward or torch.export failed on it: one line
+        where = _user_frame(e)
+        raise ProgramError(f"torch.export could not trace the module ({type(module).__name__}){where}: "
+                           f"{type(e).__name__}: {_first_line(e)}; shardlayout plans what torch.export can capture "
+                           "(a forward that runs with the example arguments alone, e.g. attention without "
+                           "FlexAttention block masks)") from None
+
+
+def _first_line(e: Exception) -> str:
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return lines[0][:300] if lines else "(no message)"
+
+
+def _user_frame(e: Exception) -> str:
+    """`` at FILE:LINE`` of the last frame of the traceback outside torch (the model's own line)."""
+    import traceback
+
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if "/torch/" not in f.filename]
+    return f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
 
 
 @contextlib.contextmanager
