@@ -97,10 +97,17 @@ def test_megatron_sp_and_auto_on_dp_tp(name):
     assert a.plan.verify().ok
 
 
-def test_a_library_custom_op_is_its_aten_twin():
-    """Mixtral's experts run ``transformers::grouped_mm_fallback`` (float32): torch's grouped mm."""
+def test_mixtral_experts_are_tensor_parallel_inside_each_expert():
+    """Mixtral's experts run ``transformers::grouped_mm_fallback`` (float32), read as torch's grouped
+    mm; under megatron each expert's fused gate|up is column-parallel per part and its down
+    row-parallel, the partial sums ride through the routing's combine to one all-reduce per layer."""
     _, prog = program("mixtral")
     targets = {op.target for op in prog.ops}
     assert "aten._grouped_mm.default" in targets and not any("transformers" in t for t in targets)
     p = plan(prog, TP2, style_pins(prog, TP2, "megatron"))
+    assert p.counts() == {("all_reduce", ("tp",)): 4}
+    for layer in (0, 1):
+        pre = f"model.layers.{layer}.mlp.experts."
+        assert str(p.shardings[pre + "gate_up_proj"]) == "[4, 2*tp*32, 32]"  # (experts, gate|up, in)
+        assert str(p.shardings[pre + "down_proj"]) == "[4, 32, tp*32]"  # (experts, out, in)
     assert p.verify().ok

@@ -247,7 +247,7 @@ def _indexing(name, inputs, params):
         from ..ops.families import index_letters
 
         dims, lx, li, out, _ = index_letters(x, list(inputs[1:]), params.get("indexed"))
-        return IndexMap((lx, *li), (out,), whole=frozenset(lx[d] for d in dims),
+        return IndexMap((lx, *li), (out,), whole=frozenset(lx[d] for d in dims), linear="first",
                         values=(None, *(("index", x.shape[d]) for d in dims)))
     if name in ("index_put", "_index_put_impl"):
         idx, vals = inputs[1], inputs[2]

@@ -1148,7 +1148,8 @@ def _advanced_index_rule(name, inputs, cost_model=None, tensor_dtype="float32", 
         dims, lx, li, out, lb = index_letters(x, idxs, indexed)
         b = _broadcast_shape([i.shape for i in idxs])
         sizes = dict(zip(lx, x.shape)) | dict(zip(lb, b))
-        fm = FactorMap(tuple([lx] + li), out, whole=frozenset(lx[d] for d in dims), broadcast=frozenset(lb))
+        fm = FactorMap(tuple([lx] + li), out, whole=frozenset(lx[d] for d in dims), broadcast=frozenset(lb),
+                       linear="first")  # rows of a partial sum are the partial sums of the rows
         return factor_map_result(name, tuple(inputs), fm, [tuple(sizes[ch] for ch in out)], *args)
     idx = inputs[1]
     lx = LETTERS[: x.ndim]

@@ -722,6 +722,65 @@ def derived(program: Program, names) -> frozenset:
     return frozenset(out)
 
 
+def expert_linears(program: Program, block: Block) -> tuple:
+    """``(first, last, outputs)`` of an ``experts`` block for tensor parallelism inside each
+    expert: its grouped weights as Linears of their batched matmul (``_grouped_mm(rows, w, offs)``
+    or ``bmm(rows, w)``: ``w``'s dims followed through permutes and views to the contracted and
+    the output features; fused gate|up counted as parts), *last* when its rows come from another
+    expert matmul's output, and the residual ``add`` each last one's output reaches through a
+    single path of ops. ``expert_linears(prog, b)[0][0].out_dim -> 1``"""
+    g = graph(program)
+    t = program.tensors
+    lins = []
+    for param in block.params:
+        stack = [(param, tuple(range(len(t[param].shape))))]
+        while stack:
+            name, dims = stack.pop()
+            for i in g.users(name):
+                op = g.op(i)
+                base = short(op)
+                if base in ("_grouped_mm", "bmm") and len(op.inputs) > 1 and op.inputs[1] == name \
+                        and len(dims) == 3 and None not in dims[1:] and dims[1] != dims[2]:
+                    out = op.outputs[0]
+                    lins.append(Linear(param, None, i, out, op.inputs[0], dims[1], dims[2], _fused_parts(g, out)))
+                elif base in VIEWS and op.inputs and op.inputs[0] == name and len(op.outputs) == 1:
+                    nd = track_dims(op, dims, t[name].shape, t[op.outputs[0]].shape)
+                    if nd is not None:
+                        stack.append((op.outputs[0], nd))
+    outputs = {lin.output for lin in lins}
+    last = tuple(lin for lin in lins if _reaches_back(g, lin.activation, outputs - {lin.output}))
+    first = tuple(lin for lin in lins if lin not in last)
+    outs = (_residual_after(g, lin.output) for lin in last)
+    return first, last, tuple(dict.fromkeys(o for o in outs if o is not None))
+
+
+def _reaches_back(g: Graph, t: str, targets: set, depth: int = 8) -> bool:
+    """Is ``t`` made from one of ``targets`` through at most ``depth`` pass-through ops?"""
+    todo = [(t, 0)]
+    while todo:
+        name, d = todo.pop()
+        if name in targets:
+            return True
+        i = g.producer.get(name)
+        if i is None or d >= depth or not g.passes(i):
+            continue
+        todo.extend((x, d + 1) for x in g.op(i).inputs if isinstance(x, str))
+    return False
+
+
+def _residual_after(g: Graph, t: str, depth: int = 16) -> str | None:
+    """The residual ``add`` (two tensor operands) ``t`` reaches along a single path of ops."""
+    for _ in range(depth):
+        users = [i for i in g.users(t) if g.op(i).outputs]
+        if len(users) != 1:
+            return None
+        op = g.op(users[0])
+        if short(op) == "add" and sum(isinstance(x, str) for x in op.inputs) == 2:
+            return op.outputs[0]
+        t = op.outputs[0]
+    return None
+
+
 def _feeds_batched(g: Graph, param: str) -> bool:
     """Does ``param`` reach a batched matmul (bmm, einsum, _grouped_mm) through views?"""
     seen, stack = set(), [param]

@@ -42,7 +42,7 @@ from ..errors import ShardingError, UnmatchedStyle
 from ..mesh import Mesh
 from ..sharding import Factor, Sharding
 from . import Program
-from .blocks import Block, Linear, Structure, derived, find_blocks, heads_of, short, weight_consumers
+from .blocks import Block, Linear, Structure, derived, expert_linears, find_blocks, heads_of, short, weight_consumers
 
 STYLES = ("dp", "megatron", "megatron-sp", "fsdp", "ep")
 
@@ -262,13 +262,25 @@ def _megatron(program: Program, mesh: Mesh, s: Structure, sequence: bool) -> Sty
             for x in b.inputs:
                 pins[x] = sharded(mesh, t[x].shape, {0: ["dp"]})
         pins[b.output] = _activation(mesh, t[b.output].shape, sequence and len(t[b.output].shape) >= 3)
+    for b in s.of_kind("experts"):  # tensor parallel inside each expert: gate|up column, down row
+        first, last, outputs = expert_linears(program, b)
+        if not (first and last):
+            continue
+        for lin in first:
+            pins.update(column(mesh, program, lin))
+        for lin in last:
+            pins.update(row(mesh, program, lin))
+        for out in outputs:
+            pins[out] = _activation(mesh, t[out].shape, sequence and len(t[out].shape) >= 3)
+        blocks += (b,)
     heads = [b for b in s.of_kind("head") if all(lin.weight not in pins for lin in b.first)]
     for b in heads:
         pins.update(column(mesh, program, b.first[0]))
         if sequence:
             for x in b.inputs:
                 pins[x] = sharded(mesh, t[x].shape, {0: ["dp"]})
-    matched = tuple(b for b in s.blocks if b.kind in ("attention", "mlp", "embedding", "norm") or b in heads)
+    matched = tuple(b for b in s.blocks if b.kind in ("attention", "mlp", "embedding", "norm") or b in heads
+                    or b in blocks)
     return StylePins(pins, matched)
 
 
