@@ -73,4 +73,17 @@ def mixtral():
                   num_experts_per_tok=2)
 
 
+
+
+
+def qwen3():
+    """Qwen3: RMSNorm on each head's q and k."""
+    return _build(hf.Qwen3Config, hf.Qwen3ForCausalLM, num_key_value_heads=2, head_dim=HIDDEN // HEADS)
+
+
+def qwen3_moe():
+    """Qwen3-MoE: 4 experts, top-2, every layer sparse."""
+    return _build(hf.Qwen3MoeConfig, hf.Qwen3MoeForCausalLM, num_key_value_heads=2, head_dim=HIDDEN // HEADS,
+                  num_experts=4, num_experts_per_tok=2, moe_intermediate_size=FFN, decoder_sparse_step=1,
+                  mlp_only_layers=[])
 make = llama

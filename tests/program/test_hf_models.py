@@ -58,7 +58,8 @@ def _megatron_dims(model, name: str):
     return (0, 1) if isinstance(module, torch.nn.Linear) else (1, 0)
 
 
-@pytest.mark.parametrize("name", ["llama", "mistral", "qwen2", "phi3", "gemma", "gpt2", "llama_masked"])
+@pytest.mark.parametrize("name", ["llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gpt2", "llama_masked",
+                                  "qwen3_moe"])
 def test_megatron_cuts_every_layer_weight_and_verifies(name):
     model, prog = program(name)
     p = plan(prog, TP2, style_pins(prog, TP2, "megatron"))

@@ -407,6 +407,28 @@ def find_linears(program: Program) -> tuple:
 # ------------------------------------------------------------------------------------------
 
 
+_HEAD_STATS = frozenset({"mean", "sum", "amax", "var", "var_mean"})
+
+
+def _per_head(g: Graph, i: int) -> bool:
+    """Is op ``i`` a statistic of each head (a norm of q or k per head, Qwen3's q_norm): a mean,
+    sum or max over the last dim only, kept, of a tensor of 4 or more dims ([b, s, heads, hd])?"""
+    op = g.op(i)
+    if short(op) not in _HEAD_STATS or not op.inputs or not isinstance(op.inputs[0], str):
+        return False
+    kw = op.kwargs()
+    n = len(g.program.tensors[op.inputs[0]].shape)
+    dims = kw.get("dim")
+    dims = [dims] if isinstance(dims, int) else list(dims or ())
+    return n >= 4 and bool(kw.get("keepdim")) and [_norm_dim(d, n) for d in dims] == [n - 1]
+
+
+def _passes_in_block(g: Graph, i: int) -> bool:
+    """Op ``i`` keeps a block's region open: it moves values, is a per-head statistic, or makes
+    nothing (a runtime check such as ``_assert_tensor_metadata``)."""
+    return i in g.through or not g.op(i).outputs or _per_head(g, i)
+
+
 def _closed(g: Graph, start: str, sinks: frozenset) -> bool:
     """Is every tensor derived from ``start`` through pointwise ops and views consumed only by
     such ops or by the ``sinks`` (op indices)?"""
@@ -417,7 +439,7 @@ def _closed(g: Graph, start: str, sinks: frozenset) -> bool:
             for i in g.users(t):
                 if i in sinks:
                     continue
-                if i not in g.through:
+                if not _passes_in_block(g, i):
                     return False
                 for o in g.program.ops[i].outputs:
                     if o not in seen:
@@ -436,13 +458,13 @@ def linears_behind(g: Graph, tensors, sinks: frozenset, by_output: dict) -> tupl
         if t in seen:
             continue
         seen.add(t)
-        if any(i not in sinks and i not in g.through for i in g.users(t)):
+        if any(i not in sinks and not _passes_in_block(g, i) for i in g.users(t)):
             continue  # no linear behind t is closed: what it derives reaches t's foreign use (keeps this walk local)
         if t in by_output:
             found.append(by_output[t])
             continue
         i = g.producer.get(t)
-        if i is None or i not in g.through:
+        if i is None or not _passes_in_block(g, i):
             continue
         stack.extend(x for x in g.program.ops[i].inputs if isinstance(x, str))
     found = sorted(set(found), key=lambda lin: lin.op)
