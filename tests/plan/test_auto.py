@@ -185,3 +185,49 @@ def test_a_solver_planner_disagreement_is_an_internal_error_not_bad_input(monkey
     assert main(["plan", "--mesh", "tp=2", "--style", "auto", "--layers", "1"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("shardlayout: error: internal error ModelMismatch:") and "--debug" in err
+
+
+def _with_idle_buffer(prog):
+    """``prog`` plus a buffer no op reads (as torch.export keeps a rotary table's original copy)."""
+    from shardlayout.program import Program
+
+    d = json.loads(prog.to_json())
+    d["tensors"].append({"dtype": "float32", "kind": "buffer", "name": "idle", "shape": [64]})
+    return Program.from_json(json.dumps(d))
+
+
+def test_an_input_no_op_reads_is_counted_in_memory_and_in_the_budget():
+    prog = _with_idle_buffer(llama(layers=1))
+    mesh = Mesh.parse("dp=2,tp=2")
+    a = auto_plan(prog, mesh)  # no ModelMismatch: the solver counts the idle buffer as plan() does
+    assert a.estimate.memory == estimate(a.plan).memory and "idle" in a.plan.shardings
+    with pytest.raises(NoPlanFits) as e:
+        auto_plan(prog, mesh, memory_per_device=1024)
+    assert "(1024 bytes)" in str(e.value)  # the user's budget, not the budget left after the idle buffer
+    smallest = e.value.smallest
+    assert auto_plan(prog, mesh, memory_per_device=smallest).estimate.memory <= smallest
+    with pytest.raises(NoPlanFits):
+        auto_plan(prog, mesh, memory_per_device=smallest - 1)
+
+
+def test_a_value_crossing_two_cuts_is_priced_once_by_the_chain():
+    """A runtime check right after a value's producer (torch.export's ``_assert_tensor_metadata``)
+    makes the value cross two cuts in a row; its readers stay in one block, so the chain's
+    optimum is the plan's estimate to the last bit (auto raises ModelMismatch otherwise)."""
+    from shardlayout.plan.chain import cuts
+    from shardlayout.program import Program
+
+    d = json.loads(llama(layers=2).to_json())
+    ops = []
+    for op in d["ops"]:
+        ops.append(op)
+        if op["target"] in ("add", "mul") and op["outputs"]:
+            ops.append({"inputs": [op["outputs"][0]], "name": op["name"] + ".check", "outputs": [], "params": {},
+                        "target": "_assert_tensor_metadata"})
+    d["ops"] = ops
+    prog = Program.from_json(json.dumps(d))
+    made = [t for _, t in cuts(prog)]
+    assert all(a != b for a, b in zip(made, made[1:]))
+    for budget in (None, "96KiB"):
+        a = auto_plan(prog, Mesh.parse("dp=2,tp=2"), memory_per_device=budget)
+        assert a.estimate.seconds == a.predicted

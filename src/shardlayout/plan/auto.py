@@ -314,8 +314,13 @@ def auto_plan(program, mesh: Mesh, pins: dict | None = None, memory_per_device=N
     ctx = Context.of(program, mesh, cm, training, rate, shared)
     doms = unify(domains(program, seeds, pins), slot_groups(segs))
     idle, idle_mem = _idle(program, doms, training)
-    found = _search(program, segs, doms, ctx, None if budget is None else budget - idle_mem, method, time_limit,
-                    seeds)
+    try:
+        found = _search(program, segs, doms, ctx, None if budget is None else budget - idle_mem, method, time_limit,
+                        seeds)
+    except NoPlanFits as e:
+        if not e.smallest:
+            raise
+        _no_fit(budget, e.smallest + idle_mem)  # the budgets the user gave and needs, idle inputs counted
     found = replace(found, assignment={**found.assignment, **idle}, memory=found.memory + idle_mem,
                     fastest_memory=found.fastest_memory + idle_mem)
     final = plan(program, mesh, found.assignment, cm)
