@@ -377,22 +377,19 @@ def _sympy_guard(text: str):
 
 
 def _decomposed(ep):
-    """``ep`` in core ATen. Where torch's own decomposition of a graph fails (GPT-2 under sdpa: the
-    decomposed attention returns other strides than the traced one, and a later ``view`` of it is
-    refused), attention is kept whole (``scaled_dot_product_attention`` has a rule) and the rest
-    decomposed; a second failure is one ``ProgramError`` line."""
+    """``ep`` in core ATen, attention kept whole: ``scaled_dot_product_attention`` has a rule, and
+    one op is what the per-rank program should run (torch's fused kernel, not its math path of
+    bmm + softmax + a mask rebuilt every step — and torch's decomposition of it can fail: GPT-2
+    under sdpa returns other strides than the traced graph). A failure is one ``ProgramError``."""
     import torch
 
+    table = torch.export.default_decompositions()
+    table.pop(torch.ops.aten.scaled_dot_product_attention.default, None)
     try:
-        return ep.run_decompositions()
-    except (ValueError, RuntimeError) as first:
-        table = torch.export.default_decompositions()
-        table.pop(torch.ops.aten.scaled_dot_product_attention.default, None)
-        try:
-            return ep.run_decompositions(table)
-        except (ValueError, RuntimeError):
-            raise ProgramError(f"torch could not decompose the exported program to core ATen: "
-                               f"{type(first).__name__}: {_one_line(first)}") from None
+        return ep.run_decompositions(table)
+    except (ValueError, RuntimeError) as e:
+        raise ProgramError(f"torch could not decompose the exported program to core ATen: "
+                           f"{type(e).__name__}: {_first_line(e)}") from None
 
 
 def from_exported(ep, decompose: bool = True, dim_names: dict | None = None) -> Program:
