@@ -320,3 +320,22 @@ def test_plan_of_a_deep_llama_says_what_verify_covered(capsys):
     out = capsys.readouterr().out
     assert "total: 18 collectives (18 x all_reduce on tp)" in out and "layers.6.attn_out3" in out
     assert "verified on the compressed program (instances 0-3 and the last of 9); the other 4" in out
+
+
+def test_the_version_lives_in_one_place(capsys):
+    """``pyproject.toml`` reads the version from the package; the installed metadata, the package and
+    ``--version`` agree, and CHANGELOG.md has a section for it."""
+    import importlib.metadata
+    import re as _re
+    from pathlib import Path as _Path
+
+    import shardlayout
+
+    root = _Path(__file__).resolve().parents[1]
+    text = (root / "pyproject.toml").read_text()
+    assert 'dynamic = ["version"]' in text and not _re.search(r"^version\s*=\s*\"", text, _re.M)
+    assert importlib.metadata.version("shardlayout") == shardlayout.__version__
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert capsys.readouterr().out.strip() == f"shardlayout {shardlayout.__version__}"
+    assert f"## {shardlayout.__version__}" in (root / "CHANGELOG.md").read_text()
