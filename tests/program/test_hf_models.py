@@ -112,3 +112,13 @@ def test_mixtral_experts_are_tensor_parallel_inside_each_expert():
         assert str(p.shardings[pre + "gate_up_proj"]) == "[4, 2*tp*32, 32]"  # (experts, gate|up, in)
         assert str(p.shardings[pre + "down_proj"]) == "[4, 32, tp*32]"  # (experts, out, in)
     assert p.verify().ok
+
+
+def test_megatron_sp_gathers_the_routed_tokens_once_per_moe_layer():
+    """Under megatron-sp the tokens the router and the experts read are gathered once (not the
+    router's outputs one by one): one all_gather before and one reduce_scatter after each block."""
+    _, prog = program("qwen3_moe")
+    p = plan(prog, TP2, style_pins(prog, TP2, "megatron-sp"))
+    assert p.counts() == {("all_gather", ("tp",)): 4, ("reduce_scatter", ("tp",)): 4}
+    assert p.verify().ok
+

@@ -776,6 +776,25 @@ def expert_linears(program: Program, block: Block) -> tuple:
     return first, last, tuple(dict.fromkeys(o for o in outs if o is not None))
 
 
+def routed_source(program: Program, lin: Linear) -> str | None:
+    """The tokens an expert matmul's rows are gathered from (``x`` of the ``index`` that routes
+    them, through views), or None: what Megatron-SP gathers once for the router and the experts."""
+    g = graph(program)
+    t = lin.activation
+    for _ in range(8):
+        i = g.producer.get(t)
+        if i is None:
+            return None
+        op = g.op(i)
+        base = short(op)
+        if base in ("index", "index_select") and isinstance(op.inputs[0], str):
+            return op.inputs[0]
+        if base not in VIEWS or not isinstance(op.inputs[0], str):
+            return None
+        t = op.inputs[0]
+    return None
+
+
 def _reaches_back(g: Graph, t: str, targets: set, depth: int = 8) -> bool:
     """Is ``t`` made from one of ``targets`` through at most ``depth`` pass-through ops?"""
     todo = [(t, 0)]

@@ -42,7 +42,18 @@ from ..errors import ShardingError, UnmatchedStyle
 from ..mesh import Mesh
 from ..sharding import Factor, Sharding
 from . import Program
-from .blocks import Block, Linear, Structure, derived, expert_linears, find_blocks, heads_of, short, weight_consumers
+from .blocks import (
+    Block,
+    Linear,
+    Structure,
+    derived,
+    expert_linears,
+    find_blocks,
+    heads_of,
+    routed_source,
+    short,
+    weight_consumers,
+)
 
 STYLES = ("dp", "megatron", "megatron-sp", "fsdp", "ep")
 
@@ -272,6 +283,10 @@ def _megatron(program: Program, mesh: Mesh, s: Structure, sequence: bool) -> Sty
             pins.update(row(mesh, program, lin))
         for out in outputs:
             pins[out] = _activation(mesh, t[out].shape, sequence and len(t[out].shape) >= 3)
+        if sequence:  # the routed tokens gathered once, before the router and the experts read them
+            for src in dict.fromkeys(routed_source(program, lin) for lin in first):
+                if src is not None:
+                    pins[src] = sharded(mesh, t[src].shape, {0: ["dp"]})
         blocks += (b,)
     heads = [b for b in s.of_kind("head") if all(lin.weight not in pins for lin in b.first)]
     for b in heads:
