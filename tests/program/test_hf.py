@@ -55,3 +55,16 @@ def test_bad_sources_are_one_line(argv, match, tiny, tmp_path, capsys):
     assert main(["plan", *argv, "--mesh", "tp=2"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("shardlayout: error:") and err.count("\n") == 1 and match in err, err
+
+
+def test_run_builds_the_same_class_on_the_cpu_with_weights(tiny):
+    """``run --hf`` needs values: the same class, built on the CPU and randomly initialised, with the
+    --size the plan uses."""
+    from argparse import Namespace
+
+    from shardlayout.jobs import hf_source
+
+    module, (ids,), dynamic = hf_source(Namespace(hf=str(tiny), size="batch=2,seq=8"), "cpu")
+    assert dynamic is None and tuple(ids.shape) == (2, 8)
+    assert {p.device.type for p in module.parameters()} == {"cpu"}
+    assert module(ids).logits.shape == (2, 8, 128)
