@@ -37,18 +37,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report import emit, table  # noqa: E402
+from report import emit, run_ranks, table  # noqa: E402
 
 ROUNDS = 3
 STEPS = 30
@@ -324,36 +321,10 @@ def _rank(rank: int, init: str, out_path: str, steps: int, seed: int) -> None:
 # --------------------------------------------------------------------------- driver side
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_inprocess(seed: int) -> dict:
     import multiprocessing as mp
 
-    ctx = mp.get_context("spawn")
-    with tempfile.TemporaryDirectory(prefix="bench-run-") as tmp:
-        out = os.path.join(tmp, "rank0.json")
-        init = f"tcp://127.0.0.1:{_free_port()}"
-        procs = [ctx.Process(target=_rank, args=(r, init, out, STEPS, seed), daemon=True) for r in range(WORLD)]
-        for p in procs:
-            p.start()
-        deadline = time.monotonic() + 150
-        while time.monotonic() < deadline and any(p.is_alive() for p in procs):
-            if any(p.exitcode not in (None, 0) for p in procs):
-                break  # a rank failed: stop the others rather than wait for their timeout
-            time.sleep(0.05)
-        bad = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode != 0]
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-            p.join()
-        if bad or not os.path.exists(out):
-            raise SystemExit(f"in-process run failed: ranks/exit codes {bad}")
-        with open(out) as fh:
-            return json.load(fh)
+    return run_ranks(mp.get_context("spawn"), _rank, (STEPS, seed), WORLD, 150, "in-process run")
 
 
 def run_cli(train: bool) -> dict:

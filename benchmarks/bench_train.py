@@ -50,18 +50,15 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
-import socket
 import statistics
 import sys
-import tempfile
 import time
 import traceback
 from datetime import timedelta
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report import emit, table  # noqa: E402
+from report import emit, run_ranks, table  # noqa: E402
 
 WORLD = 4
 LAYERS = 2
@@ -493,38 +490,13 @@ def _rank(rank: int, init: str, out_path: str, cfg: dict, steps: int, seed: int)
 # --------------------------------------------------------------------------- driver side
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_size(cfg: dict, steps: int, seed: int, timeout: float) -> dict:
     import multiprocessing as mp
 
     ctx = mp.get_context("forkserver")  # ranks fork from one server that imported torch once (as `run` does)
     ctx.set_forkserver_preload(["__main__", "torch", "torch.distributed", "torch.distributed.tensor.parallel",
                                 "shardlayout", "shardlayout.run.parallel", "shardlayout.program.torch_models"])
-    with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:
-        out = os.path.join(tmp, "rank0.json")
-        init = f"tcp://127.0.0.1:{_free_port()}"
-        procs = [ctx.Process(target=_rank, args=(r, init, out, cfg, steps, seed), daemon=True) for r in range(WORLD)]
-        for p in procs:
-            p.start()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and any(p.is_alive() for p in procs):
-            if any(p.exitcode not in (None, 0) for p in procs):
-                break  # a rank failed: stop the others rather than wait for their timeout
-            time.sleep(0.05)
-        bad = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode != 0]
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-            p.join()
-        if bad or not os.path.exists(out):
-            raise SystemExit(f"bench_train job {cfg} failed: ranks/exit codes {bad}")
-        with open(out) as fh:
-            return json.load(fh)
+    return run_ranks(ctx, _rank, (cfg, steps, seed), WORLD, timeout, f"bench_train job {cfg}")
 
 
 def _ms(v):

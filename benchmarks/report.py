@@ -58,3 +58,43 @@ def emit(name: str, method: str, header, rows, notes: str = "") -> str:
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{name}.md").write_text(text)
     return text
+
+
+def free_port() -> int:
+    """A TCP port free on this host now (the rendezvous of a benchmark's process group)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_ranks(ctx, target, args, world: int, timeout: float, what: str) -> dict:
+    """Start ``world`` ranks ``target(rank, init, out, *args)`` from the multiprocessing context
+    ``ctx``, wait (a failing rank stops the others at once) and return the JSON rank 0 wrote to
+    ``out``; ``SystemExit`` naming ``what`` and the exit codes when a rank fails or times out."""
+    import json
+    import tempfile
+    import time
+
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        out = os.path.join(tmp, "rank0.json")
+        init = f"tcp://127.0.0.1:{free_port()}"
+        procs = [ctx.Process(target=target, args=(r, init, out, *args), daemon=True) for r in range(world)]
+        for p in procs:
+            p.start()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and any(p.is_alive() for p in procs):
+            if any(p.exitcode not in (None, 0) for p in procs):
+                break  # a rank failed: stop the others rather than wait for their timeout
+            time.sleep(0.05)
+        bad = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode != 0]
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+            p.join()
+        if bad or not os.path.exists(out):
+            raise SystemExit(f"{what} failed: ranks/exit codes {bad}")
+        with open(out) as fh:
+            return json.load(fh)
+

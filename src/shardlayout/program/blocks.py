@@ -256,8 +256,9 @@ def track_dims(op, dims: tuple, in_shape: tuple, out_shape: tuple):
     return _same_nonunit(in_shape, out_shape, dims)
 
 
-def _weight_uses(g: Graph, param: str):
-    """``(op index, operand position, dims)`` of each matmul ``param`` reaches through views."""
+def _weight_uses(g: Graph, param: str, matmuls=MATMULS):
+    """``(op index, operand position, dims)`` of each matmul (of ``matmuls``) ``param`` reaches
+    through views; ``dims[k]``: the dim of ``param`` at the operand's dim ``k`` (None: none)."""
     t = g.program.tensors
     stack = [(param, tuple(range(len(t[param].shape))))]
     while stack:
@@ -265,7 +266,7 @@ def _weight_uses(g: Graph, param: str):
         for i in g.users(name):
             op = g.op(i)
             base = short(op)
-            if base in MATMULS:
+            if base in matmuls:
                 for pos, x in enumerate(op.inputs):
                     if x == name:
                         yield i, pos, dims
@@ -752,23 +753,13 @@ def expert_linears(program: Program, block: Block) -> tuple:
     expert matmul's output, and the residual ``add`` each last one's output reaches through a
     single path of ops. ``expert_linears(prog, b)[0][0].out_dim -> 1``"""
     g = graph(program)
-    t = program.tensors
     lins = []
     for param in block.params:
-        stack = [(param, tuple(range(len(t[param].shape))))]
-        while stack:
-            name, dims = stack.pop()
-            for i in g.users(name):
+        for i, pos, dims in _weight_uses(g, param, ("_grouped_mm", "bmm")):
+            if pos == 1 and len(dims) == 3 and None not in dims[1:] and dims[1] != dims[2]:
                 op = g.op(i)
-                base = short(op)
-                if base in ("_grouped_mm", "bmm") and len(op.inputs) > 1 and op.inputs[1] == name \
-                        and len(dims) == 3 and None not in dims[1:] and dims[1] != dims[2]:
-                    out = op.outputs[0]
-                    lins.append(Linear(param, None, i, out, op.inputs[0], dims[1], dims[2], _fused_parts(g, out)))
-                elif base in VIEWS and op.inputs and op.inputs[0] == name and len(op.outputs) == 1:
-                    nd = track_dims(op, dims, t[name].shape, t[op.outputs[0]].shape)
-                    if nd is not None:
-                        stack.append((op.outputs[0], nd))
+                out = op.outputs[0]
+                lins.append(Linear(param, None, i, out, op.inputs[0], dims[1], dims[2], _fused_parts(g, out)))
     outputs = {lin.output for lin in lins}
     last = tuple(lin for lin in lins if _reaches_back(g, lin.activation, outputs - {lin.output}))
     first = tuple(lin for lin in lins if lin not in last)

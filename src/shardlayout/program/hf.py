@@ -11,9 +11,11 @@ model id already in the local Hugging Face cache. The model class is the one the
 
 from __future__ import annotations
 
+import json
 import os
 
 from ..errors import ShardingError
+from .torch_import import _first_line
 
 
 class HfModelError(ShardingError):
@@ -28,11 +30,12 @@ def hf_config(source: str):
     except ImportError:
         raise HfModelError("--hf needs transformers: pip install 'shardlayout[hf]'") from None
     path = os.path.join(source, "config.json") if os.path.isdir(source) else source
+    if os.path.isdir(source) and not os.path.isfile(path):
+        raise HfModelError(f"--hf {source}: the directory holds no config.json; give the directory of a transformers "
+                           "checkpoint (config.json beside the weights) or the config.json itself")
     try:
         if os.path.isfile(path):
             with open(path) as f:
-                import json
-
                 data = json.load(f)
             kind = data.get("model_type") if isinstance(data, dict) else None
             if not kind:
@@ -46,9 +49,9 @@ def hf_config(source: str):
     except HfModelError:
         raise
     except (OSError, ValueError, KeyError, TypeError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise HfModelError(f"--hf {source}: not a transformers config ({first}); give a config.json, a directory "
-                           "with one, or a model id in the local Hugging Face cache (no download happens)") from None
+        raise HfModelError(f"--hf {source}: not a transformers config ({_first_line(e)}); give a config.json, a "
+                           "directory with one, or a model id in the local Hugging Face cache (no download happens)") \
+            from None
 
 
 def hf_model(source: str, batch: int = 1, seq: int = 128, device: str = "meta"):
@@ -70,8 +73,8 @@ def hf_model(source: str, batch: int = 1, seq: int = 128, device: str = "meta"):
         with torch.device(device):
             model = transformers.AutoModelForCausalLM.from_config(cfg)
     except ValueError as e:
-        first = str(e).strip().splitlines()[0]
-        raise HfModelError(f"--hf {source}: transformers builds no causal LM from this config ({first})") from None
+        raise HfModelError(f"--hf {source}: transformers builds no causal LM from this config ({_first_line(e)})") \
+            from None
     vocab = getattr(cfg, "vocab_size", None) or 2
     ids = torch.arange(batch * seq).reshape(batch, seq) % vocab
     return model.eval(), (ids,)
