@@ -23,6 +23,12 @@ def load_program(args):
     from .program import Program
     from .program.models import MODELS
 
+    for k, example in (("hf", "llama/config.json"), ("module", "model.py:make"), ("export", "model.pt2"),
+                       ("program", "program.json")):
+        v = getattr(args, k, None)
+        if v is not None and not str(v).strip():
+            raise ShardingError(f"--{k} {v!r}: an empty value names no model; give e.g. --{k} {example}, or drop --{k} "
+                                "for the built-in --model")
     sources = [f"--{k}" for k in ("hf", "module", "export", "program") if getattr(args, k, None)]
     if len(sources) > 1:
         raise ShardingError(f"{' and '.join(sources)}: give one model source")

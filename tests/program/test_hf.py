@@ -47,11 +47,15 @@ def test_plan_hf_megatron_counts_and_sizes(tiny, capsys):
     (["--hf", "{tiny}", "--module", "x.py:make"], "--hf and --module: give one model source"),
     (["--hf", "{bad}"], "has no \"model_type\""),
     (["--hf", "not-a-cached-model-id"], "not a transformers config"),
+    (["--hf", ""], "--hf '': an empty value names no model"),
+    (["--hf", "{empty_dir}"], "the directory holds no config.json"),
 ])
 def test_bad_sources_are_one_line(argv, match, tiny, tmp_path, capsys):
     bad = tmp_path / "config.json"
     bad.write_text(json.dumps({"hidden_size": 8}))
-    argv = [a.format(tiny=tiny, bad=bad) for a in argv]
+    empty_dir = tmp_path / "no-config"
+    empty_dir.mkdir()
+    argv = [a.format(tiny=tiny, bad=bad, empty_dir=empty_dir) for a in argv]
     assert main(["plan", *argv, "--mesh", "tp=2"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("shardlayout: error:") and err.count("\n") == 1 and match in err, err
