@@ -430,6 +430,15 @@ def make_gpt2(layers: int = 2):
     return GPT2(layers).eval(), (_tokens(),)
 
 
+def make_gpt2_tied(layers: int = 1):
+    """GPT-2 with its lm_head tied to the token embedding (as HF ties them): one parameter read by
+    the embedding and, transposed, by the head."""
+    torch.manual_seed(0)
+    model = GPT2(layers)
+    model.lm_head.weight = model.wte.weight
+    return model.eval(), (_tokens(),)
+
+
 def make_phi3(layers: int = 2):
     torch.manual_seed(0)
     return Phi3(layers).eval(), (_tokens(),)

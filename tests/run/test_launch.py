@@ -34,6 +34,9 @@ def run(*args, env=None):
     (["--module", "tests/program/zoo.py:make_titan_llama", "--tp-plan", "examples/titan_sp_tp.json", "--mesh",
       "tp=2"], None),
     (["--mesh", "tp=4", "--style", "megatron-sp", "--layers", "1", "--size", "seq=6"], None),
+    # a tied embedding on dp: the head's transpose reads the weight with a complete gradient (its
+    # output's is summed), the embedding with a partial one: only the embedding's is summed again
+    (["--module", "tests/program/zoo.py:make_gpt2_tied", "--mesh", "dp=2", "--style", "dp"], None),
 ])
 def test_training_step_equals_the_unsharded_run_and_executes_the_planned_collectives(args, planned):
     r = run(*args, "--json", "--dtype", "float64", "--train")

@@ -33,8 +33,10 @@ class Executor(Protocol):
     """Where a plan runs. ``op(opdef, inputs, params, outputs)`` runs one op on local values
     (inputs already moved to the op's targets; ``outputs`` are the output shardings) and
     returns one local value per output; ``collective(c, value)`` runs one collective;
-    ``use(tensor, target, value)`` sees a value once before its consumers under that target
-    (identity for the simulator; where a training run reduces the consumers' gradients).
+    ``use(reduction, value)`` sees a value once before the consumers that read it through one
+    gradient reduction (``reduction``: a key of ``plan.backward.gradient_reductions``, which a
+    training executor holds as ``reductions``; where it sums their partial gradients). An
+    executor without ``reductions`` (the simulator) is never asked.
     ``ranks``: the ranks whose pieces it holds; ``chunk`` / ``join`` take a stream chunk of a
     value and put chunks back together (``execute.stream``)."""
 
@@ -44,7 +46,7 @@ class Executor(Protocol):
 
     def collective(self, c, value): ...
 
-    def use(self, tensor: str, target, value): ...
+    def use(self, reduction: tuple, value): ...
 
     def chunk(self, value, dim: int, positions: dict): ...
 
@@ -57,19 +59,27 @@ def walk(plan, executor: Executor, inputs: dict, streams=()):
     every program input to its local value in its planned sharding. ``streams``: segments
     (``execute.stream.segments``) run chunk by chunk — the same values, the work in stream order."""
     from ..ops.registry import get_op
+    from ..plan.backward import reduction_at
     from .stream import run_segment
 
     opdefs = {op.target: get_op(op.target) for op in plan.program.ops}
     values = dict(inputs)
     moved: dict = {}  # (tensor, target) -> value: one move serves every consumer, as planned
+    through = reduction_at(getattr(executor, "reductions", None) or {})  # (op, input) -> reduction
+    summed: dict = {}  # reduction -> value: one gradient sum serves all its readers
 
-    def fetch(name, tgt):
+    def fetch(name, tgt, reader=None):
         if (name, tgt) not in moved:
             v = values[name]
             for c in plan.moves.get((name, tgt), ()) if tgt != plan.shardings[name] else ():
                 v = executor.collective(c, v)
-            moved[(name, tgt)] = executor.use(name, tgt, v)
-        return moved[(name, tgt)]
+            moved[(name, tgt)] = v
+        key = through.get(reader)
+        if key is None:
+            return moved[(name, tgt)]
+        if key not in summed:
+            summed[key] = executor.use(key, moved[(name, tgt)])
+        return summed[key]
 
     in_segment = {i: seg for seg in streams for i in seg.ops}
     made: dict = {}
@@ -79,11 +89,11 @@ def walk(plan, executor: Executor, inputs: dict, streams=()):
             if i == seg.first:
                 got, done = run_segment(plan, seg, executor, fetch, opdefs)
                 made.update(got)
-                moved.update({k: executor.use(k[0], k[1], v) for k, v in done.items()})
+                moved.update(done)
             outs = [made.pop(name) for name in op.outputs]
         else:
-            local = [fetch(name, tgt) if isinstance(name, str) else name
-                     for name, tgt in zip(op.inputs, po.input_targets)]
+            local = [fetch(name, tgt, (i, k)) if isinstance(name, str) else name
+                     for k, (name, tgt) in enumerate(zip(op.inputs, po.input_targets))]
             params = {**po.params, **dict(po.local)} if po.local else po.params
             outs = executor.op(opdefs[op.target], local, params, po.outputs)
         for name, s, v in zip(op.outputs, po.outputs, outs):

@@ -136,8 +136,8 @@ class NumpySimulator:
             return {r: ragged_collective_piece(c, r, value, group_of(self.mesh, r, c.axes)) for r in self.mesh.ranks()}
         return run_collective(c, value)
 
-    def use(self, tensor: str, target, value: dict) -> dict:
-        """A value before its consumers: nothing to do in a forward simulation."""
+    def use(self, reduction: tuple, value: dict) -> dict:
+        """A value before its consumers' gradient sum: nothing to do in a forward simulation."""
         return value
 
     def chunk(self, value: dict, dim: int, positions: dict) -> dict:

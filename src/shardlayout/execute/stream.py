@@ -452,9 +452,9 @@ def chunk_sharding(s: Sharding, dim: int, n: int, k: int) -> Sharding:
 
 
 def run_segment(plan, seg: Segment, executor, fetch, opdefs: dict) -> tuple:
-    """Run ``seg`` chunk by chunk with ``executor`` (module docstring). ``fetch(name, target)``
-    gives the local value of an input the segment does not make, moved to ``target`` as the walk
-    moves it. Returns ``(made, moved)``: the local value of every tensor the segment's ops make,
+    """Run ``seg`` chunk by chunk with ``executor`` (module docstring). ``fetch(name, target,
+    (op index, input position))`` gives the local value of an input the segment does not make,
+    moved to ``target`` as the walk moves it (and through that reader's gradient reduction). Returns ``(made, moved)``: the local value of every tensor the segment's ops make,
     and of its chunked move's result ``{(tensor, target): value}`` — each equal to the whole run's."""
     prog = plan.program
     ranks = executor.ranks  # the ranks whose pieces this executor holds
@@ -482,9 +482,9 @@ def run_segment(plan, seg: Segment, executor, fetch, opdefs: dict) -> tuple:
 
     whole = {}
     for i in seg.ops:  # inputs from outside the segment, moved whole as the walk moves them
-        for name, tgt in zip(prog.ops[i].inputs, plan.ops[i].input_targets):
+        for k, (name, tgt) in enumerate(zip(prog.ops[i].inputs, plan.ops[i].input_targets)):
             if isinstance(name, str) and name not in inside and (name, tgt) != seg.before:
-                whole[(name, tgt)] = fetch(name, tgt)
+                whole[(i, k)] = fetch(name, tgt, (i, k))
     pending: dict = {}  # chunk -> its issued move (the pipeline: chunk j + 1 moves while chunk j computes)
     if seg.before is not None:
         x_name = seg.before[0]
@@ -505,13 +505,13 @@ def run_segment(plan, seg: Segment, executor, fetch, opdefs: dict) -> tuple:
         for i in seg.ops:
             op, po = prog.ops[i], plan.ops[i]
             args = []
-            for name, tgt in zip(op.inputs, po.input_targets):
+            for k, (name, tgt) in enumerate(zip(op.inputs, po.input_targets)):
                 if not isinstance(name, str):
                     args.append(name)
                 elif (name, tgt) in local:
                     args.append(local[(name, tgt)])
                 else:
-                    full = whole[(name, tgt)]
+                    full = whole[(i, k)]
                     args.append(pick(full, tgt, name, j) if name in seg.dims else full)
             outs = tuple(chunk_sharding(s, seg.dims[o], len(seg.positions[o][j]), seg.k)
                          for o, s in zip(op.outputs, po.outputs))

@@ -6,21 +6,24 @@ Convention: every rank holds the *complete* gradient of each value it holds (a r
 tensor's gradient is replicated, not a partial sum). A local op leaves the gradient of an input
 *partial* over the mesh axes that shard the op's other operands or outputs but not that input
 (a replicated ``z`` feeding a column-parallel matmul: each rank's ``grad z`` is its weight
-shard's contribution). Those partial gradients are summed once per consumed value — all of its
-consumers' contributions together — by one ``all_reduce`` over exactly those axes: for a Llama
-block that is Megatron's "f" (one all-reduce for q, k and v together), and for a weight
-replicated on a data-parallel axis it is the gradient sync. The forward collectives' adjoints
-follow the same convention: an all-reduce's and an all-gather's need no communication, a
-reduce-scatter's is an all-gather, an all-to-all's the reverse all-to-all, and a local slice's
-completes the gradient over the axes it sliced on (one all-reduce).
+shard's contribution). Those partial gradients are summed by one ``all_reduce`` per consumed
+value and set of axes — all the consumers whose contributions arrive partial over exactly those
+axes together, and no other: for a Llama block that is Megatron's "f" (one all-reduce for q, k
+and v together), and for a weight replicated on a data-parallel axis it is the gradient sync. A
+consumer whose contribution is already complete (a residual add beside the column matmul, a
+tied weight's transpose whose output is reduced further on) reads the value before the sum: an
+all-reduce of a complete gradient would multiply it by the group's size. The forward
+collectives' adjoints follow the same convention: an all-reduce's and an all-gather's need no
+communication, a reduce-scatter's is an all-gather, an all-to-all's the reverse all-to-all, and
+a local slice's completes the gradient over the axes it sliced on (one all-reduce).
 
     >>> from shardlayout import Mesh
     >>> from shardlayout.plan import plan
     >>> from shardlayout.program.models import llama, style_pins
     >>> prog = llama(layers=1); m = Mesh.parse("tp=2")
     >>> bw = gradient_reductions(plan(prog, m, style_pins(prog, m, "megatron")))
-    >>> sorted((name, [p.axis for p in axes]) for (name, _), axes in bw.items())
-    [('layers.0.attn_in', ['tp']), ('layers.0.mlp_in', ['tp'])]
+    >>> sorted((name, [p.axis for p in axes], len(readers)) for (name, _, axes), readers in bw.items())
+    [('layers.0.attn_in', ['tp'], 3), ('layers.0.mlp_in', ['tp'], 2)]
 """
 
 from __future__ import annotations
@@ -64,17 +67,25 @@ def _axes_of(s) -> set:
 
 
 def gradient_reductions(plan, needs=None) -> dict:
-    """``{(tensor, target): (AxisPiece, ...)}``: the axes over which the gradient of a consumed
-    value arrives partial and is all-reduced (whole axes, mesh order); only for tensors in
-    ``needs`` (default: ``grad_tensors``, those whose gradient the backward computes)."""
+    """``{(tensor, target, pieces): readers}``: one gradient all-reduce over the axis ``pieces``
+    (whole axes, mesh order) for the consumers ``readers`` (``(op index, input position)``
+    pairs) that read ``tensor`` at ``target`` and leave its gradient partial over exactly those
+    axes; only for tensors in ``needs`` (default: ``grad_tensors``, those whose gradient the
+    backward computes). A consumer in no entry reads the value as it is (its gradient complete)."""
     needs = grad_tensors(plan.program) if needs is None else needs
-    out: dict = {}
-    for op, po in zip(plan.program.ops, plan.ops):
-        for name, t, partial in op_reductions(op.inputs, po.input_targets, po.outputs, needs):
-            out.setdefault((name, t), set()).update(partial)
     order = {a: i for i, a in enumerate(plan.mesh.names)}
-    return {k: tuple(AxisPiece(a, plan.mesh.axis_size(a)) for a in sorted(v, key=order.get))
-            for k, v in out.items()}
+    out: dict = {}
+    for i, (op, po) in enumerate(zip(plan.program.ops, plan.ops)):
+        for k, name, t, partial in _partial_inputs(op.inputs, po.input_targets, po.outputs, needs):
+            pieces = tuple(AxisPiece(a, plan.mesh.axis_size(a)) for a in sorted(partial, key=order.get))
+            out.setdefault((name, t, pieces), []).append((i, k))
+    return {key: tuple(readers) for key, readers in out.items()}
+
+
+def reduction_at(reductions: dict) -> dict:
+    """``{(op index, input position): (tensor, target, pieces)}``: which gradient reduction of
+    ``gradient_reductions`` each consumer reads its input through."""
+    return {reader: key for key, readers in reductions.items() for reader in readers}
 
 
 def op_reductions(inputs, input_targets, outputs, needs) -> tuple:
@@ -83,19 +94,22 @@ def op_reductions(inputs, input_targets, outputs, needs) -> tuple:
     the axes that shard the op's other operands or outputs, or hold them partial (a replicated
     operand of a partial one — ``partial * w`` — gets a partial gradient), but not that input.
     ``op_reductions(("x",), (s,), (s,), {"x"}) -> ()`` when nothing else is sharded."""
+    return tuple((name, t, axes) for _, name, t, axes in _partial_inputs(inputs, input_targets, outputs, needs))
+
+
+def _partial_inputs(inputs, input_targets, outputs, needs):
+    """``op_reductions`` with each input's position: ``(k, tensor, target, axes)``."""
     shards = set()
     for t in input_targets:
         if hasattr(t, "dims"):
             shards |= _axes_of(t)
     for o in outputs:
         shards |= _axes_of(o)
-    out = []
-    for name, t in zip(inputs, input_targets):
+    for k, (name, t) in enumerate(zip(inputs, input_targets)):
         if isinstance(name, str) and name in needs:
             partial = shards - _axes_of(t)
             if partial:
-                out.append((name, t, frozenset(partial)))
-    return tuple(out)
+                yield k, name, t, frozenset(partial)
 
 
 def slice_completions(c) -> tuple:
@@ -111,10 +125,11 @@ def training_pieces(plan, reductions: dict) -> set:
     """Axis-piece tuples the backward pass reduces over (gradient sums, local slices' completions)."""
     from ..sharding.collective import CollectiveKind
 
-    out = set(reductions.values())
+    out = {pieces for _, _, pieces in reductions}
     for moves in plan.moves.values():
         out |= {slice_completions(c) for c in moves if c.kind is CollectiveKind.LOCAL}
     return {p for p in out if p}
 
 
-__all__ = ["grad_tensors", "gradient_reductions", "op_reductions", "slice_completions", "training_pieces"]
+__all__ = ["grad_tensors", "gradient_reductions", "op_reductions", "reduction_at", "slice_completions",
+           "training_pieces"]

@@ -288,11 +288,10 @@ def step_terms(plan, training: str = "adam", flop_rate: float | None = None) -> 
         fwd.extend(f)
         bwd.extend(b)
     if grads:
-        reductions: dict = {}
-        for op, po in zip(prog.ops, plan.ops):
-            for name, t, axes in op_reductions(op.inputs, po.input_targets, po.outputs, grads):
-                reductions[(name, t)] = reductions.get((name, t), frozenset()) | axes
-        bwd.extend(reduction_seconds(t, axes, prog.tensors[name].dtype, cm) for (name, t), axes in reductions.items())
+        reductions = {r for op, po in zip(prog.ops, plan.ops)
+                      for r in op_reductions(op.inputs, po.input_targets, po.outputs, grads)}
+        bwd.extend(reduction_seconds(t, axes, prog.tensors[name].dtype, cm)
+                   for name, t, axes in reductions)
     for op, po in zip(prog.ops, plan.ops):
         comp.append(compute_seconds(op_flops(op.target, po.params, po.input_targets, po.outputs), training, rate))
     return tuple(fwd), tuple(bwd), tuple(comp)

@@ -6,7 +6,8 @@ Variables (all in [0, 1]):
     x[t, s]        tensor t takes sharding s (binary; one per tensor)
     y[o, c]        op o runs combination c of its tensors' shardings (one per op)
     m[t, s, d]     t, held as s, is moved to target d (paid once, whichever consumers need it)
-    g[t, d, U]     the gradient of t at target d is all-reduced over the axis set U (at most one U)
+    g[t, d, A]     the gradient of t at target d is all-reduced over the axis set A (the sum of
+                   the consumers whose contributions arrive partial over exactly A)
 
 Constraints:
 
@@ -14,14 +15,13 @@ Constraints:
     sum_c y[o, c] = 1                          every op one combination
     sum_{c: c_t = s} y[o, c] = x[t, s]         a combination agrees with its tensors
     m[t, s, d] >= sum_{c: moves t s->d} y[o, c]            for each consumer o
-    sum_{U ⊇ A} g[t, d, U] >= sum_{c: reduces t at d over A} y[o, c]    for each consumer o
-    sum_U g[t, d, U] <= 1
+    g[t, d, A] >= sum_{c: reduces t at d over A} y[o, c]   for each consumer o
     sum_{t, s} memory[t, s] x[t, s] <= budget  (optional)
 
-Objective: ``sum own[c] y + sum price(s->d) m + sum allreduce(U, d) g`` — the step time of
+Objective: ``sum own[c] y + sum price(s->d) m + sum allreduce(A, d) g`` — the step time of
 ``plan.estimate``. With x integral, y is integral too (each op's combination is the one its
-tensors' shardings name), m is 1 exactly for the moves the plan makes and g picks the union of
-the reductions' axes (an all-reduce's price only grows with its axes), so the optimum of the
+tensors' shardings name), m and g are 1 exactly for the moves and gradient sums the plan
+makes, so the optimum of the
 program is the minimum of the estimate over the space, and only x need be declared integer.
 Seconds enter as microseconds and bytes as KiB (exact: a power of two), with HiGHS's gaps set
 to 0, so ``gap`` is 0 when HiGHS proves optimality. Each solve runs the LP relaxation first and
@@ -41,7 +41,6 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
-from itertools import combinations
 
 from ..errors import ShardingError
 
@@ -134,7 +133,7 @@ def build(tables, domains: dict, memory: dict, prices: Prices | None) -> Model:
             for t, s, d in cb.moves:
                 need_m.setdefault((t, s, d), {}).setdefault(tb.index, []).append(c)
             for t, d, axes in cb.reductions:
-                need_g.setdefault((t, d), {}).setdefault((tb.index, axes), []).append(c)
+                need_g.setdefault((t, d, axes), {}).setdefault(tb.index, []).append(c)
         rows.append((1.0, 1.0, tuple(ys)))
         for t in tb.tensors:
             for s in domains[t]:
@@ -144,27 +143,13 @@ def build(tables, domains: dict, memory: dict, prices: Prices | None) -> Model:
         mcol[key] = c = col(math.fsum(sum(prices.move(*key), ())) * US)
         for ycs in by_op.values():
             rows.append((-math.inf, 0.0, tuple((y, 1.0) for y in ycs) + ((c, -1.0),)))
-    for (t, d), by in need_g.items():
-        needed = sorted({axes for _, axes in by}, key=sorted)
-        unions = _unions(needed)
-        for u in unions:
-            gcol[(t, d, u)] = col(prices.reduction(t, d, u) * US)
-        rows.append((-math.inf, 1.0, tuple((gcol[(t, d, u)], 1.0) for u in unions)))
-        for (_, axes), ycs in by.items():
-            sup = tuple((gcol[(t, d, u)], -1.0) for u in unions if axes <= u)
-            rows.append((-math.inf, 0.0, tuple((y, 1.0) for y in ycs) + sup))
+    for key, by_op in need_g.items():
+        gcol[key] = c = col(prices.reduction(*key) * US)
+        for ycs in by_op.values():
+            rows.append((-math.inf, 0.0, tuple((y, 1.0) for y in ycs) + ((c, -1.0),)))
     mem = tuple((xcol[k], b / KIB) for k, b in sorted(memory.items(), key=lambda kv: xcol.get(kv[0], -1))
                 if k in xcol and b)
     return Model(tuple(costs), tuple(lower), tuple(upper), tuple(integer), tuple(rows), xcol, ycol, mem, tensors)
-
-
-def _unions(sets: list) -> list:
-    """Every union of a non-empty subset of ``sets`` (frozensets), deduplicated, sorted."""
-    out = set()
-    for r in range(1, len(sets) + 1):
-        for group in combinations(sets, r):
-            out.add(frozenset().union(*group))
-    return sorted(out, key=lambda u: (len(u), sorted(u)))
 
 
 # ------------------------------------------------------------------------------------------

@@ -248,7 +248,7 @@ def memory_of(program, doms: dict, training: str, counted=None) -> dict:
 def evaluate(program, tables, assignment: dict, ctx: Context) -> tuple:
     """``(forward, backward, compute)`` float terms of the ops in ``tables`` under
     ``assignment`` (``{tensor: Sharding}``): each op's combo, input moves once per (tensor,
-    target), gradient reductions once per (tensor, target) over the union of their axes.
+    target), gradient reductions once per (tensor, target, axes) (``plan.backward``).
     ``math.fsum(sum(evaluate(prog, tables, p.shardings, ctx), ())) == estimate(p).seconds``"""
     fwd, bwd, comp = [], [], []
     moves, reductions = {}, {}
@@ -260,14 +260,13 @@ def evaluate(program, tables, assignment: dict, ctx: Context) -> tuple:
         comp.extend(combo.own[2])
         for name, src, dst in combo.moves:
             moves.setdefault((name, dst), src)
-        for name, tgt, axes in combo.reductions:
-            reductions[(name, tgt)] = reductions.get((name, tgt), frozenset()) | axes
+        reductions.update(dict.fromkeys(combo.reductions))
     cm = ctx.cost_model
     for (name, dst), src in moves.items():
         f, b = priced_move(src, dst, program.tensors[name].dtype, name in ctx.grads, cm)
         fwd.extend(f)
         bwd.extend(b)
-    for (name, tgt), axes in reductions.items():
+    for name, tgt, axes in reductions:
         bwd.append(priced_reduction(tgt, axes, program.tensors[name].dtype, cm))
     return tuple(fwd), tuple(bwd), tuple(comp)
 

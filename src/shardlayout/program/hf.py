@@ -56,7 +56,7 @@ def hf_config(source: str):
 
 def hf_model(source: str, batch: int = 1, seq: int = 128, device: str = "meta"):
     """``(module, (input_ids,))``: the causal-LM class ``source``'s config names, built on
-    ``device`` (``"meta"``: no memory for weights; ``"cpu"``: randomly initialised), in eval mode,
+    ``device`` (``"meta"``: no memory for weights; ``"cpu"``: randomly initialised, seed 0), in eval mode,
     and example token ids ``[batch, seq]``. ``hf_model("config.json", 8, 2048)``"""
     import torch
     import transformers
@@ -69,8 +69,9 @@ def hf_model(source: str, batch: int = 1, seq: int = 128, device: str = "meta"):
     if isinstance(limit, int) and seq > limit:
         raise HfModelError(f"--hf {source}: seq {seq} is longer than the model's max_position_embeddings {limit}; "
                            f"give --size seq={limit} or less")
-    try:
-        with torch.device(device):
+    try:  # seeded: every rank (and every run) builds the same random weights
+        with torch.random.fork_rng(devices=[]), torch.device(device):
+            torch.manual_seed(0)
             model = transformers.AutoModelForCausalLM.from_config(cfg)
     except ValueError as e:
         raise HfModelError(f"--hf {source}: transformers builds no causal LM from this config ({_first_line(e)})") \

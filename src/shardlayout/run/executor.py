@@ -50,7 +50,7 @@ class TorchRankExecutor:
     def __init__(self, mesh, rank: int, groups: dict, after_collective=None, reductions=None):
         self.mesh, self.rank, self.groups = mesh, rank, groups
         self.ranks = (rank,)  # the ranks whose pieces it holds: its own
-        self.reductions = reductions or {}  # (tensor, target) -> axis pieces its gradient is reduced over
+        self.reductions = reductions or {}  # plan.backward.gradient_reductions: (tensor, target, pieces) -> readers
         self.counts: dict = {}
         self.primitives: dict = {}  # the torch.distributed calls that actually ran, by name
         self.after_collective = after_collective
@@ -110,13 +110,12 @@ class TorchRankExecutor:
 
         return done
 
-    def use(self, tensor: str, target, value):
-        """Before its consumers: where their gradients arrive partial (``backward``), sum them."""
+    def use(self, reduction: tuple, value):
+        """Before the consumers that read it through ``reduction`` (``backward``): sum their
+        partial gradients over its axis pieces."""
         from .moves import GradSum
 
-        pieces = self.reductions.get((tensor, target))
-        if not pieces:
-            return value
+        pieces = reduction[2]
         if pieces not in self._sums:
             self._sums[pieces] = GradSum(pieces, self.groups)
         return self._sums[pieces](value)
