@@ -38,8 +38,9 @@ from . import Program
 
 VIEWS = frozenset({"view", "_unsafe_view", "view_copy", "reshape", "_reshape_alias", "alias", "clone", "contiguous",
                    "flatten", "unflatten", "squeeze", "unsqueeze", "permute", "transpose", "t", "movedim", "expand",
-                   "_to_copy", "detach", "lift_fresh_copy"})
-"""Ops that move no value (a cast keeps the value for this purpose)."""
+                   "_to_copy", "detach", "lift_fresh_copy", "view_as_complex", "view_as_real"})
+"""Ops that move no value (a cast keeps the value for this purpose; so does reading pairs of reals as
+complex numbers, as torchtitan's rotary embedding does)."""
 PLAIN_VIEWS = frozenset({"view", "_unsafe_view", "view_copy", "reshape", "_reshape_alias", "alias", "clone",
                          "contiguous", "expand", "_to_copy", "detach"})
 """Views that keep the dim order (the block input of a projection is found through these)."""
@@ -186,7 +187,9 @@ def graph(program: Program) -> Graph:
 def heads_of(program: Program, lin) -> int | None:
     """How many attention heads a Linear's output features hold: the view that splits its
     features into ``(heads, head_dim)`` (within three pass-through ops of the matmul), or None
-    when no such view follows. ``heads_of(prog, k_proj) -> 2`` (GQA: 2 kv heads)."""
+    when no such view follows. A q|k|v projection fused per kv group (torchtitan's ``wqkv``: a
+    view to ``(groups, r, head_dim)``, then a split of ``r``) holds ``groups``: a column cut must
+    keep whole groups. ``heads_of(prog, k_proj) -> 2`` (GQA: 2 kv heads)."""
     g = graph(program)
     features = program.tensors[lin.output].shape[-1]
     todo, seen = [(lin.output, 0)], set()
@@ -202,6 +205,9 @@ def heads_of(program: Program, lin) -> int | None:
             if short(op) in VIEWS and len(out) == len(src) + 1 and src[-1] == features \
                     and out[-2] * out[-1] == features and out[:-2] == src[:-1]:
                 return out[-2] // max(lin.parts, 1)
+            if short(op) in VIEWS and len(out) == len(src) + 2 and src[-1] == features \
+                    and out[-3] * out[-2] * out[-1] == features and out[:-3] == src[:-1] and out[-2] > 1:
+                return out[-3]  # (groups, r, head_dim): each group's q heads, k and v side by side
             if g.passes(i):
                 todo.extend((o, depth + 1) for o in op.outputs)
     return None

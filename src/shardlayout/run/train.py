@@ -116,15 +116,19 @@ def planned_functional(plan, reductions: dict) -> dict:
     return out
 
 
+MARGIN = 0.1  # the sharded run's own rounding is another sample of the same size: a tenth of what is allowed
+
+
 def _mark_noise(noise: dict, reference, inputs, G, lr: float, tol: float) -> None:
     """Add to ``noise`` (name -> bool mask) the parameter elements whose float32 gradient in
     ``reference`` (just computed) is too inexact for the parameter check: off the same gradient
-    computed in float64 from the same parameters by more than ``tol * max|p| / lr`` of itself.
+    computed in float64 from the same parameters by more than ``MARGIN * tol * max|p| / lr`` of
+    itself.
     AdamW divides a gradient by its own running magnitude, so an element's step carries its
     gradient's relative error times ``lr``; where that error is the unsharded model's own rounding
     (a true gradient near zero: the unrotated part of a key bias under softmax, whose float32 sign
-    is noise and whose step is +-lr either way), no two summation orders agree, and the check
-    skips those elements (the report counts them)."""
+    is noise and whose step is +-lr either way), no two summation orders agree: the check skips
+    those elements (the report counts them) and ``_align`` keeps them equal for the next step."""
     import torch
 
     exact = copy.deepcopy(reference).double()
@@ -138,9 +142,23 @@ def _mark_noise(noise: dict, reference, inputs, G, lr: float, tol: float) -> Non
         if p.grad is None or want[n].grad is None or not p.numel():
             continue
         g, g64 = p.grad.detach().double(), want[n].grad
-        allowed = min(0.5, tol * float(p.detach().abs().max()) / lr)
+        allowed = min(0.5, MARGIN * tol * float(p.detach().abs().max()) / lr)
         m = (g - g64).abs() > allowed * g64.abs()
         noise[n] = noise[n] | m if n in noise else m
+
+
+def _align(reference, pmod, noise: dict) -> None:
+    """Set the reference's ``noise`` elements to the parallel module's values: their step is
+    undetermined in float32, and left apart they would feed every later gradient two different
+    models; the parameter check skips them."""
+    import torch
+
+    ref = dict(reference.named_parameters())
+    with torch.no_grad():
+        for n, p in pmod.named_parameters():
+            m = noise.get(n)
+            if m is not None and bool(m.any()):
+                ref[n][m] = p.full_tensor()[m]
 
 
 class _default_dtype:
@@ -257,6 +275,8 @@ def train_main(rank: int, world: int, options: dict, result_path: str | None = N
             _mark_noise(noise, reference, inputs, G, ref_opt.param_groups[0]["lr"], tol)
         ref_opt.step()
         ref_opt.zero_grad(set_to_none=True)
+        if noise:
+            _align(reference, pmod, noise)
         ref_losses.append(float(ref_loss.detach()))
         scales.append(float(sum((o.detach() * g).abs().sum() for o, g in zip(ref_outs, G))))
         if options.get("progress") and rank == 0:
