@@ -43,7 +43,7 @@ PER_LAYER = {  # (family, style): counts; 2 layers, each one attention and one M
 }
 
 
-@pytest.mark.parametrize("family", ["hf_llama", "titan_llama", "gpt2", "vit", "phi3"])
+@pytest.mark.parametrize("family", ["hf_llama", "titan_llama", "titan3_llama", "gpt2", "vit", "phi3"])
 @pytest.mark.parametrize("style", sorted(PER_LAYER))
 def test_collectives_per_layer(family, style):
     assert _plan(family, style).counts() == PER_LAYER[style]
@@ -126,6 +126,19 @@ def test_phi3_slices_of_the_fused_qkv_move_nothing():
     slices = [op for op in p.ops if op.target.startswith("aten.slice") and op.local]
     assert len(slices) == 3 * L and all(str(op.outputs[0]) == "[dp, 8, tp*8]" for op in slices)
     assert p.verify().proven
+
+
+def test_titan3_wqkv_fused_per_kv_group_is_cut_by_whole_groups():
+    """torchtitan 0.3's ``wqkv`` holds each kv group's q heads, k and v side by side: a plain column
+    cut keeps whole groups (each rank's q heads with the k and v they read), so it is the column
+    weight; with fewer groups than ranks every rank holds them all and wo alone is cut."""
+    p = _plan("titan3_llama", "megatron")
+    assert _shardings(p, ["layers.0.attention.wqkv.weight", "layers.0.attention.wo.weight"]) == {
+        "layers.0.attention.wqkv.weight": "[tp*16, 16]", "layers.0.attention.wo.weight": "[16, tp*8]"}
+    tp4 = _plan("titan3_llama", "megatron", Mesh.parse("tp=4"))  # 2 kv groups on 4 ranks
+    assert _shardings(tp4, ["layers.0.attention.wqkv.weight", "layers.0.attention.wo.weight"]) == {
+        "layers.0.attention.wqkv.weight": "[32, 16]", "layers.0.attention.wo.weight": "[16, tp*4]"}
+    assert tp4.counts() == {("all_reduce", TP): 2 * L}
 
 
 def test_weight_shardings_vit_fused_qkv_unbound():

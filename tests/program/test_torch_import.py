@@ -74,3 +74,33 @@ def test_a_forward_torch_export_cannot_trace_is_one_line_naming_the_models_line(
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "torch.export could not trace the module (NeedsMask)" in err, err
     assert f"{f}:5" in err and "mask must be a BlockMask" in err, err
+
+
+def test_grouped_query_attention_imports_as_the_call_torch_computes():
+    """``scaled_dot_product_attention(..., enable_gqa=True)`` (k and v with fewer heads, as
+    torchtitan calls it) becomes k and v repeated to the query heads, then the plain call: run on
+    torch, the program gives the module's own output."""
+    import torch
+
+    from shardlayout import Mesh
+    from shardlayout.execute.verify import reference_run
+    from shardlayout.ops import canonical_op_name
+    from shardlayout.plan import plan
+    from shardlayout.run.torch_ops import torch_op
+
+    from .zoo import make_titan3_llama
+
+    model, (tokens,) = make_titan3_llama(1)
+    prog = from_torch(model, (tokens,))
+    sdpa = [op for op in prog.ops if canonical_op_name(op.target) == "scaled_dot_product_attention"]
+    assert sdpa and not any(dict(op.params).get("enable_gqa") for op in sdpa)
+    q, k = (prog.tensors[n].shape for n in sdpa[0].inputs[:2])
+    assert q[1] == k[1] == 4  # the kv heads repeated to the query heads
+    p = plan(prog, Mesh.parse("dp=1"))
+    values = {n: v.detach() for n, v in model.named_parameters()}
+    values.update({n: v for n, v in model.named_buffers()})
+    values[prog.inputs("input")[0]] = tokens
+    got = reference_run(p, values, torch_op, torch)[prog.outputs[0]]
+    with torch.no_grad():
+        want = model(tokens)
+    assert torch.allclose(got, want, atol=1e-5, rtol=1e-5)

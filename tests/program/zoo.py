@@ -4,6 +4,9 @@ styles: none uses this project's weight names.
     HFLlama      Hugging Face naming (``self_attn.q_proj``, ``mlp.gate_proj``), GQA, RoPE from an
                  ``inv_freq`` buffer, RMSNorm with casts, SDPA, an untied ``lm_head``
     TitanLlama   torchtitan naming (``attention.wq``, ``feed_forward.w1``), SDPA
+    Titan3Llama  torchtitan 0.3's Llama3 block: q|k|v fused per kv group in one ``wqkv`` (a view to
+                 ``(groups, heads_per_group + 2, head_dim)`` split on the middle dim), RoPE on
+                 complex numbers (``view_as_complex``), SDPA with ``enable_gqa=True``
     GPT2         fused ``c_attn`` (q|k|v, split), Conv1D-style ``(in, out)`` weights with biases
                  (``addmm``), attention written out (softmax(QK^T)V with a causal mask), tanh GELU
     MLPStack     residual MLP blocks only: one Linear pair with biases, one fused gate|up (chunk)
@@ -181,6 +184,49 @@ class TitanLlama(nn.Module):
         h = self.tok_embeddings(tokens)
         for layer in self.layers.values():
             h = layer(h, self.cos, self.sin)
+        return self.output(self.norm(h))
+
+
+class Titan3Attention(nn.Module):
+    def __init__(self, dim=DIM, heads=HEADS, kv_heads=HEADS // 2):
+        super().__init__()
+        self.hd, self.per_group = dim // heads, heads // kv_heads
+        self.wqkv = nn.Linear(dim, kv_heads * (self.per_group + 2) * self.hd, bias=False)
+        self.wo = nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x, freqs):
+        b, t, _ = x.shape
+        qkv = self.wqkv(x).view(b, t, -1, self.per_group + 2, self.hd)
+        q, k, v = torch.split(qkv, [self.per_group, 1, 1], dim=-2)
+        q, k, v = (y.reshape(b, t, -1, self.hd).contiguous() for y in (q, k, v))
+        q, k = (torch.view_as_real(torch.view_as_complex(y.float().reshape(b, t, -1, self.hd // 2, 2)) * freqs)
+                .flatten(3) for y in (q, k))
+        a = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+                                           enable_gqa=True)
+        return self.wo(a.transpose(1, 2).contiguous().flatten(2))
+
+
+class Titan3Block(TitanBlock):
+    def __init__(self):
+        super().__init__()
+        self.attention = Titan3Attention()
+
+
+class Titan3Llama(TitanLlama):
+    def __init__(self, layers: int = 2):
+        super().__init__(layers)
+        self.layers = nn.ModuleDict({str(i): Titan3Block() for i in range(layers)})
+        hd = DIM // HEADS
+        angles = torch.outer(torch.arange(SEQ).float(), 1.0 / 10000 ** (torch.arange(0, hd, 2).float() / hd))
+        self.register_buffer("freqs", torch.polar(torch.ones_like(angles), angles)[None, :, None, :],
+                             persistent=False)
+
+    def forward(self, tokens):
+        h = self.tok_embeddings(tokens)
+        for layer in self.layers.values():
+            x = layer.attention_norm(h)
+            h = h + layer.attention(x, self.freqs)
+            h = h + layer.feed_forward(layer.ffn_norm(h))
         return self.output(self.norm(h))
 
 
@@ -425,6 +471,11 @@ def make_titan_llama(layers: int = 2):
     return TitanLlama(layers).eval(), (_tokens(),)
 
 
+def make_titan3_llama(layers: int = 2):
+    torch.manual_seed(0)
+    return Titan3Llama(layers).eval(), (_tokens(),)
+
+
 def make_gpt2(layers: int = 2):
     torch.manual_seed(0)
     return GPT2(layers).eval(), (_tokens(),)
@@ -459,11 +510,12 @@ def make_convnet():
     return ConvNet().eval(), (torch.randn(BATCH, 3, 8, 8),)
 
 
-FAMILIES = {"hf_llama": make_hf_llama, "titan_llama": make_titan_llama, "gpt2": make_gpt2,
+FAMILIES = {"hf_llama": make_hf_llama, "titan_llama": make_titan_llama, "titan3_llama": make_titan3_llama,
+            "gpt2": make_gpt2,
             "mlp_stack": make_mlp_stack, "vit": make_vit, "convnet": make_convnet, "phi3": make_phi3}
 
 
-LAYERED = ("hf_llama", "titan_llama", "gpt2", "vit", "phi3")
+LAYERED = ("hf_llama", "titan_llama", "titan3_llama", "gpt2", "vit", "phi3")
 
 
 @functools.cache

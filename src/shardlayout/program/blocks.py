@@ -205,7 +205,7 @@ def heads_of(program: Program, lin) -> int | None:
             if short(op) in VIEWS and len(out) == len(src) + 1 and src[-1] == features \
                     and out[-2] * out[-1] == features and out[:-2] == src[:-1]:
                 return out[-2] // max(lin.parts, 1)
-            if short(op) in VIEWS and len(out) == len(src) + 2 and src[-1] == features \
+            if lin.parts <= 1 and short(op) in VIEWS and len(out) == len(src) + 2 and src[-1] == features \
                     and out[-3] * out[-2] * out[-1] == features and out[:-3] == src[:-1] and out[-2] > 1:
                 return out[-3]  # (groups, r, head_dim): each group's q heads, k and v side by side
             if g.passes(i):

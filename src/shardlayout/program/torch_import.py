@@ -480,6 +480,8 @@ def from_exported(ep, decompose: bool = True, dim_names: dict | None = None) -> 
                     names[node] = got
                     continue
             inputs, kwargs = _arguments(node, short, names, syms, b)
+            if kwargs.get("enable_gqa") and short == "scaled_dot_product_attention":
+                inputs, kwargs = _repeated_kv(node.name, inputs, kwargs, b)
             n_out = len(val) if isinstance(val, (list, tuple)) else 1
             vals = val if isinstance(val, (list, tuple)) else (val,)
             dtypes = [str(v.dtype).replace("torch.", "") if hasattr(v, "dtype") else None for v in vals]
@@ -517,6 +519,28 @@ def from_exported(ep, decompose: bool = True, dim_names: dict | None = None) -> 
     if loops.rows:
         check_loops_routed(prog, {names[r]: split.name for split, r in loops.rows.items()})
     return prog
+
+
+def _repeated_kv(node: str, inputs: list, kwargs: dict, b) -> tuple:
+    """Grouped-query attention (``enable_gqa=True``: k and v hold ``hk`` heads for ``hk * g``
+    query heads, query head ``i`` reading kv head ``i // g``) as the plain call torch computes:
+    k and v repeated to the query heads (``unsqueeze`` -> ``expand`` -> ``flatten``, as Hugging
+    Face's ``repeat_kv``), so the kv heads shard exactly as the query heads that read them."""
+    q, k = (b._tensors[n].shape for n in inputs[:2])
+    hq, hk = q[-3], k[-3]
+    if not isinstance(hq, int) or not isinstance(hk, int) or hk < 1 or hq % hk:
+        raise ProgramError(f"node {node!r} (scaled_dot_product_attention, enable_gqa): {hq} query heads are not a "
+                           f"multiple of {hk} kv heads")
+    g = hq // hk
+    if g == 1:
+        return inputs, {**kwargs, "enable_gqa": False}
+    out = list(inputs)
+    for j, which in ((1, "k"), (2, "v")):
+        x = b._op("aten.unsqueeze.default", [inputs[j]], f"{node}_{which}_groups", 1, None, {"dim": 2})
+        x = b._op("aten.expand.default", [x], f"{node}_{which}_expand", 1, None, {"size": [-1, -1, g, -1, -1]})
+        out[j] = b._op("aten.flatten.using_ints", [x], f"{node}_{which}_repeat", 1, None,
+                       {"start_dim": 1, "end_dim": 2})
+    return out, {**kwargs, "enable_gqa": False}
 
 
 class _Empty:
