@@ -106,3 +106,16 @@ def test_the_numeric_comparison_is_np_allclose(pairs):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         assert _close(got, want, 1e-6, 1e-6)[0] == np.allclose(got, want, rtol=1e-6, atol=1e-6, equal_nan=True)
+
+
+@given(st.lists(st.tuples(st.complex_numbers(max_magnitude=10), st.complex_numbers(max_magnitude=10)), min_size=1,
+                max_size=6))
+@settings(max_examples=100, deadline=None)
+def test_complex_values_are_compared_on_both_parts(pairs):
+    """Complex values (a rotary embedding written with view_as_complex) are compared as complex
+    numbers — an imaginary part that differs is a difference — exactly as np.allclose does."""
+    from shardlayout.execute.verify import _close
+
+    got, want = np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs])
+    assert _close(got, want, 1e-6, 1e-6)[0] == np.allclose(got, want, rtol=1e-6, atol=1e-6, equal_nan=True)
+    assert not _close(want + 1j, want, 1e-6, 1e-6)[0]

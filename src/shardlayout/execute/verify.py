@@ -251,7 +251,9 @@ def _operands(inputs: tuple, dtypes: tuple, imap: IndexMap | None, seed: int) ->
 
 
 def _close(got, want, rtol, atol) -> tuple:
-    got, want = np.asarray(got, dtype=float), np.asarray(want, dtype=float)
+    got, want = np.asarray(got), np.asarray(want)
+    kind = complex if np.iscomplexobj(got) or np.iscomplexobj(want) else float  # complex RoPE: both parts
+    got, want = got.astype(kind), want.astype(kind)
     if got.shape != want.shape:
         return False, float("inf")
     with np.errstate(invalid="ignore", over="ignore"):
