@@ -45,7 +45,10 @@ from datetime import timedelta
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from report import counts as _counts  # noqa: E402
 from report import emit, run_ranks, table  # noqa: E402
+from report import median_cell as _cell  # noqa: E402
+from report import ms as _ms  # noqa: E402
 
 ROUNDS = 3
 STEPS = 30
@@ -337,18 +340,6 @@ def run_cli(train: bool) -> dict:
     if not rep["equal"]:
         raise SystemExit(f"shardlayout run is not equal to the unsharded run: {rep}")
     return rep
-
-
-def _ms(v):
-    return f"{v * 1e3:.2f}"
-
-
-def _cell(xs):
-    return f"{_ms(statistics.median(xs))} ({_ms(min(xs))}–{_ms(max(xs))})"
-
-
-def _counts(d):
-    return " + ".join(f"{v} {k}" for k, v in sorted(d.items())) + f" = {sum(d.values())}" if d else "0"
 
 
 def main() -> int:

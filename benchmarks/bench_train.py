@@ -58,7 +58,8 @@ from datetime import timedelta
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report import emit, run_ranks, table  # noqa: E402
+from report import counts as _counts  # noqa: E402
+from report import emit, median_cell, run_ranks, table  # noqa: E402
 
 WORLD = 4
 LAYERS = 2
@@ -504,11 +505,7 @@ def _ms(v):
 
 
 def _cell(xs):
-    return f"{_ms(statistics.median(xs))} ({_ms(min(xs))}–{_ms(max(xs))})"
-
-
-def _counts(d):
-    return " + ".join(f"{v} {k}" for k, v in sorted(d.items())) + f" = {sum(d.values())}" if d else "0"
+    return median_cell(xs, _ms)
 
 
 def _size_label(cfg):

@@ -35,6 +35,21 @@ def spread(values, unit_scale: float = 1.0, digits: int = 3) -> str:
     return f"{statistics.median(v):.{digits}g} ({q[0]:.{digits}g}–{q[2]:.{digits}g})"
 
 
+def ms(v: float) -> str:
+    """Seconds as milliseconds, two decimals: ``ms(0.01234) -> '12.34'``."""
+    return f"{v * 1e3:.2f}"
+
+
+def median_cell(xs, fmt=ms) -> str:
+    """``median (min–max)`` of ``xs`` (seconds) in ``fmt``: ``median_cell([0.01, 0.02, 0.03])``."""
+    return f"{fmt(statistics.median(xs))} ({fmt(min(xs))}–{fmt(max(xs))})"
+
+
+def counts(d: dict) -> str:
+    """Collective counts as a sum: ``counts({"all_gather": 2, "all_reduce": 1})``."""
+    return " + ".join(f"{v} {k}" for k, v in sorted(d.items())) + f" = {sum(d.values())}" if d else "0"
+
+
 def machine() -> str:
     """One line naming the machine and the library versions the figures were taken with."""
     parts = [f"Python {platform.python_version()}", f"{os.cpu_count()} cores"]

@@ -34,9 +34,9 @@ class Executor(Protocol):
     (inputs already moved to the op's targets; ``outputs`` are the output shardings) and
     returns one local value per output; ``collective(c, value)`` runs one collective;
     ``use(reduction, value)`` sees a value once before the consumers that read it through one
-    gradient reduction (``reduction``: a key of ``plan.backward.gradient_reductions``, which a
-    training executor holds as ``reductions``; where it sums their partial gradients). An
-    executor without ``reductions`` (the simulator) is never asked.
+    gradient reduction (``reduction``: a key of ``plan.backward.gradient_reductions``; a training
+    executor holds ``readers``, its ``reduction_at``, and sums their partial gradients there). An
+    executor without ``readers`` (the simulator) is never asked.
     ``ranks``: the ranks whose pieces it holds; ``chunk`` / ``join`` take a stream chunk of a
     value and put chunks back together (``execute.stream``)."""
 
@@ -59,13 +59,12 @@ def walk(plan, executor: Executor, inputs: dict, streams=()):
     every program input to its local value in its planned sharding. ``streams``: segments
     (``execute.stream.segments``) run chunk by chunk — the same values, the work in stream order."""
     from ..ops.registry import get_op
-    from ..plan.backward import reduction_at
     from .stream import run_segment
 
     opdefs = {op.target: get_op(op.target) for op in plan.program.ops}
     values = dict(inputs)
     moved: dict = {}  # (tensor, target) -> value: one move serves every consumer, as planned
-    through = reduction_at(getattr(executor, "reductions", None) or {})  # (op, input) -> reduction
+    through = getattr(executor, "readers", None) or {}  # (op, input) -> its gradient reduction
     summed: dict = {}  # reduction -> value: one gradient sum serves all its readers
 
     def fetch(name, tgt, reader=None):

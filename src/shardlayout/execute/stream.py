@@ -452,9 +452,10 @@ def chunk_sharding(s: Sharding, dim: int, n: int, k: int) -> Sharding:
 
 
 def run_segment(plan, seg: Segment, executor, fetch, opdefs: dict) -> tuple:
-    """Run ``seg`` chunk by chunk with ``executor`` (module docstring). ``fetch(name, target,
-    (op index, input position))`` gives the local value of an input the segment does not make,
-    moved to ``target`` as the walk moves it (and through that reader's gradient reduction). Returns ``(made, moved)``: the local value of every tensor the segment's ops make,
+    """Run ``seg`` chunk by chunk with ``executor`` (module docstring).
+    ``fetch(name, target, (op index, input position))`` gives the local value of an input the
+    segment does not make, moved to ``target`` as the walk moves it (and through that reader's
+    gradient reduction). Returns ``(made, moved)``: the local value of every tensor the segment's ops make,
     and of its chunked move's result ``{(tensor, target): value}`` — each equal to the whole run's."""
     prog = plan.program
     ranks = executor.ranks  # the ranks whose pieces this executor holds

@@ -251,9 +251,8 @@ def _operands(inputs: tuple, dtypes: tuple, imap: IndexMap | None, seed: int) ->
 
 
 def _close(got, want, rtol, atol) -> tuple:
-    got, want = np.asarray(got), np.asarray(want)
     kind = complex if np.iscomplexobj(got) or np.iscomplexobj(want) else float  # complex RoPE: both parts
-    got, want = got.astype(kind), want.astype(kind)
+    got, want = np.asarray(got, dtype=kind), np.asarray(want, dtype=kind)
     if got.shape != want.shape:
         return False, float("inf")
     with np.errstate(invalid="ignore", over="ignore"):

@@ -53,7 +53,7 @@ from ..sharding.collective import AxisPiece, Collective, CollectiveKind
 from ..sharding.cost import itemsize
 from ..sharding.factors import ChunkProgram, digit_classes
 from ..sharding.shards import dim_length
-from .backward import grad_tensors, op_reductions, slice_completions
+from .backward import grad_tensors, gradient_reductions, slice_completions
 
 DEFAULT_FLOP_RATE = 100e12
 """FLOP/s of one device when none is given: 100 TFLOP/s (an A100's dense bf16 peak is 312; a
@@ -288,10 +288,8 @@ def step_terms(plan, training: str = "adam", flop_rate: float | None = None) -> 
         fwd.extend(f)
         bwd.extend(b)
     if grads:
-        reductions = {r for op, po in zip(prog.ops, plan.ops)
-                      for r in op_reductions(op.inputs, po.input_targets, po.outputs, grads)}
-        bwd.extend(reduction_seconds(t, axes, prog.tensors[name].dtype, cm)
-                   for name, t, axes in reductions)
+        bwd.extend(reduction_seconds(t, {pc.axis for pc in pieces}, prog.tensors[name].dtype, cm)
+                   for name, t, pieces in gradient_reductions(plan, grads))
     for op, po in zip(prog.ops, plan.ops):
         comp.append(compute_seconds(op_flops(op.target, po.params, po.input_targets, po.outputs), training, rate))
     return tuple(fwd), tuple(bwd), tuple(comp)

@@ -526,7 +526,10 @@ def _repeated_kv(node: str, inputs: list, kwargs: dict, b) -> tuple:
     query heads, query head ``i`` reading kv head ``i // g``) as the plain call torch computes:
     k and v repeated to the query heads (``unsqueeze`` -> ``expand`` -> ``flatten``, as Hugging
     Face's ``repeat_kv``), so the kv heads shard exactly as the query heads that read them."""
-    q, k = (b._tensors[n].shape for n in inputs[:2])
+    q, k, v = (b._tensors[n].shape for n in inputs[:3])
+    if not len(q) == len(k) == len(v) == 4:
+        raise ProgramError(f"node {node!r} (scaled_dot_product_attention, enable_gqa): q {q}, k {k}, v {v} must be "
+                           "[batch, heads, seq, head_dim]; call it with 4-D q, k and v")
     hq, hk = q[-3], k[-3]
     if not isinstance(hq, int) or not isinstance(hk, int) or hk < 1 or hq % hk:
         raise ProgramError(f"node {node!r} (scaled_dot_product_attention, enable_gqa): {hq} query heads are not a "

@@ -7,8 +7,14 @@ here for the runner.
     'shardlayout.plan.backward'
 """
 
-from ..plan.backward import (grad_tensors, gradient_reductions, op_reductions, reduction_at, slice_completions,
-                             training_pieces)
+from ..plan.backward import (
+                             grad_tensors,
+                             gradient_reductions,
+                             op_reductions,
+                             reduction_at,
+                             slice_completions,
+                             training_pieces,
+)
 
 __all__ = ["grad_tensors", "gradient_reductions", "op_reductions", "reduction_at", "slice_completions",
            "training_pieces"]

@@ -17,6 +17,7 @@ from ..ops.ragged import RAGGED_OPS, run_nested
 from ..ops.result import at_rank
 from ..sharding.collective import CollectiveKind
 from ..sharding.nested import Nested
+from .backward import reduction_at
 from .moves import plan_groups
 from .ragged import ragged_exchange
 from .torch_ops import torch_op
@@ -51,6 +52,7 @@ class TorchRankExecutor:
         self.mesh, self.rank, self.groups = mesh, rank, groups
         self.ranks = (rank,)  # the ranks whose pieces it holds: its own
         self.reductions = reductions or {}  # plan.backward.gradient_reductions: (tensor, target, pieces) -> readers
+        self.readers = reduction_at(self.reductions)  # (op index, input position) -> its reduction (walk)
         self.counts: dict = {}
         self.primitives: dict = {}  # the torch.distributed calls that actually ran, by name
         self.after_collective = after_collective

@@ -19,6 +19,7 @@ from __future__ import annotations
 import itertools
 
 from ..errors import RunError, ShardingError
+from .backward import reduction_at
 
 _SHAPES: dict = {}  # placeholder key -> the local shape its real op returns (tracing only)
 _KEYS = itertools.count()
@@ -56,6 +57,7 @@ class _Recorder:
     def __init__(self, plan, rank: int, reductions: dict):
         self.mesh, self.rank, self.ranks = plan.mesh, rank, (rank,)
         self.reductions = reductions
+        self.readers = reduction_at(self.reductions)  # (op index, input position) -> its reduction (walk)
         self.moves: dict = {}  # key -> Collective
         self.sums: dict = {}  # key -> axis pieces
 

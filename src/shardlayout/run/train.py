@@ -119,7 +119,7 @@ def planned_functional(plan, reductions: dict) -> dict:
 MARGIN = 0.1  # the sharded run's own rounding is another sample of the same size: a tenth of what is allowed
 
 
-def _mark_noise(noise: dict, reference, inputs, G, lr: float, tol: float) -> None:
+def _mark_noise(noise: dict, reference, exact, inputs, G, lr: float, tol: float) -> None:
     """Add to ``noise`` (name -> bool mask) the parameter elements whose float32 gradient in
     ``reference`` (just computed) is too inexact for the parameter check: off the same gradient
     computed in float64 from the same parameters by more than ``MARGIN * tol * max|p| / lr`` of
@@ -128,15 +128,23 @@ def _mark_noise(noise: dict, reference, inputs, G, lr: float, tol: float) -> Non
     gradient's relative error times ``lr``; where that error is the unsharded model's own rounding
     (a true gradient near zero: the unrotated part of a key bias under softmax, whose float32 sign
     is noise and whose step is +-lr either way), no two summation orders agree: the check skips
-    those elements (the report counts them) and ``_align`` keeps them equal for the next step."""
+    those elements (the report counts them) and ``_align`` keeps them equal for the next step.
+    ``exact``: a float64 copy of ``reference`` made once; its parameters are set to the reference's
+    here."""
     import torch
 
-    exact = copy.deepcopy(reference).double()
+    with torch.no_grad():
+        for p64, p in zip(exact.parameters(), reference.parameters()):
+            p64.copy_(p)
     exact.zero_grad(set_to_none=True)
     args = tuple(a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in inputs)
-    with _default_dtype(torch.float64):
+    was = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)  # tensors the forward makes (positions, masks) in float64 too
+    try:
         out = _tensors(exact(*args))
         sum((o * g.double()).sum() for o, g in zip(out, G)).backward()
+    finally:
+        torch.set_default_dtype(was)
     want = dict(exact.named_parameters())
     for n, p in reference.named_parameters():
         if p.grad is None or want[n].grad is None or not p.numel():
@@ -150,31 +158,23 @@ def _mark_noise(noise: dict, reference, inputs, G, lr: float, tol: float) -> Non
 def _align(reference, pmod, noise: dict) -> None:
     """Set the reference's ``noise`` elements to the parallel module's values: their step is
     undetermined in float32, and left apart they would feed every later gradient two different
-    models; the parameter check skips them."""
+    models; the parameter check skips them. Which parameters to gather is decided by every rank
+    together (one all-reduce of the flags), so no rank waits in a gather another skips."""
     import torch
+    import torch.distributed as dist
 
     ref = dict(reference.named_parameters())
+    names = [n for n, _ in pmod.named_parameters()]
+    flags = torch.tensor([float(n in noise and bool(noise[n].any())) for n in names], dtype=torch.float64)
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
     with torch.no_grad():
-        for n, p in pmod.named_parameters():
-            m = noise.get(n)
-            if m is not None and bool(m.any()):
-                ref[n][m] = p.full_tensor()[m]
-
-
-class _default_dtype:
-    def __init__(self, dtype):
-        self.dtype = dtype
-
-    def __enter__(self):
-        import torch
-
-        self.was = torch.get_default_dtype()
-        torch.set_default_dtype(self.dtype)
-
-    def __exit__(self, *exc):
-        import torch
-
-        torch.set_default_dtype(self.was)
+        for (n, p), flag in zip(pmod.named_parameters(), flags.tolist()):
+            if flag:
+                m = noise.get(n)
+                if m is not None:
+                    ref[n][m] = p.full_tensor()[m]
+                else:
+                    p.full_tensor()  # this rank marked nothing here; the gather is collective
 
 
 def _rel(a, b, skip=None) -> float:
@@ -248,6 +248,7 @@ def train_main(rank: int, world: int, options: dict, result_path: str | None = N
     losses, ref_losses, times = [], [], []
     scales = []  # sum |output * G| of each reference step: the size of the loss's terms
     noise: dict = {}  # parameter -> elements whose reference gradient is too inexact to compare steps
+    exact = None  # float64 copy of the reference (float32 AdamW runs), made at the first step
     from .launch import HALF_RTOL, _half_precision
 
     half = _half_precision(plan.program)  # ops computed in bfloat16/float16 round per summation order
@@ -272,7 +273,9 @@ def train_main(rank: int, world: int, options: dict, result_path: str | None = N
         ref_loss = sum((o * g).sum() for o, g in zip(ref_outs, G))
         ref_loss.backward()
         if dtype != torch.float64 and kind == "adamw":
-            _mark_noise(noise, reference, inputs, G, ref_opt.param_groups[0]["lr"], tol)
+            if exact is None:
+                exact = copy.deepcopy(reference).double()
+            _mark_noise(noise, reference, exact, inputs, G, ref_opt.param_groups[0]["lr"], tol)
         ref_opt.step()
         ref_opt.zero_grad(set_to_none=True)
         if noise:
@@ -288,8 +291,8 @@ def train_main(rank: int, world: int, options: dict, result_path: str | None = N
                   reverse=True)
     skipped = int(sum(int(m.sum()) for m in noise.values()))
     param_rel, worst_param = errs[0] if errs else (0.0, None)
-    # relative to the size of the loss's terms: a sum of random-signed terms can cancel to near 0
-    loss_rel = max((abs(a - b) / max(abs(b), c, 1e-300) for a, b, c in zip(losses, ref_losses, scales)), default=0.0)
+    # relative to the size of the loss's terms (sum |o * G| >= |loss|): a sum of random-signed terms can cancel
+    loss_rel = max((abs(a - b) / max(c, 1e-300) for a, b, c in zip(losses, ref_losses, scales)), default=0.0)
     worst = torch.tensor([loss_rel, param_rel], dtype=torch.float64)
     dist.all_reduce(worst, op=dist.ReduceOp.MAX)
     loss_rel, param_rel = float(worst[0]), float(worst[1])
