@@ -104,3 +104,17 @@ def test_grouped_query_attention_imports_as_the_call_torch_computes():
     with torch.no_grad():
         want = model(tokens)
     assert torch.allclose(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_grouped_query_attention_on_3d_tensors_is_one_error_naming_the_node():
+    import torch
+    import torch.nn.functional as F
+
+    from shardlayout.errors import ProgramError
+
+    class ThreeD(torch.nn.Module):
+        def forward(self, q, k):
+            return F.scaled_dot_product_attention(q, k, k, enable_gqa=True)
+
+    with pytest.raises(ProgramError, match=r"node 'scaled_dot_product_attention'.*must be \[batch, heads, seq"):
+        from_torch(ThreeD(), (torch.randn(4, 6, 2), torch.randn(2, 6, 2)))
