@@ -110,7 +110,7 @@ def test_grouped_query_attention_on_3d_tensors_is_one_error_naming_the_node():
     import torch
     import torch.nn.functional as F
 
-    from shardlayout.errors import ProgramError
+    from shardlayout.program import ProgramError
 
     class ThreeD(torch.nn.Module):
         def forward(self, q, k):
