@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 DEVSTAMP := $(VENV)/.installed-dev
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint docs dist bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -25,16 +25,24 @@ demo: $(STAMP)
 
 # two workers: the suite is mostly one-thread Python, and this machine has two cores
 test: $(DEVSTAMP)
-	$(BIN)/python -m pytest -n 2 src tests README.md --doctest-glob=README.md
+	$(BIN)/python -m pytest -n 2 src tests README.md docs --doctest-glob='*.md'
+
+# the site (docs/ + API reference from docstrings) into site/; strict: a warning fails the build
+docs: $(DEVSTAMP)
+	$(BIN)/python -m mkdocs build --strict
+
+# the wheel and the sdist into dist/
+dist: $(DEVSTAMP)
+	$(BIN)/python -m build --no-isolation --outdir dist .
 
 lint: $(DEVSTAMP)
 	$(BIN)/ruff check src tests benchmarks
 
-# every benchmark (each times ours and its peer in one run), then README's tables from their output
+# every benchmark (each times ours and its peer in one run), then the docs' tables from their output
 BENCHES := layout view strategy plan verify run auto stream train
 bench: $(DEVSTAMP)
 	for b in $(BENCHES); do $(BIN)/python benchmarks/bench_$$b.py || exit 1; done
 	$(BIN)/python benchmarks/update_readme.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) build dist site *.egg-info src/*.egg-info .pytest_cache .hypothesis

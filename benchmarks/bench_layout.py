@@ -207,7 +207,7 @@ def method_text(seed, n, memo_hit) -> str:
         else ""
     )
     return (
-        "### Layout algebra: shardlayout.layout vs pycute (nvidia-cutlass), truly cold first calls\n\n"
+        "## Layout algebra: shardlayout.layout vs pycute (nvidia-cutlass), truly cold first calls\n\n"
         f"Inputs generated from seed {seed} ({n} distinct admissible cases per row; small / nested "
         "/ deep = nesting depth 1 / 2 / 3). Timed: one call of the public function on each side "
         "(`composition(A, B)`, `logical_divide(A, B)`, `complement(A, cotarget)`, `coalesce(A)`), "

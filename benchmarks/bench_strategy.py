@@ -271,7 +271,7 @@ def main() -> int:
         else:
             ratio, dcol, mcol = "n/a", "n/a: no strategy for aten.einsum", "n/a"
         table.append([op, mesh, dcol, fmt_ms(t_cold), ratio, fmt_us(t_warm), cand, mcol])
-    method = (f"### Strategy selection, cold ({REPS} cases per row, seed {SEED}; torch {torch.__version__}, "
+    method = (f"## Strategy selection, cold ({REPS} cases per row, seed {SEED}; torch {torch.__version__}, "
               f"shardlayout {getattr(shardlayout, '__version__', '?')}; {elapsed:.0f} s in all)\n\n"
               + __doc__.split("The table and this method")[0].strip())
     notes = ("Medians over the cases, (p25–p75) in brackets; the ratio is DTensor's median over our cold median"

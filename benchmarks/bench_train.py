@@ -621,7 +621,7 @@ def main() -> int:
         notes += ("\n\nGradients whose placements differ from their (Replicate) parameter's after backward "
                   "(redistributed for the check; DTensor reduces them inside the AdamW step: its all_reduces "
                   "above): " + "; ".join(odd) + ".")
-    if args.quick:  # a smoke test: the README's figures stay those of the last full run
+    if args.quick:  # a smoke test: the docs' figures stay those of the last full run
         print(f"{method}\n\n{table(header, rows)}\n\n{notes}\n")
     else:
         emit("train", method, header, rows, notes)

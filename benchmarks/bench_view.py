@@ -171,7 +171,7 @@ def main() -> int:
             mv[side],
         ])
     method = (
-        f"### View propagation, first calls ({n} distinct cases)\n\n"
+        f"## View propagation, first calls ({n} distinct cases)\n\n"
         + __doc__.split("Run:")[0].strip()
     )
     header = ["side", "µs per call, this process: median (p25–p75)",

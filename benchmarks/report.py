@@ -1,7 +1,7 @@
 """Benchmark output shared by every ``bench_*.py``: a header stating the method, a markdown table,
-and a copy in ``benchmarks/results/<name>.md`` that ``update_readme.py`` pastes into README.md
+and a copy in ``benchmarks/results/<name>.md`` that ``update_readme.py`` pastes into the docs page
 between ``<!-- bench:<name> -->`` and ``<!-- /bench:<name> -->`` (``make bench`` does both), so
-README tables are never typed by hand.
+the docs' tables are never typed by hand.
 
     >>> print(table(["a", "b"], [[1, 2]]))
     | a | b |

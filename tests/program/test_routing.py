@@ -80,7 +80,7 @@ def test_every_titan_variant_becomes_route_einsum_unroute_and_equals_the_module(
     assert torch.equal(got, want), float((got - want).abs().max())
 
 
-# -- 2. the ep plan at the README's sizes: two all_to_alls of the ideal bf16 bytes ------------------
+# -- 2. the ep plan at docs/expert-parallelism.md's sizes: two all_to_alls of the ideal bf16 bytes -------
 BIG = dict(tokens=1024, dim=256, ffn=512, experts=8, top_k=2)
 
 

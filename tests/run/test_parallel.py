@@ -36,7 +36,7 @@ def _weights(path):
 
 
 @pytest.mark.parametrize("args,tol", [
-    # (Megatron-SP on dp=2,tp=2 is trained by README's `run --steps` example and tests/run/test_train.py)
+    # (Megatron-SP on dp=2,tp=2 is trained by docs/train.md's `run --steps` example and tests/run/test_train.py)
     # uneven: 4 heads and 32 features on 3 ranks, from safetensors weights (each rank reads its pieces;
     # the unsharded reference reads them whole)
     (["--mesh", "tp=3", "--style", "megatron", "--layers", "1", "--dtype", "float64", "--weights", "WEIGHTS"], 1e-9),
@@ -73,7 +73,7 @@ def test_compiled_training_equals_the_unsharded_model(run_json):
 
 
 def test_the_python_example_trains_a_meta_model_too_big_for_the_memory_limit_as_the_unsharded_one(tmp_path):
-    """examples/train.py (README "Train it") under torchrun, as a user starts it: a Llama (4 layers,
+    """examples/train.py (docs/train.md) under torchrun, as a user starts it: a Llama (4 layers,
     d=1024: 160 MiB of float32 weights; unsharded AdamW training holds 4x that) built on meta, its
     weights from safetensors shards (a file per layer, each mapped while read), Megatron on tp=4;
     each rank under a 500 MiB address-space limit

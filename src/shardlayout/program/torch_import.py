@@ -465,7 +465,7 @@ def from_exported(ep, decompose: bool = True, dim_names: dict | None = None) -> 
                         f"node {node.name!r} ({line}) reads a tensor's value as a Python number (.item(), "
                         ".tolist(), int(t)): what follows has sizes known at run time only, which shardlayout plans "
                         "only as the rows of a per-expert loop (torch.split(rows, counts.tolist()) after top-k "
-                        "routing; README 'Ragged dims'); compute the size from shapes, or make it a constant")
+                        "routing; docs/expert-parallelism.md); compute the size from shapes, or make it a constant")
                 raise UnsupportedOp(
                     f"{target} at node {node.name!r} ({line}) has no sharding rule; declare it with "
                     f"shardlayout.register_op({short!r}, signature, rule, numpy)"
