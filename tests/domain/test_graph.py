@@ -180,10 +180,13 @@ def test_propagate_through_sum_matmul_and_cat():
     m = Mesh.parse("x=2")
     a = TensorDomain.create("a", (4, 6), mesh=m).outer_split(1, 2).parallelize(1, X)
     (s,) = propagate([sum_op(a, [0], "s")])
-    assert sharded_logical_axis(s.output, X) == 1 and not is_resharding(s)
+    # nvFuser's tensor axis: s is [r{4}, 6], a 1-D tensor whose axis 0 is sharded
+    assert sharded_logical_axis(s.output, X) == 0 and not is_resharding(s)
     w = TensorDomain.create("w", (6, 8), mesh=m).outer_split(0, 2).parallelize(0, X)
     (mm,) = propagate([matmul_op(TensorDomain.create("i", (4, 6), mesh=m), w, "z")])
-    assert sharded_logical_axis(mm.output, X) == 2  # the contracted K: r{K} on x, a partial sum
+    # the contracted K reaches r{K} on x: reduced by the op (an allreduce), so no axis of z is sharded
+    assert [str(i) for i in mm.output.loop][-2:] == ["rz.2.o{2}@x", "rz.2.i{3}"]
+    assert sharded_logical_axis(mm.output, X) is None and not mm.output.is_sharded()
     r = is_resharding(mm)
     assert r and "reduced by the op: an allreduce over x" in r.reasons[0]
     xs = [TensorDomain.create(f"c{k}", (2, n), mesh=m).inner_split(1, 2).parallelize(2, X)

@@ -28,6 +28,7 @@ from shardlayout.domain import (
     merge,
     resize,
     root_index,
+    sharded_logical_axis,
     sharding_of,
     split,
 )
@@ -37,6 +38,8 @@ from shardlayout.sharding import Factor
 from shardlayout.sharding.factors import factor_digit
 
 from ..sharding.strategies import shardings
+
+X = ParallelType.device("x")
 
 # ------------------------------------------------------------------------------------------
 # brute force
@@ -67,9 +70,11 @@ def id_values(td: TensorDomain, iid) -> dict:
 
 
 def held(td: TensorDomain, mesh: Mesh) -> dict:
-    """rank -> the logical (non-reduction) index tuples it holds, in loop order."""
-    keep = [k for k, i in enumerate(td.logical) if not i.is_reduction]
-    dev = [(k, i.ptype) for k, i in enumerate(td.loop) if i.ptype.is_device]
+    """rank -> the logical index tuples of the tensor's dims it holds, in loop order. A reduction ID on a
+    device (``r{DIDx}``: already summed) and a partial ID (each device's partial sum of every element)
+    choose no elements."""
+    keep = [k for k, i in enumerate(td.logical) if not (i.is_reduction or i.is_partial)]
+    dev = [(k, i.ptype) for k, i in enumerate(td.loop) if i.ptype.is_device and not (i.is_reduction or i.is_partial)]
     f = index_map(td)
     by_key: dict = {}
     for li in loop_indices(td):
@@ -80,7 +85,7 @@ def held(td: TensorDomain, mesh: Mesh) -> dict:
     for r in mesh.ranks():
         coord = mesh.coord(r)
         key = tuple(factor_digit(mesh, Factor(p.axis_size(mesh), p.axis, p.pre), coord) for _, p in dev)
-        out[r] = by_key.get(key, [])
+        out[r] = list(dict.fromkeys(by_key.get(key, [])))  # a reduction / partial ID repeats every element
     return out
 
 
@@ -220,14 +225,45 @@ def test_loop_domain_of_design_example():
     assert held(td, m) == expected_held(s)
 
 
-def test_partial_sum_is_a_device_reduction_id():
+def test_a_pending_partial_sum_is_a_partial_id_not_a_reduction_id():
     m = Mesh.parse("dp=2,tp=2")
     s = Sharding.parse("[dp*3] +sum(tp)", m)
     td = loop_domain_of(s)
-    assert [str(i) for i in td.loop] == ["t.0.o{2}@dp", "t.0.i{3}", "rt.1{2}@tp"]
-    assert sharding_of(td, m) == s
-    with pytest.raises(DomainError, match="only a sum"):
+    assert [str(i) for i in td.loop] == ["t.0.o{2}@dp", "t.0.i{3}", "pt.1{2}@tp"]
+    assert td.shape == (6,) and sharding_of(td, m) == s
+    assert held(td, m) == expected_held(s)
+    with pytest.raises(DomainError, match="only a pending sum"):
         loop_domain_of(Sharding.parse("[dp*3] +max(tp)", m))
+    with pytest.raises(DomainError, match="partial ID"):  # a partial sum held on a sub-axis is no Sharding
+        sharding_of(TensorDomain.create("p", (6, 2), mesh=m, partials=[1]).outer_split(1, 2)
+                    .parallelize(1, ParallelType.device("tp", 1, 2)), m)
+    with pytest.raises(DomainError, match="neither a reduction"):
+        IterDomain("t.0", 2, is_partial=True, is_reduction=True)
+
+
+# nvFuser's ShardingTest.Allreduce / ReductionScatter / MultipleDIDx: r{DIDx} is reduced, hence replicated
+def _summed(scatter: bool) -> TensorDomain:
+    m = Mesh.parse("x=2")
+    y = TensorDomain.create("y", (2, 6), mesh=m, reductions=[0]).parallelize(0, X)  # y = sum(x [DIDx{2}, 6], {0})
+    return y.outer_split(1, 2).parallelize(1, X) if scatter else y
+
+
+def test_a_device_reduction_id_is_reduced_and_replicated():
+    m = Mesh.parse("x=2")
+    allreduced, scattered = _summed(False), _summed(True)
+    assert [str(i) for i in scattered.loop] == ["ry.0{2}@x", "y.1.o{2}@x", "y.1.i{3}"]
+    assert not allreduced.is_sharded() and scattered.is_sharded()
+    assert sharding_of(allreduced, m) == Sharding.parse("[6]", m)  # the allreduce's output: every rank has it all
+    assert sharding_of(scattered, m) == Sharding.parse("[x*3]", m)  # the reduce-scatter's: rank r has its half
+    for td in (allreduced, scattered):  # brute force over the loop domain agrees rank by rank
+        assert held(td, m) == expected_held(sharding_of(td, m))
+    assert sharded_logical_axis(allreduced, X) is None and sharded_logical_axis(scattered, X) == 0
+
+
+def test_two_loop_ids_on_one_device_type_is_an_error():
+    twice = TensorDomain.create("t", (4,), mesh=Mesh.parse("x=2")).outer_split(0, 2).parallelize(0, X)
+    with pytest.raises(DomainError, match="both run on x"):
+        twice.parallelize(1, X).is_sharded()
 
 
 @settings(max_examples=120)

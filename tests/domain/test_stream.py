@@ -12,15 +12,18 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from shardlayout import Mesh
+from shardlayout import Mesh, Sharding
 from shardlayout.domain import (
     SERIAL,
     STREAM,
     IdGraph,
     Kind,
+    Op,
+    OpKind,
     ParallelType,
     TensorDomain,
     add_op,
+    factory_op,
     have_different_shardings,
     is_resharding,
     linear_op,
@@ -459,3 +462,64 @@ def test_a_stream_on_an_output_dim_and_on_its_reduction_reaches_an_input_once():
         types = [i.ptype for i in t.loop if i.ptype != SERIAL and not i.is_reduction]
         assert len(types) == len(set(types)), str(t)
     assert [i.ptype for i in got["t0"].loop].count(STREAM) == 1
+
+
+# -- meshes compared on the parallel types they have (nvFuser's haveDifferentShardings) ----------
+
+
+def test_different_meshes_differ_only_on_a_type_one_of_them_has():
+    a = TensorDomain.create("a", (4, 6), mesh=Mesh.parse("x=2"))
+    b = set_op(a, "b").output.with_mesh(Mesh.parse("x=4"))
+    c = set_op(a, "c").output.with_mesh(Mesh.parse("y=2"))
+    assert have_different_shardings(a, b, {DIDx}) is True  # x is on both meshes, which differ
+    assert have_different_shardings(a, b, {DIDy}) is False  # neither mesh has y
+    assert have_different_shardings(a, b, {STREAM}) is False  # Stream is no mesh axis
+    assert have_different_shardings(a, c, {DIDy}) is True  # c's mesh has y
+    assert have_different_shardings(a, b) is True  # by default every axis of either mesh
+    same = set_op(a, "d").output.with_mesh(Mesh.parse("x=2"))
+    assert have_different_shardings(a, same) is False
+
+
+# -- a factory (no tensor input) gets its sharding backward from its users ------------------------
+
+
+def test_a_factory_output_takes_its_users_sharding_backward():
+    """nvFuser's ShardingTest.ResidualAdd: tv1 = uniform(shape(tv0)); tv2 = tv0 + tv1; only tv0 is
+    sharded. Forward gives tv2 tv0's DIDx; backward carries it (and the mesh) to tv1."""
+    m = Mesh.parse("x=2")
+    tv0 = did(TensorDomain.create("tv0", (4, 6), mesh=m), 0, 2)
+    make = factory_op((4, 6), "tv1")
+    ops = propagate_shardings([make, add_op([tv0, make.output], "tv2")])
+    tv1, tv2 = ops[0].output, ops[1].output
+    assert tv1.mesh == m and tv2.mesh == m
+    assert sharded_logical_axis(tv1, DIDx) == sharded_logical_axis(tv0, DIDx) == 0
+    assert loop(tv1) == ["tv1.0.o{2}@x", "tv1.0.i{2}", "tv1.1{6}"]
+    assert not is_resharding(ops[0]) and not is_resharding(ops[1])
+    assert sharding_of(tv1, m) == sharding_of(tv0, m)
+
+
+def test_a_factory_user_sharded_keeps_its_sharding():
+    m = Mesh.parse("x=2")
+    tv0 = did(TensorDomain.create("tv0", (4, 6), mesh=m), 0, 2)
+    make = factory_op((4, 6), "u", mesh=m)  # placed by the user: replicated on the mesh
+    ops = propagate_shardings([make, add_op([tv0, make.output], "z")])
+    assert loop(ops[0].output) == ["u.0{4}", "u.1{6}"]
+    assert is_resharding(ops[1])  # z takes tv0's DIDx; u is replicated: no communication, but a slice
+
+
+def test_factory_ops_are_checked():
+    x = TensorDomain.create("x", (4,))
+    with pytest.raises(DomainError, match="a factory has no tensor input"):
+        Op(OpKind.FACTORY, (x,), TensorDomain.create("y", (4,)))
+    with pytest.raises(DomainError, match="needs at least one input"):
+        Op(OpKind.SET, (), TensorDomain.create("y", (4,)))
+    with pytest.raises(DomainError, match="plain dims only"):
+        Op(OpKind.FACTORY, (), TensorDomain.create("y", (4, 2), reductions=[1]))
+
+
+def test_a_pending_partial_sum_is_reduced_by_its_use():
+    """A partial ID (the per-device sums before a reduction) set into a plain tensor is an allreduce."""
+    m = Mesh.parse("x=2")
+    p = loop_domain_of(Sharding.parse("[4, 6] +sum(x)", m), "p")
+    r = is_resharding(set_op(p, "q").with_domains(set_op(p, "q").output.with_mesh(m)))
+    assert r and "holds partial sums over x" in r.reasons[0]

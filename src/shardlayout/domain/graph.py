@@ -88,16 +88,18 @@ class OpKind(Enum):
     VIEW = "view"
     CAT = "cat"
     SCATTER = "scatter"
+    FACTORY = "factory"
 
 
 def _dims(td: TensorDomain) -> tuple:
-    """Logical IDs without reductions (what a consumer sees of a producer)."""
-    return tuple(i for i in td.logical if not i.is_reduction)
+    """Logical IDs without reductions and pending partial sums (what a consumer sees of a producer)."""
+    return tuple(i for i in td.logical if not (i.is_reduction or i.is_partial))
 
 
 @dataclass(frozen=True)
 class Op:
-    """One step of a program: ``Op(OpKind.SET, (x,), y)``; ``dim`` is a cat's dim."""
+    """One step of a program: ``Op(OpKind.SET, (x,), y)``; ``dim`` is a cat's dim. Only a factory
+    (``uniform(shape)``, ``full``) has no tensor input."""
 
     kind: OpKind
     inputs: tuple
@@ -107,8 +109,12 @@ class Op:
     def __post_init__(self):
         object.__setattr__(self, "kind", OpKind(self.kind))
         object.__setattr__(self, "inputs", tuple(self.inputs))
-        if not self.inputs or not all(isinstance(t, TensorDomain) for t in self.inputs + (self.output,)):
-            raise DomainError(f"{self.kind.value} op: inputs and output must be TensorDomains (at least one input)")
+        if not all(isinstance(t, TensorDomain) for t in self.inputs + (self.output,)):
+            raise DomainError(f"{self.kind.value} op: inputs and output must be TensorDomains")
+        if bool(self.inputs) == (self.kind is OpKind.FACTORY):
+            raise DomainError(f"{self.kind.value} op {self.output.name}: " + (
+                "a factory has no tensor input (it makes its output from a shape)" if self.inputs else
+                "needs at least one input; an op with none is a factory (factory_op)"))
         _CHECKS[self.kind](self)
 
     def with_domains(self, *domains: TensorDomain) -> "Op":
@@ -213,7 +219,14 @@ def _check_cat(op: Op) -> None:
     cat([_dims(t)[op.dim] for t in op.inputs], out[op.dim])  # checks the extents add up
 
 
+def _check_factory(op: Op) -> None:
+    if any(i.is_reduction or i.is_partial for i in op.output.logical):
+        raise DomainError(f"factory {op.output.name}: a factory's output has plain dims only, no reduction or "
+                          "partial IDs")
+
+
 _CHECKS = {
+    OpKind.FACTORY: _check_factory,
     OpKind.SET: _check_pointwise,
     OpKind.POINTWISE: _check_pointwise,
     OpKind.REDUCTION: _check_reduction,
@@ -266,6 +279,12 @@ def _copy(name: str, ids, mesh=None, reductions=()) -> TensorDomain:
     ids = tuple(IterDomain(f"{name}.{k}", i.extent, is_broadcast=i.is_broadcast, is_reduction=k in reductions)
                 for k, i in enumerate(ids))
     return TensorDomain(name, ids, ids, ids, mesh=mesh)
+
+
+def factory_op(shape, name: str, mesh=None) -> Op:
+    """``name = uniform(shape)`` (or ``full``, ``zeros``): no tensor input, so its sharding comes by
+    backward propagation from its users (nvFuser's ResidualAdd). ``factory_op((4, 6), "u").inputs -> ()``"""
+    return Op(OpKind.FACTORY, (), TensorDomain.create(name, shape, mesh=mesh))
 
 
 def set_op(inp: TensorDomain, name: str) -> Op:
@@ -781,14 +800,28 @@ class Resharding:
         return self.resharding
 
 
+def _ancestors(td: TensorDomain, iid: IterDomain, stop) -> set:
+    """IDs in ``stop`` that ``iid`` is derived from (walking loop and logical transforms up)."""
+    producer = {o.id: e for e in td.logical_exprs + td.loop_exprs for o in e.outputs}
+    todo, out = [iid.id], set()
+    while todo:
+        k = todo.pop()
+        if k in stop:
+            out.add(k)
+        elif k in producer:
+            todo.extend(j.id for j in producer[k].inputs)
+    return out
+
+
 def _device(ids) -> list:
     return [i for i in ids if i.ptype.is_device and not i.is_reduction and not i.is_broadcast]
 
 
 def is_resharding(inputs, output: TensorDomain | None = None, kind=None, *, dim: int | None = None,
                   facts=None) -> Resharding:
-    """nvFuser's rule for one op: resharding when an output device ID is not mapped to an input
-    ID of the same parallel type, when an input device ID is lost (no output ID of its type maps
+    """nvFuser's rule for one op: resharding when an output device ID is not mapped to an ID of the
+    same parallel type of every input that the op ties to it (a factory's output needs none), when
+    an input device ID is lost (no output ID of its type maps
     to it; reduced: an allreduce), or when the meshes differ. Broadcast and reduction IDs are
     ignored. ``is_resharding([x], y, "set")`` or ``is_resharding(op)``."""
     op = inputs if isinstance(inputs, Op) else Op(OpKind(kind), tuple(inputs), output, dim)
@@ -800,14 +833,30 @@ def is_resharding(inputs, output: TensorDomain | None = None, kind=None, *, dim:
         reasons.append(f"the tensors are on different meshes ({', '.join(sorted(set(map(str, meshes))))})")
     outs = _device(out.loop)
     ins = [(t, i) for t in op.inputs for i in _device(t.loop)]
+    tied: dict = {}  # output ID the op ties -> the inputs tying it (an input must be sharded alike: nvFuser
+    for t in op.inputs:  # compares each producer with the consumer, so slicing replicated data reshards too)
+        mine = {i.id for i in _dims(t)}
+        for a, b in _pairs(op):
+            if a.id in mine:
+                tied.setdefault(b.id, []).append(t)
     for o in outs:
+        if op.kind is OpKind.FACTORY:
+            continue  # made in place, each device its own piece
         if not any(i.ptype == o.ptype and g.mapped(i, o) for _, i in ins):
             reasons.append(f"{out.name}'s {o} is not mapped to an input ID on {o.ptype}")
+            continue
+        for t in dict.fromkeys(t for k in _ancestors(out, o, tied) for t in tied[k]):
+            if not any(i.ptype == o.ptype and g.mapped(i, o) for i in _device(t.loop)):
+                reasons.append(f"{t.name} is not sharded on {o.ptype} where {out.name}'s {o} is: each device "
+                               f"slices {t.name} (nvFuser counts it as resharding)")
     reduced = {g.cls(i) for i in out.logical if i.is_reduction}
     for t, i in ins:
         if any(o.ptype == i.ptype and g.mapped(i, o) for o in outs):
             continue
-        if any(g.cls(lid) in reduced for lid in g.logical_of(i)):
+        if i.is_partial:
+            reasons.append(f"{t.name}'s {i} holds partial sums over {i.ptype} that the op needs summed: an "
+                           f"allreduce over {i.ptype}")
+        elif any(g.cls(lid) in reduced for lid in g.logical_of(i)):
             reasons.append(f"{t.name}'s {i} is reduced by the op: an allreduce over {i.ptype}")
         else:
             reasons.append(f"{t.name}'s {i} on {i.ptype} is lost: no output ID on {i.ptype} maps to it")
@@ -975,11 +1024,13 @@ def propagate(ops) -> tuple:
 
 
 def sharded_logical_axis(td: TensorDomain, ptype: ParallelType) -> int | None:
-    """The logical position whose loop descendants include an ID on ``ptype`` (None: none).
+    """nvFuser's ``getShardedLogicalAxis``: the tensor axis (its position among the logical IDs that are
+    dims, reductions and partial sums skipped) whose loop descendants include a non-reduction ID on
+    ``ptype``; None when there is none (``r{DIDx}`` is reduced: no axis is sharded by it).
     ``sharded_logical_axis(td, ParallelType.device("x")) -> 0``"""
     consumer = {i.id: e for e in td.loop_exprs for i in e.inputs}
-    loop = {i.id: i for i in td.loop}
-    for pos, lid in enumerate(td.logical):
+    loop = {i.id: i for i in td.loop if not i.is_reduction}
+    for pos, lid in enumerate(_dims(td)):
         todo = [lid.id]
         while todo:
             k = todo.pop()

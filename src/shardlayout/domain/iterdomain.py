@@ -215,13 +215,19 @@ STREAM = ParallelType(Kind.STREAM)
 @dataclass(frozen=True)
 class IterDomain:
     """One index range: ``IterDomain("t.0", 8)``; ``id`` is unique in a program (tensor name
-    first), ``ptype`` says what runs it; reduction and broadcast IDs are marked."""
+    first), ``ptype`` says what runs it; reduction, broadcast and partial IDs are marked.
+
+    A reduction ID on a device axis (nvFuser's ``r{DIDx}``) is reduced: the op that makes it
+    sums across the devices (an allreduce or reduce-scatter), so the tensor is replicated
+    there. A *partial* ID (``p``) is the other state, the per-device partial sums that a later
+    reduction adds up (nvFuser's rfactor product on a device axis; DTensor's ``Partial``)."""
 
     id: str
     extent: object
     ptype: ParallelType = SERIAL
     is_reduction: bool = False
     is_broadcast: bool = False
+    is_partial: bool = False
 
     def __post_init__(self):
         if not isinstance(self.id, str) or not self.id:
@@ -231,13 +237,16 @@ class IterDomain:
             raise DomainError(f"IterDomain {self.id}: ptype {self.ptype!r} is not a ParallelType")
         if self.is_broadcast and equal(self.extent, 1) is False:
             raise DomainError(f"IterDomain {self.id}: a broadcast ID has extent 1, not {self.extent}")
+        if self.is_partial and (self.is_reduction or self.is_broadcast):
+            raise DomainError(f"IterDomain {self.id}: a partial ID holds pending partial sums; it is neither a "
+                              "reduction (already summed) nor a broadcast ID: mark one of them")
 
     def parallelize(self, ptype: ParallelType) -> "IterDomain":
         """The same ID run by ``ptype``. ``IterDomain("t.0", 2).parallelize(ParallelType.device("x"))``."""
         return replace(self, ptype=ptype)
 
     def __str__(self) -> str:
-        tag = "r" if self.is_reduction else "b" if self.is_broadcast else ""
+        tag = "r" if self.is_reduction else "b" if self.is_broadcast else "p" if self.is_partial else ""
         par = "" if self.ptype == SERIAL else f"@{self.ptype}"
         return f"{tag}{self.id}{{{self.extent}}}{par}"
 
@@ -314,15 +323,17 @@ def split(iid: IterDomain, factor, inner: bool) -> Split:
     _check_extent(factor, f"split of {iid.id}")
     rest = _ceil_div(iid.extent, factor)
     o_ext, i_ext = (rest, factor) if inner else (factor, rest)
-    mark = dict(is_reduction=iid.is_reduction)
+    mark = dict(is_reduction=iid.is_reduction, is_partial=iid.is_partial)
     return Split(iid, IterDomain(iid.id + ".o", o_ext, **mark), IterDomain(iid.id + ".i", i_ext, **mark), factor, inner)
 
 
 def merge(outer: IterDomain, inner: IterDomain) -> Merge:
     """Merge two IDs. ``merge(IterDomain("t.0", 3), IterDomain("t.1", 10)).output.extent -> 30``."""
-    if outer.is_reduction != inner.is_reduction:
-        raise DomainError(f"merge({outer}, {inner}): a reduction ID merges only with a reduction ID")
-    out = IterDomain(f"({outer.id}*{inner.id})", _mul(outer.extent, inner.extent), is_reduction=outer.is_reduction)
+    if outer.is_reduction != inner.is_reduction or outer.is_partial != inner.is_partial:
+        kind = "reduction" if outer.is_reduction or inner.is_reduction else "partial"
+        raise DomainError(f"merge({outer}, {inner}): a {kind} ID merges only with a {kind} ID")
+    out = IterDomain(f"({outer.id}*{inner.id})", _mul(outer.extent, inner.extent), is_reduction=outer.is_reduction,
+                     is_partial=outer.is_partial)
     return Merge(outer, inner, out)
 
 
@@ -391,20 +402,23 @@ class TensorDomain:
         object.__setattr__(self, "loop_exprs", tuple(self.loop_exprs))
 
     @staticmethod
-    def create(name: str, shape, mesh: Mesh | None = None, reductions=(), broadcasts=()) -> "TensorDomain":
-        """Logical = root = loop = one serial ID per dim, ids ``name.k``. ``TensorDomain.create("t", (8, 12))``."""
+    def create(name: str, shape, mesh: Mesh | None = None, reductions=(), broadcasts=(),
+               partials=()) -> "TensorDomain":
+        """Logical = root = loop = one serial ID per dim, ids ``name.k``; the positions in
+        ``reductions`` / ``broadcasts`` / ``partials`` are marked so. ``TensorDomain.create("t", (8, 12))``."""
         if _is_int(shape) or not hasattr(shape, "__iter__"):
             shape = (shape,)
-        red, bc = set(reductions), set(broadcasts)
-        ids = tuple(IterDomain(f"{name}.{k}", e, is_reduction=k in red, is_broadcast=k in bc)
+        red, bc, part = set(reductions), set(broadcasts), set(partials)
+        ids = tuple(IterDomain(f"{name}.{k}", e, is_reduction=k in red, is_broadcast=k in bc, is_partial=k in part)
                     for k, e in enumerate(shape))
         return TensorDomain(name, ids, ids, ids, mesh=mesh)
 
     # -- facts --------------------------------------------------------------------------------
     @property
     def shape(self) -> tuple:
-        """Extents of the logical non-reduction IDs. ``TensorDomain.create("t", (8, 12)).shape -> (8, 12)``."""
-        return tuple(i.extent for i in self.logical if not i.is_reduction)
+        """Extents of the tensor's dims: the logical IDs that are neither reduction nor partial.
+        ``TensorDomain.create("t", (8, 12)).shape -> (8, 12)``."""
+        return tuple(i.extent for i in self.logical if not (i.is_reduction or i.is_partial))
 
     def current(self, iid) -> IterDomain:
         """The ID with this id as the domain holds it now (loop first, with its parallel type)."""
@@ -431,6 +445,19 @@ class TensorDomain:
     def device_ids(self) -> tuple:
         """Loop IDs on a mesh axis, loop order. ``loop_domain_of(s).device_ids()``."""
         return tuple(i for i in self.loop if i.ptype.is_device)
+
+    def is_sharded(self) -> bool:
+        """nvFuser's ``isSharded``: some loop ID that is not a reduction runs on a mesh axis (``r{DIDx}``
+        is reduced, hence replicated); two such IDs on one parallel type is an error.
+        ``loop_domain_of(Sharding.parse("[x*2]", Mesh.parse("x=2"))).is_sharded() -> True``"""
+        seen: dict = {}
+        for i in self.loop:
+            if i.ptype.is_device and not i.is_reduction:
+                if i.ptype in seen:
+                    raise DomainError(f"{self.name}: loop IDs {seen[i.ptype]} and {i} both run on {i.ptype}; a "
+                                      "parallel type runs one loop ID of a tensor (split the axis into sub-axes)")
+                seen[i.ptype] = i
+        return bool(seen)
 
     # -- loop transforms ----------------------------------------------------------------------
     def split(self, pos: int, factor, inner: bool) -> "TensorDomain":
@@ -580,17 +607,18 @@ def _ptype_of(f: Factor, mesh: Mesh) -> ParallelType:
 
 def loop_domain_of(sharding: Sharding, name: str = "t") -> TensorDomain:
     """The loop domain of a Sharding: dim ``d`` (id ``name.d``) outer-split into its factors,
-    outer to inner, each on its axis or sub-axis (Serial if local); partial axes become
-    device-parallel reduction IDs (nvFuser's ``r{DIDx}``). ``loop_domain_of(Sharding.parse("[dp*4]", m))``."""
+    outer to inner, each on its axis or sub-axis (Serial if local); a pending partial sum over an
+    axis becomes a partial ID on it (``p``: the per-device partials a later sum reduces, nvFuser's
+    rfactor product; not ``r{DIDx}``, which is already reduced). ``loop_domain_of(Sharding.parse("[dp*4]", m))``."""
     mesh = sharding.mesh
     for axis, op in sharding.partial:
         if op != "sum":
-            raise DomainError(f"{sharding}: partial {op}({axis}) has no loop-domain form; only a sum is a "
-                              "device-parallel reduction ID (reduce it first)")
+            raise DomainError(f"{sharding}: partial {op}({axis}) has no loop-domain form; only a pending sum is a "
+                              "partial ID (reduce it first)")
     shape = sharding.shape
     reds = [mesh.axis_size(a) for a, _ in sharding.partial]
     td = TensorDomain.create(name, tuple(shape) + tuple(reds), mesh=mesh,
-                             reductions=range(len(shape), len(shape) + len(reds)))
+                             partials=range(len(shape), len(shape) + len(reds)))
     for k, (axis, _) in enumerate(sharding.partial):
         td = td.parallelize(td.position(f"{name}.{len(shape) + k}"), ParallelType.device(axis))
     for d, fs in enumerate(sharding.dims):
@@ -663,10 +691,14 @@ def _leaves(domain: TensorDomain, iid: str, kids: dict, path: list) -> list:
 
 def sharding_of(domain: TensorDomain, mesh: Mesh) -> Sharding:
     """The Sharding a loop domain expresses (the inverse of ``loop_domain_of``); raises
-    DomainError when there is none. ``sharding_of(loop_domain_of(s), s.mesh) == s``."""
+    DomainError when there is none. A reduction ID is reduced whatever runs it: ``r{DIDx}`` (the
+    output of an allreduce or a reduce-scatter) is replicated on its axis, as nvFuser's
+    ``isSharded`` reads it; a partial ID is a pending sum. ``sharding_of(loop_domain_of(s), s.mesh) == s``."""
     kids = _children(domain)
     dims, shape, partial, seen = [], [], [], {}
     for lid in domain.logical:
+        if lid.is_reduction:
+            continue
         path: list = []
         leaves = _leaves(domain, lid.id, kids, path)
         for leaf in leaves:
@@ -681,11 +713,12 @@ def sharding_of(domain: TensorDomain, mesh: Mesh) -> Sharding:
                     raise DomainError(f"{domain.name}: {seen[key]} and {leaf} are both on mesh axis {key!r}; an axis "
                                       "shards one place (split it into sub-axes to use it twice)")
                 seen.setdefault(key, leaf)
-        if lid.is_reduction:
+        if lid.is_partial:
             dev = [x for x in leaves if x.ptype.is_device]
-            if any(x.ptype.pre != 1 or x.ptype.axis_size(mesh) != mesh.axis_size(x.ptype.axis) for x in dev):
-                raise DomainError(f"{domain.name}: reduction ID {lid} is on a sub-axis; a partial sum spans whole "
-                                  "mesh axes (parallelize it on the whole axis)")
+            if len(leaves) != len(dev) or any(x.ptype.pre != 1 or x.ptype.axis_size(mesh) !=
+                                              mesh.axis_size(x.ptype.axis) for x in dev):
+                raise DomainError(f"{domain.name}: partial ID {lid} is not held one partial sum per device of whole "
+                                  "mesh axes; parallelize it (or each of its outer splits) on a whole mesh axis")
             partial.extend((x.ptype.axis, "sum") for x in dev)
             continue
         n = _as_int(lid.extent, str(lid))

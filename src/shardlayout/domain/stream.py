@@ -56,7 +56,7 @@ from dataclasses import replace
 
 from ..errors import DomainError
 from ..mesh import Mesh
-from .graph import IdGraph, Op, OpKind, _dims, _down_to_logical, _pairs, _up_to_root, split_chain
+from .graph import IdGraph, Op, OpKind, _ancestors, _dims, _down_to_logical, _pairs, _up_to_root, split_chain
 from .iterdomain import SERIAL, STREAM, IterDomain, Kind, ParallelType, TensorDomain, divides, equal
 
 # ------------------------------------------------------------------------------------------
@@ -288,23 +288,11 @@ def reorder_parallelized_to_front(td: TensorDomain, mesh: Mesh | None = None) ->
 # ------------------------------------------------------------------------------------------
 
 
-def _ancestors(td: TensorDomain, iid: IterDomain, stop) -> set:
-    """IDs in ``stop`` that ``iid`` is derived from (walking loop and logical transforms up)."""
-    producer = {o.id: e for e in td.logical_exprs + td.loop_exprs for o in e.outputs}
-    todo, out = [iid.id], set()
-    while todo:
-        k = todo.pop()
-        if k in stop:
-            out.add(k)
-        elif k in producer:
-            todo.extend(j.id for j in producer[k].inputs)
-    return out
-
-
 def _types(types, a: TensorDomain, b: TensorDomain) -> list:
     seen = list(dict.fromkeys(i.ptype for i in _parallel_ids(a) + _parallel_ids(b)))
-    if types is None:
-        return seen
+    if types is None:  # every type on either tensor, and every axis of either mesh (nvFuser's callers: all DIDs)
+        axes = [ParallelType.device(n) for m in (a.mesh, b.mesh) if m is not None for n in m.names]
+        return list(dict.fromkeys(seen + axes))
     out = []
     for t in ([types] if isinstance(types, (ParallelType, Kind)) else types):
         if isinstance(t, ParallelType):
@@ -319,12 +307,18 @@ def _types(types, a: TensorDomain, b: TensorDomain) -> list:
     return list(dict.fromkeys(out))
 
 
+def _on_mesh(p: ParallelType, mesh: Mesh | None) -> bool:
+    """Whether ``mesh`` has the axis a device type runs on (nvFuser's ``DeviceMesh::hasParallelType``)."""
+    return mesh is not None and p.is_device and p.axis in mesh.names
+
+
 def have_different_shardings(producer: TensorDomain, consumer: TensorDomain, types=None, *, op: Op | None = None,
                              facts=None) -> bool:
     """nvFuser's ``haveDifferentShardings``: for each parallel type in ``types`` (ParallelTypes,
-    or ``Kind.DEVICE`` / ``Kind.STREAM``; default every type on either tensor), the producer's
-    and the consumer's non-reduction loop ID of that type (counted only when derived from an ID
-    the op ties) are both absent, or ``IdGraph.mapped``; device types also need equal meshes.
+    or ``Kind.DEVICE`` / ``Kind.STREAM``; default every type on either tensor and every axis of
+    either mesh), the producer's and the consumer's non-reduction loop ID of that type (counted
+    only when derived from an ID the op ties) are both absent, or ``IdGraph.mapped``. Different
+    meshes differ only on a device type one of them has (an axis neither mesh has cannot differ).
     ``op`` relates them (default ``set``). ``have_different_shardings(tv1, tv2, {STREAM}) -> False``"""
     if op is None:
         try:
@@ -337,7 +331,8 @@ def have_different_shardings(producer: TensorDomain, consumer: TensorDomain, typ
         raise DomainError(f"have_different_shardings: {producer.name} -> {consumer.name} is not an input -> output "
                           f"of the {op.kind.value} op {op.output.name}; pass the op that relates them")
     types = _types(types, producer, consumer)
-    if any(p.is_device for p in types) and producer.mesh != consumer.mesh:
+    if producer.mesh != consumer.mesh and any(_on_mesh(p, producer.mesh) or _on_mesh(p, consumer.mesh)
+                                              for p in types):
         return True
     mine = _ids(producer)
     ties = [(a, b) for a, b in _ties(op) if a.id in mine]
