@@ -61,6 +61,11 @@ class UnmatchedStyle(ShardingError):
     style finding none of the blocks it shards)."""
 
 
+class StyleConflict(ShardingError):
+    """A plan that would move a weight its style keeps in place (Megatron's column and row weights,
+    EP's experts) with a collective: the error names the op, the weight, its pin and the fix."""
+
+
 class SearchTooLarge(ShardingError):
     """An op's exhaustive strategy search would price more candidates than the bound allows
     (a mesh with many axes): the error names the op, the mesh and the count."""

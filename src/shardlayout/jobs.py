@@ -214,10 +214,12 @@ def build_plan(args, program=None):
                             f"{'it' if len(only_auto) == 1 else 'them'}")
     mesh = Mesh.parse(args.mesh)
     prog = load_program(args) if program is None else program
-    pins, matched = style_and_tp_plan(prog, mesh, args)
+    from .program.styles import kept_pins
+
+    pins, matched, applied = style_and_tp_plan(prog, mesh, args)
     pins.update(user_pins(args, mesh))
     _check_uneven(args, prog)
-    p = plan(prog, mesh, pins, uneven=bool(getattr(args, "uneven", False)))
+    p = plan(prog, mesh, pins, uneven=bool(getattr(args, "uneven", False)), keep=kept_pins(pins, *applied))
     p.matched, p.flop_rate = matched, rate
     return p
 
@@ -272,21 +274,24 @@ def _check_uneven(args, prog) -> None:
 
 
 def style_and_tp_plan(prog, mesh, args) -> tuple:
-    """``(pins, matched)`` of ``--style`` and ``--tp-plan`` (the plan's entries win); matched is
-    None when neither is given, else the ``[{block, kind, tensors}]`` they found."""
+    """``(pins, matched, applied)`` of ``--style`` and ``--tp-plan`` (the plan's entries win); matched
+    is None when neither is given, else the ``[{block, kind, tensors}]`` they found; ``applied``: their
+    ``StylePins`` (what each keeps in place)."""
     from .program.styles import apply_style
     from .program.tp_plan import apply_tp_plan, read_tp_plan
 
     allow = bool(getattr(args, "allow_unmatched", False))
-    pins, matched = {}, None
+    pins, matched, applied = {}, None, []
     if args.style:
         got = apply_style(prog, mesh, args.style, allow)
         pins, matched = dict(got.pins), got.matched_json()
+        applied.append(got)
     if getattr(args, "tp_plan", None):
         got = apply_tp_plan(prog, mesh, read_tp_plan(args.tp_plan), allow)
         pins.update(got.pins)
         matched = (matched or []) + got.matched_json()
-    return pins, matched
+        applied.append(got)
+    return pins, matched, applied
 
 
 __all__ = ["build_auto", "build_plan", "load_program", "style_and_tp_plan", "user_pins"]

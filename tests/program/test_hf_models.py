@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from shardlayout import Mesh
+from shardlayout.errors import StyleConflict
 from shardlayout.plan import plan
 from shardlayout.plan.auto import auto_plan
 from shardlayout.plan.estimate import estimate
@@ -112,6 +113,17 @@ def test_mixtral_experts_are_tensor_parallel_inside_each_expert():
         assert str(p.shardings[pre + "gate_up_proj"]) == "[4, 2*tp*32, 32]"  # (experts, gate|up, in)
         assert str(p.shardings[pre + "down_proj"]) == "[4, 32, tp*32]"  # (experts, out, in)
     assert p.verify().ok
+
+
+def test_mixtral_under_ep_is_a_style_conflict_not_gathered_experts():
+    """transformers' grouped-mm path sorts and indexes the tokens itself, which the import does not
+    read as routed rows yet: no strategy of the grouped mm runs where the experts are. The experts
+    are not all-gathered (that would not be expert parallelism): the plan is refused, naming the op
+    and the (transposed) expert weight."""
+    _, prog = program("mixtral")
+    with pytest.raises(StyleConflict, match=r"op grouped_mm_fallback \(aten._grouped_mm.default\) cannot read "
+                                            r"permute_9 \[ep\*2, 32, 128\] where the style keeps it"):
+        plan(prog, Mesh.parse("ep=2"), style="ep")
 
 
 def test_megatron_sp_gathers_the_routed_tokens_once_per_moe_layer():

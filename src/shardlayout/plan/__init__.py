@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, replace
 
 from ..caches import paused_gc, register_clearer
 from ..config import settings
-from ..errors import MeshError, NotRepresentable, ShardingError, ShardingSpecError
+from ..errors import MeshError, NotRepresentable, ShardingError, ShardingSpecError, StyleConflict
 from ..execute.verify import DEFAULT_BUDGET, Verification
 from ..execute.verify import verify as verify_plan
 from ..mesh import Mesh, as_mesh
@@ -42,7 +42,7 @@ from ..ops.result import canonical_op_name
 from ..program import Program, ProgramError
 from ..sharding import Sharding
 from ..sharding.cost import DEFAULT_COST_MODEL, CostModel, cost
-from ..sharding.move import plan_move
+from ..sharding.move import is_local_move, plan_move
 from ..sharding.ragged import source_factors
 
 
@@ -277,7 +277,7 @@ class Plan:
 
 
 def plan(program: Program, mesh: Mesh, pins: dict | None = None, cost_model: CostModel | None = None,
-         backward: bool = True, style: str | None = None, uneven: bool = False, **auto) -> Plan:
+         backward: bool = True, style: str | None = None, uneven: bool = False, keep=(), **auto) -> Plan:
     """Plan ``program`` on ``mesh``; ``pins`` maps tensor names to Shardings (or their text).
 
     A forward pass chooses every op's strategy; then a backward pass gives each still
@@ -288,7 +288,9 @@ def plan(program: Program, mesh: Mesh, pins: dict | None = None, cost_model: Cos
     within ``memory_per_device`` (``plan.auto.auto_plan``; ``auto`` takes its options).
     A symbolic program is planned at its example sizes and the plan gets its ``guards``
     (``plan.guards``); ``uneven=True``: no divisibility guards (``E >= P`` instead), sizes that do
-    not divide are claimed too, with torch.chunk's uneven shards.
+    not divide are claimed too, with torch.chunk's uneven shards. ``keep``: pinned tensors no
+    collective may move (a style's promise, ``StylePins.kept``; ``style=`` keeps its own): an op
+    takes its cheapest strategy that reads them where they are, or ``StyleConflict`` names it.
     ``plan(prog, Mesh.parse("tp=2"), {"w": "[8, tp*3]"}).shardings["y"] -> [4, tp*3]``
     """
     if not isinstance(program, Program):
@@ -296,21 +298,62 @@ def plan(program: Program, mesh: Mesh, pins: dict | None = None, cost_model: Cos
                            "ProgramBuilder, Program.from_json(text) or shardlayout.program.from_torch")
     mesh = as_mesh(mesh, "plan")
     user = pin_shardings(program, mesh, pins)
+    keep = _check_keep(keep, user)
     p = None
     if program.repeated is not None and style is None and not auto and not program.symbols:
         from .repeat import plan_repeated
 
-        p = plan_repeated(program, mesh, user, cost_model, backward)
+        p = plan_repeated(program, mesh, user, cost_model, backward, keep)
     if p is None:
-        p = _plan(program, mesh, user, cost_model, backward, style, auto)
+        p = _plan(program, mesh, user, cost_model, backward, style, auto, keep=keep)
         _check_ragged_plan(p)
     p.uneven = bool(uneven)
-    p.options = {"pins": user, "cost_model": cost_model, "backward": backward, "style": style, "auto": dict(auto)}
+    kept = keep or (p.options or {}).get("keep", frozenset())  # style=...: what the style's plan kept
+    p.options = {"pins": user, "cost_model": cost_model, "backward": backward, "style": style, "auto": dict(auto),
+                 "keep": kept}
     if program.symbols:
         from .guards import plan_guards
 
         p.guards = plan_guards(p, p.uneven)
     return p
+
+
+def _check_keep(keep, pins: dict) -> frozenset:
+    if isinstance(keep, str) or not all(isinstance(n, str) for n in keep):
+        raise ShardingSpecError(f"plan: keep must be tensor names, got {keep!r}; e.g. keep={{'w1'}}")
+    loose = sorted(set(keep) - set(pins))
+    if loose:
+        verb = "is" if len(loose) == 1 else "are"
+        raise ShardingSpecError(f"plan: keep names {', '.join(map(repr, loose[:5]))}, which {verb} not pinned; a "
+                                "tensor kept in place needs a pin saying where")
+    return frozenset(keep)
+
+
+def _moves_kept(op, args, targets, keep) -> list:
+    """The kept inputs a strategy moves with a collective."""
+    return [i for i, a, t in zip(op.inputs, args, targets) if type(i) is str and i in keep and type(a) is Sharding
+            and t is not a and t != a and not is_local_move(a, t)]
+
+
+def _kept_candidate(p, op, args, keep, tensors, routed: dict):
+    """The cheapest of the rule's priced strategies that moves no kept input with a collective (and
+    keeps routed rows whole); ``StyleConflict`` when none does."""
+    def targets_of(c):
+        return tuple(a if t is None else t for t, a in zip(c.input_targets, args))
+
+    good = [c for c in p.candidates if not _moves_kept(op, args, targets_of(c), keep)
+            and (not routed or _ragged_fits(op, targets_of(c), c.outputs, tensors, routed))]
+    if not good:
+        names = _moves_kept(op, args, p.input_targets, keep)
+        got = ", ".join(dict.fromkeys(f"{n} {a}" for n, a in zip(op.inputs, args) if n in names))
+        raise StyleConflict(f"op {op.name} ({op.target}) cannot read {got} where the style keeps "
+                            f"{'it' if len(names) == 1 else 'them'}: every strategy of the op moves "
+                            f"{'it' if len(names) == 1 else 'them'} with a collective. Pin "
+                            f"{'it' if len(names) == 1 else 'them'} differently (--pin), or shard the op's other "
+                            "inputs to match")
+    c = min(good, key=lambda c: c.cost)
+    return replace(p, input_targets=targets_of(c), outputs=tuple(c.outputs), collectives=c.collectives,
+                   notes=p.notes + (f"kept: strategy {c.describe()} (the cheapest that moves no kept weight)",))
 
 
 def _ragged_fits(op, targets, outputs, tensors, routed: dict) -> bool:
@@ -386,7 +429,7 @@ def _check_ragged_plan(p: "Plan") -> None:
 
 
 def _plan(program: Program, mesh: Mesh, user: dict, cost_model, backward: bool, style, auto: dict,
-          weigh=None) -> Plan:
+          weigh=None, keep: frozenset = frozenset()) -> Plan:
     """``plan`` itself, without guards: ``user`` pins are Shardings; ``weigh``: a plan's total
     where plans are compared (default ``Plan.total_seconds``; ``plan.repeat`` counts the
     instances a compressed program leaves out)."""
@@ -402,7 +445,7 @@ def _plan(program: Program, mesh: Mesh, user: dict, cost_model, backward: bool, 
     with paused_gc():
         for _ in range(8 if backward else 1):
             wanted: dict | None = {} if backward else None
-            p = _forward(program, mesh, {**inferred, **user}, cm, wanted)
+            p = _forward(program, mesh, {**inferred, **user}, cm, wanted, keep)
             if not backward:
                 break
             new = _infer_backward(program, p, set(user) | set(inferred), wanted)
@@ -413,7 +456,7 @@ def _plan(program: Program, mesh: Mesh, user: dict, cost_model, backward: bool, 
             hoisted = _hoist_moves(program, p, set(user) | set(inferred), cm)
             if not hoisted:
                 break
-            q = _forward(program, mesh, {**inferred, **hoisted, **user}, cm)
+            q = _forward(program, mesh, {**inferred, **hoisted, **user}, cm, None, keep)
             if weigh(q) >= weigh(p):
                 break
             inferred.update(hoisted)
@@ -644,9 +687,12 @@ _DTYPES: dict = {}  # interned operand-dtype tuples (a handful per process)
 register_clearer("shardlayout.plan._DTYPES", _DTYPES.clear, _DTYPES.__len__)
 
 
-def _forward(program: Program, mesh: Mesh, pins: dict, cm: CostModel, wanted: dict | None = None) -> "Plan":
+def _forward(program: Program, mesh: Mesh, pins: dict, cm: CostModel, wanted: dict | None = None,
+             keep: frozenset = frozenset()) -> "Plan":
     """One forward pass: every op's strategy given ``pins``; ``wanted`` (a dict) collects what
-    each tensor's consumers want of it (``_infer_backward``)."""
+    each tensor's consumers want of it (``_infer_backward``); ``keep``: pinned inputs no strategy
+    may move with a collective (``_kept_candidate``), and so the views made of them where they are
+    (a transposed expert weight is still the expert weight)."""
     t0 = time.perf_counter()
     same: dict = {}  # equal pins become one object, so memo probes compare by identity
     pins = {k: same.setdefault(v, v) for k, v in pins.items()}
@@ -681,6 +727,10 @@ def _forward(program: Program, mesh: Mesh, pins: dict, cm: CostModel, wanted: di
 
     seen, subaxes, typed_key = _SEEN.get, settings.subaxes, _typed
     want = None if wanted is None else wanted.get
+    if keep:
+        from ..program.blocks import VIEWS
+
+        keep = set(keep)
     for op, opdef, kw, typed, dtypes, kind in table:
         ins, outs = op.inputs, op.outputs
         out_pins = (pinned(outs[0]),) if len(outs) == 1 else tuple([pinned(o) for o in outs])
@@ -711,6 +761,12 @@ def _forward(program: Program, mesh: Mesh, pins: dict, cm: CostModel, wanted: di
             routed[r.counts] = source_factors(p.outputs[0], r)
         elif routed and not _ragged_fits(op, p.input_targets, p.outputs, tensors, routed):
             p = _ragged_candidate(p, op, args, tensors, routed)
+        if keep:
+            if _moves_kept(op, args, p.input_targets, keep):
+                p = _kept_candidate(p, op, args, keep, tensors, routed)
+            if (len(outs) == 1 and ins and type(ins[0]) is str and ins[0] in keep and p.input_targets[0] == args[0]
+                    and canonical_op_name(op.target) in VIEWS):
+                keep.add(outs[0])
         targets, made = p.input_targets, p.outputs
         if wanted is not None:
             for i, tgt in zip(ins, targets):

@@ -459,9 +459,11 @@ def plan_style(program, mesh: Mesh, style: str, pins=None, cost_model=None, memo
     if memory_per_device is not None or options:
         raise ShardingError(f"plan(style={style!r}): memory_per_device and {sorted(options) or 'the search options'} "
                             "apply to style='auto' only; pass style='auto'")
-    from ..program.models import style_pins
+    from ..program.styles import apply_style, kept_pins
 
-    return plan(program, mesh, {**style_pins(program, mesh, style), **(pins or {})}, cost_model)
+    got = apply_style(program, mesh, style)
+    final = {**got.pins, **(pins or {})}
+    return plan(program, mesh, final, cost_model, keep=kept_pins(pin_shardings(program, mesh, final), got))
 
 
 __all__ = ["AutoPlan", "BlockReport", "MemoryBudgetError", "ModelMismatch", "NoPlanFits", "StyleCost", "auto_plan",

@@ -28,7 +28,7 @@ from ..program.repeat import local, to_instance
 from ..sharding.cost import DEFAULT_COST_MODEL, cost
 
 
-def plan_repeated(program, mesh, user: dict, cost_model, backward: bool):
+def plan_repeated(program, mesh, user: dict, cost_model, backward: bool, keep: frozenset = frozenset()):
     """The lazily expanded Plan of a repeated program, or None when the compressed plan does
     not show one decision for every middle instance (the caller plans the whole program)."""
     from . import Plan, _plan
@@ -55,7 +55,7 @@ def plan_repeated(program, mesh, user: dict, cost_model, backward: bool):
     def weigh(p) -> float:  # the full program's total: every middle instance costs what instance 3 does
         return p.total_seconds + extra * cost([c for c in p.collectives if c.op in names3], cm)
 
-    cpl = _plan(cp, mesh, kept, cost_model, backward, None, {}, weigh)
+    cpl = _plan(cp, mesh, kept, cost_model, backward, None, {}, weigh, keep & frozenset(kept))
     if not stable(cpl, rep):
         return None
     p = object.__new__(Plan)

@@ -60,15 +60,25 @@ STYLES = ("dp", "megatron", "megatron-sp", "fsdp", "ep")
 
 @dataclass(frozen=True)
 class StylePins:
-    """A style applied to a program: ``pins`` (tensor name -> Sharding) and the blocks it
-    ``matched`` (in program order)."""
+    """A style applied to a program: ``pins`` (tensor name -> Sharding), the blocks it
+    ``matched`` (in program order) and the pinned weights it ``kept``: the ones the style promises
+    stay where it put them (Megatron's column and row weights, EP's experts), so the planner never
+    moves them with a collective; a plan that would have to is refused (``StyleConflict``)."""
 
     pins: dict
     matched: tuple
+    kept: frozenset = frozenset()
 
     def matched_json(self) -> list:
         """``[{"block": ..., "kind": ..., "tensors": [...]}, ...]``."""
         return [b.to_json() for b in self.matched]
+
+
+def kept_pins(pins: dict, *applied: StylePins) -> frozenset:
+    """The tensors of ``pins`` (the final ones: a style's, then a TP plan's, then the user's) that one
+    of the ``applied`` styles keeps with the very sharding it pinned (a pin the user changed is not
+    the style's promise any more). ``kept_pins(pins, apply_style(prog, mesh, "ep"))``"""
+    return frozenset(n for g in applied for n in g.kept if n in pins and pins[n] == g.pins.get(n))
 
 
 def sharded(mesh: Mesh, shape: tuple, placement: dict) -> Sharding:
@@ -224,19 +234,21 @@ def _repeated_style(program: Program, mesh: Mesh, style: str):
                                        for i, j in zip(at[2], at[3])):
         return None
     pins, template = dict(got.pins), local(rep, 3, got.pins)
+    kept, kept3 = set(got.kept), [sfx for sfx in local(rep, 3, dict.fromkeys(got.kept, True))]
     blocks = [got.matched[i] for i in at[3]]
     middle = []
     for k in rep.middle:
         head = f"{rep.prefix}.{k}."
         pins.update((head + sfx, v) for sfx, v in template.items())
+        kept.update(head + sfx for sfx in kept3)
         middle.extend(moved(b, to_instance(rep, k, 3), (k - 3) * n) for b in blocks)
     if middle:  # the last instance's blocks and the rest: ops later by the middle, reads of instance 3 renamed
         cut = (at[3][-1] + 1) if at[3] else len(got.matched)
         last, reads, same = f"{rep.prefix}.{rep.count - 1}.", last_reads(rep), lambda x: x
         tail = [moved(b, reads if b.tensors() and all(t.startswith(last) for t in b.tensors()) else same,
                       len(rep.middle) * n) for b in got.matched[cut:]]
-        return StylePins(pins, tuple(got.matched[:cut]) + tuple(middle) + tuple(tail))
-    return StylePins(pins, got.matched)
+        return StylePins(pins, tuple(got.matched[:cut]) + tuple(middle) + tuple(tail), frozenset(kept))
+    return StylePins(pins, got.matched, frozenset(kept))
 
 
 def style_pins(program: Program, mesh: Mesh, style: str) -> dict:
@@ -260,15 +272,21 @@ def _megatron(program: Program, mesh: Mesh, s: Structure, sequence: bool) -> Sty
         out = program.ops[i].outputs[0]
         pins[out] = sharded(mesh, t[out].shape, {0: ["dp"]})
     tp = mesh.axis_size("tp")
+    kept: set = set()
+
+    def keep(got: dict) -> dict:  # a column or row weight (and bias) stays where it is pinned
+        kept.update(got)
+        return got
+
     for b in blocks:
         for lin in b.first:
             heads = heads_of(program, lin) if b.kind == "attention" else None
             if heads is not None and heads % tp:  # fewer kv heads than ranks (MQA, GQA): each rank holds them all
                 pins.update(replicated(mesh, program, [lin.weight] + ([lin.bias] if lin.bias else [])))
             else:
-                pins.update(column(mesh, program, lin))
+                pins.update(keep(column(mesh, program, lin)))
         for lin in b.last:
-            pins.update(row(mesh, program, lin))
+            pins.update(keep(row(mesh, program, lin)))
         if sequence:
             for x in b.inputs:
                 pins[x] = sharded(mesh, t[x].shape, {0: ["dp"]})
@@ -278,9 +296,9 @@ def _megatron(program: Program, mesh: Mesh, s: Structure, sequence: bool) -> Sty
         if not (first and last):
             continue
         for lin in first:
-            pins.update(column(mesh, program, lin))
+            pins.update(keep(column(mesh, program, lin)))
         for lin in last:
-            pins.update(row(mesh, program, lin))
+            pins.update(keep(row(mesh, program, lin)))
         for out in outputs:
             pins[out] = _activation(mesh, t[out].shape, sequence and len(t[out].shape) >= 3)
         if sequence:  # the routed tokens gathered once, before the router and the experts read them
@@ -290,13 +308,13 @@ def _megatron(program: Program, mesh: Mesh, s: Structure, sequence: bool) -> Sty
         blocks += (b,)
     heads = [b for b in s.of_kind("head") if all(lin.weight not in pins for lin in b.first)]
     for b in heads:
-        pins.update(column(mesh, program, b.first[0]))
+        pins.update(keep(column(mesh, program, b.first[0])))
         if sequence:
             for x in b.inputs:
                 pins[x] = sharded(mesh, t[x].shape, {0: ["dp"]})
     matched = tuple(b for b in s.blocks if b.kind in ("attention", "mlp", "embedding", "norm") or b in heads
                     or b in blocks)
-    return StylePins(pins, matched)
+    return StylePins(pins, matched, frozenset(kept))
 
 
 def _lookups(program: Program) -> list:
@@ -354,7 +372,7 @@ def _ep(program: Program, mesh: Mesh, s: Structure) -> StylePins:
     tokens = ["dp", "ep"] if axis == "ep" and "dp" in mesh.names else [axis]  # data parallel around EP
     for n in batched_inputs(program):
         pins[n] = sharded(mesh, t[n].shape, {0: tokens})
-    return StylePins(pins, experts)
+    return StylePins(pins, experts, frozenset(n for b in experts for n in b.params))
 
 
 _STYLES = {
@@ -365,4 +383,4 @@ _STYLES = {
     "ep": _ep,
 }
 
-__all__ = ["STYLES", "StylePins", "apply_style", "column", "row", "sharded", "strided", "style_pins"]
+__all__ = ["STYLES", "StylePins", "apply_style", "column", "kept_pins", "row", "sharded", "strided", "style_pins"]

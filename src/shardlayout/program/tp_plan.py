@@ -197,7 +197,8 @@ def apply_tp_plan(program: Program, mesh: Mesh, tp_plan: dict, allow_unmatched: 
     for n in batched_inputs(program):
         if n in program.inputs("input") and "dp" in mesh.names:
             pins.setdefault(n, sharded(mesh, t[n].shape, {0: ["dp"]}))
-    return StylePins(pins, tuple(matched))
+    kept = frozenset(n for b in matched if b.kind in ("colwise", "rowwise") for n in b.params if n in pins)
+    return StylePins(pins, tuple(matched), kept)
 
 
 def _listing(mods: tuple, limit: int = 12) -> str:

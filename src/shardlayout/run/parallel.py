@@ -105,18 +105,20 @@ def _plan_module(prog, mesh, style, tp_plan, pins, allow_unmatched):
 
             given = {**apply_tp_plan(prog, mesh, read_tp_plan(tp_plan), allow_unmatched).pins, **given}
         return auto_plan(prog, mesh, _pins(given, mesh)).plan
-    got = {}
-    if style:
-        from ..program.styles import apply_style
+    from ..program.styles import apply_style, kept_pins
 
-        got.update(apply_style(prog, mesh, style, allow_unmatched).pins)
+    got, applied = {}, []
+    if style:
+        applied.append(apply_style(prog, mesh, style, allow_unmatched))
+        got.update(applied[-1].pins)
     if tp_plan:
         from ..program.tp_plan import apply_tp_plan, read_tp_plan
 
-        got.update(apply_tp_plan(prog, mesh, read_tp_plan(tp_plan) if isinstance(tp_plan, str) else tp_plan,
-                                 allow_unmatched).pins)
+        applied.append(apply_tp_plan(prog, mesh, read_tp_plan(tp_plan) if isinstance(tp_plan, str) else tp_plan,
+                                     allow_unmatched))
+        got.update(applied[-1].pins)
     got.update(_pins(given, mesh))
-    return make_plan(prog, mesh, got)
+    return make_plan(prog, mesh, got, keep=kept_pins(got, *applied))
 
 
 def _pins(pins: dict, mesh) -> dict:
