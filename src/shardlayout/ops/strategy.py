@@ -5,7 +5,9 @@ Each letter is *free* (in the output), *reduced* (not in the output: sharding it
 partial output with the rule's reduce op) or *whole* (must not be sharded, e.g. softmax's
 dim). A single-dim strategy says what one mesh axis does: replicate (``R``), shard one letter
 in every operand that carries it (``S(letter)``), or keep partial values partial through a
-linear op (``P(op)``).
+linear op (``P(op)``; through a multilinear op whose operands are partial on the same axis, one
+operand's partial kept and the others reduced first, ``P(op, k)``: ``A @ B`` with both summed over
+``tp`` is one all-reduce of A and B's partial carried to the product).
 
 **Search: exact, priced by the moves that run.** A candidate is one option per mesh axis
 (the full N-D product of the per-axis options that are valid) and, for each sharded letter, a
@@ -92,6 +94,8 @@ def fmt_option(opt) -> str:
         return "replicate"
     if opt[0] == "S":
         return f"shard index {opt[1]!r}"
+    if len(opt) > 2:
+        return f"keep partial({opt[1]}) of input {opt[2]}, reduce the others"
     return f"keep partial({opt[1]})"
 
 
@@ -178,7 +182,8 @@ def _mesh(inputs):
 
 
 def axis_options(fm: FactorMap, inputs: list, axis: str) -> list:
-    """Valid options of one mesh axis: ``[("R",), ("S", letter)..., ("P", op)?]``."""
+    """Valid options of one mesh axis: ``[("R",), ("S", letter)..., ("P", op)?, ("P", op, k)...]`` (the
+    last: input ``k``'s partial kept through a multilinear op, the other partial inputs reduced)."""
     opts = [("R",)]
     for L in fm.letters():
         if L in fm.whole:
@@ -194,10 +199,14 @@ def axis_options(fm: FactorMap, inputs: list, axis: str) -> list:
     elif fm.linear and len(ops) == 1:
         op = next(iter(ops))
         if op in ("sum", "avg"):  # linear ops commute with sums and averages, not max/min
-            ok = {"sum": True, "multi": n_partial == 1,
-                  "first": inputs[0] is not None and axis_usage(inputs[0])[axis][0] == "P" and n_partial == 1}
+            first = inputs[0] is not None and axis_usage(inputs[0])[axis][0] == "P"
+            ok = {"sum": True, "multi": n_partial == 1, "first": first and n_partial == 1}
             if ok.get(fm.linear, False):
                 opts.append(("P", op))
+            elif fm.linear in ("multi", "first") and n_partial > 1:  # keep one, reduce the others
+                keep = [k for k, x in enumerate(inputs) if x is not None and axis_usage(x)[axis] == ("P", op)
+                        and (fm.linear == "multi" or k == 0)]
+                opts.extend(("P", op, k) for k in keep)
     return opts
 
 
@@ -411,16 +420,17 @@ class _Space:
             if opt[0] == "S":
                 letter_axes.setdefault(opt[1], []).append(a)
             elif opt[0] == "P":
-                partial.append((a, opt[1]))
+                partial.append((a, opt[1], opt[2] if len(opt) > 2 else None))
         letters = sorted(letter_axes)
         options = [_letter_options(tuple(letter_axes[L]), sizes[L], self.carriers[L], mesh, L in fm.even)
                    for L in letters]
         red = [(a, fm.reduce) for L in letters if L not in fm.output for a in letter_axes[L]]
         order = self.order
-        out_partial = tuple(sorted(partial + red, key=lambda p: order[p[0]]))
+        out_partial = tuple(sorted([(a, op) for a, op, _ in partial] + red, key=lambda p: order[p[0]]))
         summing = self.summing
-        keeps = [None if use is None else tuple((a, op) for a, op in partial if summing or use[a] == ("P", op))
-                 for use in self.uses]
+        keeps = [None if use is None else tuple((a, op) for a, op, k in partial
+                                                if summing or (use[a] == ("P", op) and k in (None, i)))
+                 for i, use in enumerate(self.uses)]
 
         def picks():
             for pick in cartesian(*options):
@@ -483,7 +493,7 @@ class _Space:
                         if x is None:
                             continue
                         now = use[a]
-                        then = _usage_under(opt, a, x.shape, lt, use, sizes, mesh, self.summing)
+                        then = _usage_under(opt, a, x.shape, lt, use, sizes, mesh, self.summing, k)
                         if now != then:
                             n += 1
                             if now[0] != "R":
@@ -499,10 +509,11 @@ class _Space:
         return out
 
 
-def _usage_under(opt, a, shape, lt, use, sizes, mesh, summing) -> tuple:
-    """How an input's target uses axis ``a`` when ``a`` takes option ``opt`` (``axis_usage``)."""
+def _usage_under(opt, a, shape, lt, use, sizes, mesh, summing, k=None) -> tuple:
+    """How input ``k``'s target uses axis ``a`` when ``a`` takes option ``opt`` (``axis_usage``)."""
     if opt[0] == "P":
-        return opt if summing or use[a] == opt else ("R",)
+        kept = opt[:2]
+        return kept if summing or (use[a] == kept and (len(opt) == 2 or opt[2] == k)) else ("R",)
     if opt[0] == "S" and mesh.axis_size(a) > 1:
         for d, L in enumerate(lt):
             if L == opt[1] and shape[d] > 1 and sizes.get(L) == shape[d]:
@@ -514,7 +525,7 @@ def _out_usage_under(opt, a, shape, fm, sizes, mesh) -> tuple:
     """How an output uses axis ``a`` when ``a`` takes option ``opt`` (``axis_usage``): partial
     when the option keeps partial values or shards a reduced letter."""
     if opt[0] == "P":
-        return opt
+        return opt[:2]
     if opt[0] == "S":
         if opt[1] not in fm.output:
             return ("P", fm.reduce)
