@@ -219,7 +219,7 @@ TITAN_SP = {**TITAN, "tok_embeddings": "rowwise", "norm": "sequence_parallel", "
 def _tp(family, tp_plan, mesh=MESH):
     prog = program(family)
     got = apply_tp_plan(prog, mesh, tp_plan)
-    p = plan(prog, mesh, got.pins)
+    p = plan(prog, mesh, got.pins, keep=got.kept)  # as the CLI and parallelize plan it
     assert p.verify().ok
     return p, got
 
@@ -244,6 +244,24 @@ def test_tp_plan_sequence_parallel():
     assert p.verify().proven
     assert str(p.shardings["tok_embeddings.weight"]) == "[tp*16, 16]"
     assert str(p.shardings["output.weight"]) == "[tp*16, 16]"
+
+
+@pytest.mark.parametrize("mesh", ["tp=2", "dp=2,tp=2"])  # tp=2: the batch (2) equals the tp size
+@pytest.mark.parametrize("sequence", [True, False])
+def test_tp_plan_with_a_vocab_parallel_embedding_pays_megatron_plus_one_each(mesh, sequence):
+    """Megatron's count per layer, plus one collective for the embedding's partial output (reduced where
+    it is made: onto the sequence under sequence parallelism, whole otherwise) and, under sequence
+    parallelism, one gather before the head; the norms read the residual stream where it is, whatever
+    the batch size (no all-gather of an rsqrt and reduce-scatter of its product, no weight moved)."""
+    plan_ = {**TITAN, "tok_embeddings": "rowwise", "output": "colwise"}
+    if sequence:
+        plan_.update({"norm": "sequence_parallel", "layers.*.attention_norm": "sequence_parallel",
+                      "layers.*.ffn_norm": "sequence_parallel"})
+    p, got = _tp("titan_llama", plan_, Mesh.parse(mesh))
+    want = ({("all_gather", TP): 2 * L + 1, ("reduce_scatter", TP): 2 * L + 1} if sequence
+            else {("all_reduce", TP): 2 * L + 1})
+    assert p.counts() == want
+    assert not [c for c in p.collectives if c.tensor in got.kept]
 
 
 def test_tp_plan_on_hf_and_fused_gpt2():

@@ -696,13 +696,16 @@ def _index_rule(name, inputs, dim=0, cost_model=None, tensor_dtype="float32", ou
         cm = cost_model or DEFAULT_COST_MODEL
         later = _reduction_seconds(out, local[0], tensor_dtype, cm)
         table = gather()
+        note = (f"vocab on {local[0].axis}: each rank looks up the tokens in its {local[1]} rows, zeros elsewhere: "
+                "a partial sum, no data moves")
         if table.cost <= later:  # reducing the partial output later would move more than the table
+            own = _local_candidate((w, idx), (out,), note, cm, tensor_dtype, out_pins, (("local", local),))
             return replace(table, notes=(f"vocab: a vocab-parallel lookup's partial output would cost "
                                          f"{later * 1e6:.2f} µs to reduce, the table's gather "
-                                         f"{table.cost * 1e6:.2f} µs; the table is gathered",) + table.notes)
-        return local_propagation(name, (w, idx), (out,), f"vocab on {local[0].axis}: each rank looks up the "
-                                 f"tokens in its {local[1]} rows, zeros elsewhere: a partial sum, no data moves",
-                                 cm, tensor_dtype, out_pins, lambda: table, (("local", local),))
+                                         f"{table.cost * 1e6:.2f} µs; the table is gathered",) + table.notes,
+                           candidates=_with(own, table))
+        return local_propagation(name, (w, idx), (out,), note, cm, tensor_dtype, out_pins, lambda: table,
+                                 (("local", local),))
     s = inputs[0]
     lx = LETTERS[: s.ndim]
     d = dim
@@ -786,12 +789,30 @@ def local_propagation(name, inputs, outputs, note, cm, tensor_dtype, out_pins, f
     Shared by the resize ops (``ops.resize``) and the vocab-parallel lookup."""
     moves = move_collectives(inputs, inputs, outputs, tuple(out_pins or ()) + (None,) * len(outputs), tensor_dtype,
                              cm)
-    p = Propagation(name, tuple(inputs), tuple(inputs), tuple(outputs), moves, (note,), (), cm, local=tuple(local))
+    own = _local_candidate(inputs, outputs, note, cm, tensor_dtype, out_pins, local)
+    alt = None
     if moves and fallback is not None:
         alt = fallback()
-        if alt.cost < p.cost:
-            return alt
-    return p
+        if alt.cost < own.cost:  # the fallback's candidates and this answer: what keep / ragged choose among
+            return replace(alt, candidates=_with(own, alt))
+    p = Propagation(name, tuple(inputs), tuple(inputs), tuple(outputs), moves, (note,), (), cm, local=tuple(local))
+    return replace(p, candidates=_with(own, alt)) if alt is not None else p
+
+
+def _local_candidate(inputs, outputs, note, cm, tensor_dtype, out_pins, local):
+    """The comm-free answer as a strategy Candidate (priced like the search's), ``local`` its params."""
+    from .strategy import Candidate
+
+    pins = tuple(out_pins or ()) + (None,) * (len(outputs) - len(out_pins or ()))
+    return Candidate((("every axis", ("L", note)),), tuple(inputs), tuple(outputs), None, tuple(inputs), pins,
+                     tensor_dtype, cm, tuple(local))
+
+
+def _with(own, alt):
+    """``own`` and the candidates of the Propagation ``alt`` (enumerated when first read)."""
+    from .strategy import Candidates
+
+    return Candidates(lambda: (own,) + tuple(alt.candidates if alt is not None else ()))
 
 
 def local_lookup(w, i, start: int, rows: int, xp):

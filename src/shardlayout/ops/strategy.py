@@ -94,6 +94,8 @@ def fmt_option(opt) -> str:
         return "replicate"
     if opt[0] == "S":
         return f"shard index {opt[1]!r}"
+    if opt[0] == "L":
+        return opt[1]
     if len(opt) > 2:
         return f"keep partial({opt[1]}) of input {opt[2]}, reduce the others"
     return f"keep partial({opt[1]})"
@@ -113,6 +115,7 @@ class Candidate:
     out_pins: tuple = field(default=(), repr=False, compare=False)
     tensor_dtype: object = field(default="float32", repr=False, compare=False)
     cost_model: object = field(default=None, repr=False, compare=False)
+    local: tuple = field(default=(), repr=False, compare=False)  # the local run's params (Propagation.local)
 
     @cached_property
     def cost(self) -> float:

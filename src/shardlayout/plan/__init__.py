@@ -353,7 +353,8 @@ def _kept_candidate(p, op, args, keep, tensors, routed: dict):
                             "inputs to match")
     c = min(good, key=lambda c: c.cost)
     return replace(p, input_targets=targets_of(c), outputs=tuple(c.outputs), collectives=c.collectives,
-                   notes=p.notes + (f"kept: strategy {c.describe()} (the cheapest that moves no kept weight)",))
+                   local=c.local, notes=p.notes + (f"kept: strategy {c.describe()} (the cheapest that moves no "
+                                                   "kept weight)",))
 
 
 def _ragged_fits(op, targets, outputs, tensors, routed: dict) -> bool:
@@ -385,7 +386,7 @@ def _ragged_candidate(p, op, args, tensors, routed: dict):
         return p
     c = min(good, key=lambda c: c.cost)
     return replace(p, input_targets=tuple(a if t is None else t for t, a in zip(c.input_targets, args)),
-                   outputs=tuple(c.outputs), collectives=c.collectives, notes=p.notes + (
+                   outputs=tuple(c.outputs), collectives=c.collectives, local=c.local, notes=p.notes + (
                        f"ragged: strategy {c.describe()} (the cheapest that keeps routed rows whole)",))
 
 

@@ -313,6 +313,41 @@ def _as_linear(g: Graph, param: str, i: int, pos: int, dims: tuple):
     return Linear(param, bias, i, out, act, k_dim, n_dim, _fused_parts(g, out))
 
 
+_STATISTICS = frozenset({"pow", "mean", "add", "sub", "rsqrt", "sqrt", "var", "var_mean", "reciprocal", "mul",
+                         "square", "_to_copy", "sum", "div"})
+
+
+def _normalized(g: Graph, t: str) -> str:
+    """The tensor a decomposed norm reads: ``t = x * rsqrt(mean(x**2) + eps)`` (or ``x / sqrt(...)``,
+    ``(x - mean(x)) * rsqrt(var(x) + eps)``) is walked back to ``x``, the residual stream the norm
+    module receives (a sequence-parallel plan shards it there); ``t`` itself when it is no such form."""
+    for _ in range(3):
+        op = g.made_by(t)
+        if op is None or short(op) not in ("mul", "div", "sub"):
+            return t
+        ins = [x for x in op.inputs if isinstance(x, str)]
+        if len(ins) != 2:
+            return t
+        for x, r in (ins, ins[::-1]):
+            if r != x and _statistic_of(g, r, x):
+                t = x
+                break
+        else:
+            return t
+    return t
+
+
+def _statistic_of(g: Graph, r: str, x: str, depth: int = 8) -> bool:
+    """Is ``r`` computed from ``x`` alone (and constants) by a few reductions and pointwise ops?"""
+    if r == x:
+        return True
+    op = g.made_by(r)
+    if op is None or depth == 0 or short(op) not in _STATISTICS:
+        return False
+    ins = [i for i in op.inputs if isinstance(i, str)]
+    return bool(ins) and all(_statistic_of(g, i, x, depth - 1) for i in ins)
+
+
 def _is_param(g: Graph, t) -> bool:
     return isinstance(t, str) and g.program.tensors[t].kind == "param"
 
@@ -690,7 +725,8 @@ def _others(program: Program, g: Graph, linears: tuple, claimed: set) -> list:
         elif base == "mul" and len(params) == 1 and len(tensors[params[0]].shape) == 1 and params[0] not in biases:
             act = [x for x in op.inputs if isinstance(x, str) and x != params[0]]
             if act and tensors[act[0]].shape and tensors[act[0]].shape[-1] == tensors[params[0]].shape[0]:
-                out.append(Block("norm", module_of(params), inputs=(act[0],), output=op.outputs[0], params=params))
+                out.append(Block("norm", module_of(params), inputs=(_normalized(g, act[0]),), output=op.outputs[0],
+                                 params=params))
     seen_heads = set()
     for lin in linears:
         if lin in claimed or lin.weight in seen_heads:

@@ -145,7 +145,11 @@ def _module_pins(program: Program, mesh: Mesh, module: str, value, sequence: boo
             return pins
         if embeds:
             w = embeds[0].params[0]
-            return {w: strided(mesh, t[w].shape, 1 if value == "colwise" else 0, "tp")}
+            pins = {w: strided(mesh, t[w].shape, 1 if value == "colwise" else 0, "tp")}
+            out = embeds[0].output
+            if value == "rowwise" and out:  # vocab-parallel: its partial output reduced once, where it is made
+                pins[out] = _seq(mesh, t[out].shape) if sequence else sharded(mesh, t[out].shape, {0: ["dp"]})
+            return pins
         raise TpPlanError(f"{where} is {value!r}, but the module holds no Linear or Embedding weight: "
                           f"{_roles(program, own)}. colwise/rowwise apply to Linears and Embeddings, "
                           "sequence_parallel to norms")
