@@ -47,6 +47,7 @@ def cmd_layout(args) -> int:
     from . import layout as L
 
     f = getattr(L, args.op)
+    _check_arity(args.op, f, len(args.operands))
     operands = [_parse_operand(x) for x in args.operands]
     result = f(*operands)
     if args.json:
@@ -56,6 +57,24 @@ def cmd_layout(args) -> int:
     else:
         print(result)
     return 0
+
+
+def _check_arity(op: str, f, n: int) -> None:
+    """``n`` operands fit ``f``'s positional parameters, or a LayoutError saying how many it takes."""
+    import inspect
+
+    from .errors import LayoutError
+
+    params = list(inspect.signature(f).parameters.values())
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    least = sum(p.default is p.empty for p in positional)
+    most = len(positional)
+    if not least <= n <= most:
+        takes = str(most) if least == most else f"{least} to {most}"
+        raise LayoutError(f"{op} takes {takes} operand{'s' if most != 1 else ''}, got {n}; e.g. shardlayout layout "
+                          f"{op} " + " ".join(["'(4,2):(1,4)'"] + ["2"] * (max(least, 1) - 1)))
 
 
 def _parse_shape(text: str, flag: str = "--shape") -> tuple:
@@ -103,9 +122,14 @@ def _split_top(text: str, flag: str | None = None, what: str = "entry", fix: str
 def _parse_spec(text: str) -> tuple:
     out = []
     fix = "one entry per dim (None for a dim on no axis), e.g. \"('dp','tp'),None\""
-    for part in _split_top(text.strip().removeprefix("P(").removeprefix("PartitionSpec(").rstrip(")")
-                           if text.strip().startswith(("P(", "PartitionSpec(")) else text,
-                           "--partition-spec", "entry", fix):
+    body = text.strip()
+    opened, closed = body.count("("), body.count(")")
+    if opened != closed:
+        raise ShardingError(f"--partition-spec {text!r}: unbalanced parentheses ({opened} '(' and {closed} ')'); close "
+                            "each one, e.g. \"P('dp', None)\" or \"('dp','tp'),None\"")
+    if body.startswith(("P(", "PartitionSpec(")) and body.endswith(")"):
+        body = body.removeprefix("P(").removeprefix("PartitionSpec(")[:-1]
+    for part in _split_top(body, "--partition-spec", "entry", fix):
         p = part.strip().strip("'\"")
         if p in ("None", "_", ""):
             out.append(None)
@@ -285,6 +309,8 @@ def cmd_explain(args) -> int:
     from .plan.stream import parse_stream
     from .propagation import propagate
 
+    if args.top < 1:
+        raise ShardingError(f"--top {args.top}: give 1 or more candidates to list (--all lists every one)")
     mesh = Mesh.parse(args.mesh)
     inputs, streamed = [], {}
     for i, t in enumerate(args.inputs):
@@ -294,7 +320,12 @@ def cmd_explain(args) -> int:
             streamed[i] = (d, k)
         else:
             inputs.append(_parse_input(t, mesh))
-    params = dict(_parse_param(p) for p in args.param or [])
+    params: dict = {}
+    for text in args.param or []:
+        k, v = _parse_param(text)
+        if k in params:
+            raise ShardingError(f"--param {k} is given twice ({params[k]!r} and {v!r}); give each param once")
+        params[k] = v
     p = propagate(args.op, inputs, **params)
     data = p.to_json()
     streams = [_explain_stream(args.op, p, params, i, d, k) for i, (d, k) in sorted(streamed.items())]
@@ -309,8 +340,6 @@ def cmd_explain(args) -> int:
         print(f"  input {i}: {s}{arrow}")
     for i, o in enumerate(p.outputs):
         print(f"  output {i}: {o}")
-    if args.top < 1:
-        raise ShardingError(f"--top {args.top}: give 1 or more candidates to list (--all lists every one)")
     cm = p.cost_model
     if p.notes:
         print("strategy (per mesh axis):")
@@ -606,6 +635,8 @@ def cmd_run(args) -> int:
         raise ShardingError(f"--timeout {args.timeout}: give a positive, finite number of seconds")
     if args.repeat < 0:
         raise ShardingError(f"--repeat {args.repeat}: give 0 or more steps to time")
+    if not 0 <= args.seed < 2**64:
+        raise ShardingError(f"--seed {args.seed}: give an int >= 0 (torch seeds are 0 to 2**64-1)")
     _check_steps(args)
     if args.steps:
         return _cmd_train(args, opts, mesh)
@@ -689,9 +720,10 @@ def _check_steps(args) -> None:
     if args.resume and args.weights:
         raise ShardingError("--resume and --weights both say where the weights come from: give one")
     if args.weights is not None:
-        from .run.weights import weight_files
+        from .run.weights import check_header, weight_files
 
-        weight_files(args.weights)  # exists, before any rank starts
+        for path in weight_files(args.weights):  # exist and are safetensors, before any rank starts
+            check_header(path)
     if args.checkpoint is not None and not args.checkpoint.strip():
         raise ShardingError("--checkpoint '': give a directory")
     if args.lr is not None and not (0 < args.lr < float("inf")):
@@ -749,6 +781,9 @@ def _cmd_train(args, opts: dict, mesh) -> int:
     if report.get("param_elements_skipped"):
         print(f"({report['param_elements_skipped']} parameter element(s) not compared: the unsharded model's own "
               "float32 gradient there is off its float64 value by more than AdamW's step lets the check tell apart)")
+    if report.get("float64_reference_missing"):
+        print(f"(no float64 run of the unsharded model to tell its own float32 rounding apart: "
+              f"{report['float64_reference_missing']}; every parameter element compared)")
     return 0 if report["equal"] else 1
 
 
@@ -779,7 +814,7 @@ def _add_model_args(pl) -> None:
     pl.add_argument("--hf", metavar="CONFIG", help="a Hugging Face transformers config.json (or a directory holding "
                     "one, or a cached model id): its causal-LM class built on the meta device, no weights; example "
                     "input_ids of --size batch=B,seq=S (default 1, 128)")
-    pl.add_argument("--layers", type=int, default=2)
+    pl.add_argument("--layers", type=int, default=None, help="the built-in llama's layers (default 2)")
     pl.add_argument("--size", metavar="KEY=N,...", help="a built-in model's sizes, e.g. dim=4096,seq=4096,batch=1,"
                     "heads=32,ffn=11008 (llama) or tokens=...,experts=... (moe)")
     pl.add_argument("--mesh", default="dp=2,tp=4")
@@ -955,6 +990,9 @@ def main(argv=None) -> int:
             if not args.debug:  # third-party warnings (torch.export's FutureWarnings) stay off stderr
                 warnings.simplefilter("ignore")
             with _report("progress").enabled(not getattr(args, "json", False)):  # bars: a terminal, not --json
+                if getattr(args, "mesh", None) is not None and not args.mesh.strip():
+                    raise ShardingError("--mesh '': give the mesh axes, e.g. --mesh dp=2,tp=4 (one device: "
+                                        "--mesh tp=1)")
                 return args.func(args)
     except BrokenPipeError:  # e.g. piped into `head`
         import os

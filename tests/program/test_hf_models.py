@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from shardlayout import Mesh
-from shardlayout.errors import StyleConflict
 from shardlayout.plan import plan
 from shardlayout.plan.auto import auto_plan
 from shardlayout.plan.estimate import estimate
@@ -101,11 +100,12 @@ def test_megatron_sp_and_auto_on_dp_tp(name):
 
 def test_mixtral_experts_are_tensor_parallel_inside_each_expert():
     """Mixtral's experts run ``transformers::grouped_mm_fallback`` (float32), read as torch's grouped
-    mm; under megatron each expert's fused gate|up is column-parallel per part and its down
-    row-parallel, the partial sums ride through the routing's combine to one all-reduce per layer."""
+    mm, and its routing as route / per-expert einsum / unroute; under megatron each expert's fused
+    gate|up is column-parallel per part and its down row-parallel, the partial sums ride through the
+    routing's combine to one all-reduce per layer."""
     _, prog = program("mixtral")
     targets = {op.target for op in prog.ops}
-    assert "aten._grouped_mm.default" in targets and not any("transformers" in t for t in targets)
+    assert {"route", "einsum", "unroute"} <= targets and not any("transformers" in t for t in targets)
     p = plan(prog, TP2, style_pins(prog, TP2, "megatron"))
     assert p.counts() == {("all_reduce", ("tp",)): 4}
     for layer in (0, 1):
@@ -115,15 +115,20 @@ def test_mixtral_experts_are_tensor_parallel_inside_each_expert():
     assert p.verify().ok
 
 
-def test_mixtral_under_ep_is_a_style_conflict_not_gathered_experts():
-    """transformers' grouped-mm path sorts and indexes the tokens itself, which the import does not
-    read as routed rows yet: no strategy of the grouped mm runs where the experts are. The experts
-    are not all-gathered (that would not be expert parallelism): the plan is refused, naming the op
-    and the (transposed) expert weight."""
-    _, prog = program("mixtral")
-    with pytest.raises(StyleConflict, match=r"op grouped_mm_fallback \(aten._grouped_mm.default\) cannot read "
-                                            r"permute_9 \[ep\*2, 32, 128\] where the style keeps it"):
-        plan(prog, Mesh.parse("ep=2"), style="ep")
+@pytest.mark.parametrize("name", ["mixtral", "qwen3_moe"])
+def test_hf_moe_under_ep_moves_tokens_not_experts(name):
+    """transformers' grouped-mm path (sort the (token, choice) pairs by expert, index the tokens, count
+    them with histc, run grouped mms, undo the sort with an inverse permutation and sum each token's
+    k rows) is read as route / per-expert einsums / unroute: expert parallelism moves each layer's
+    routed rows there and back (two all_to_alls of exactly the rows one device sends), the experts
+    stay where ep put them, proven with real routing."""
+    _, prog = program(name)
+    names = {op.target for op in prog.ops}
+    assert {"route", "unroute"} <= names and "aten._grouped_mm.default" not in names
+    p = plan(prog, Mesh.parse("ep=2"), style="ep")
+    ideal = 16 * 2 * 32 * 4 // 2  # 16 tokens x top-2 rows of dim 32, float32, one device's share
+    assert p.counts() == {("all_to_all", ("ep",)): 4} and all(c.bytes == ideal for c in p.collectives)
+    assert p.verify().ok
 
 
 def test_megatron_sp_gathers_the_routed_tokens_once_per_moe_layer():

@@ -236,3 +236,63 @@ def test_an_int_floor_division_by_a_python_int_stays_int_on_torch():
     ref = reference_run(p, {"x": x, "i": i}, torch_op, torch)
     assert ref[div.outputs[0]].dtype == torch.int64
     assert torch.equal(ref[prog.outputs[0]], SortedRows()(x, i))
+
+
+# -- 5. transformers' grouped-mm MoE: sorted ids counted by histc(max=E-1), a fused gate|up split on the
+# rows, and the combine as an inverse permutation (inv[order] = arange), index, view (T, k, D), sum(1)
+class HFStyle(torch.nn.Module):
+    def __init__(self, dim=16, experts=4, ffn=24, top_k=2, combine="inverse"):
+        super().__init__()
+        self.k, self.experts, self.combine = top_k, experts, combine
+        self.gate = torch.nn.Linear(dim, experts, bias=False)
+        self.gate_up = torch.nn.Parameter(torch.randn(experts, 2 * ffn, dim) / dim ** 0.5)
+        self.down = torch.nn.Parameter(torch.randn(experts, dim, ffn) / ffn ** 0.5)
+
+    def forward(self, x):
+        t, d = x.shape
+        top, idx = torch.topk(torch.softmax(self.gate(x), dim=-1), self.k, dim=-1)
+        top = top / top.sum(-1, keepdim=True)
+        ids, order = torch.sort(idx.view(-1))
+        xs = x[order // self.k]
+        scores = top.view(-1)[order]
+        offs = torch.cumsum(torch.histc(ids.float(), bins=self.experts, min=0, max=self.experts - 1), 0,
+                            dtype=torch.int32)
+        h = torch._grouped_mm(xs.bfloat16(), self.gate_up.bfloat16().transpose(1, 2), offs=offs)  # (CPU: bf16)
+        gate, up = h.split([self.gate_up.shape[1] // 2] * 2, dim=-1)
+        ys = torch._grouped_mm(F.silu(gate) * up, self.down.bfloat16().transpose(1, 2), offs=offs).float()
+        ys = ys * scores.unsqueeze(-1)
+        if self.combine == "inverse":
+            inv = torch.empty_like(order)
+            inv[order] = torch.arange(order.numel())
+            back = ys[inv]
+        else:  # the same un-permutation written as a scatter of the rows: left as it is
+            back = torch.zeros_like(ys)
+            back[order] = ys
+        return back.view(t, self.k, d).sum(1)
+
+
+def test_transformers_style_moe_becomes_route_einsum_unroute_and_equals_the_module():
+    torch.manual_seed(0)
+    m, x = HFStyle(), torch.randn(32, 16)
+    prog = from_torch(m, (x,))
+    names = targets(prog)
+    assert names.count("route") == 2 and names.count("unroute") == 1, names
+    assert not {"_grouped_mm", "sort", "histc", "cumsum", "index_put"} & set(names)
+    assert "split_with_sizes" in names  # the gate|up split runs on the routed rows
+    with torch.no_grad():
+        want = m(x)
+    got = run_unsharded(m, x, prog)
+    assert torch.equal(got, want), float((got - want).abs().max())
+    mesh = Mesh.parse("ep=4")
+    p = plan(prog, mesh, style="ep")
+    ideal = 32 * 2 * 16 * 2 // 4  # tokens x k rows of dim 16 in bf16 (moved before their casts), one device's
+    assert [c.kind.value for c in p.collectives] == ["all_to_all"] * 2, p.collectives
+    assert [c.bytes for c in p.collectives] == [ideal, ideal]
+    assert p.verify().ok
+
+
+def test_an_unsorting_scatter_is_left_as_it_is():
+    torch.manual_seed(0)
+    m, x = HFStyle(combine="scatter"), torch.randn(32, 16)
+    prog = from_torch(m, (x,))
+    assert "route" not in targets(prog) and "sort" in targets(prog)

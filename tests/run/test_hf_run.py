@@ -43,3 +43,18 @@ def test_qwen2_tied_with_biases_trains_with_adamw_on_dp_and_tp(tmp_path, run_jso
     assert rep["equal"] and rep["max_loss_rel_err"] <= 1e-5 and rep["max_param_rel_err"] <= 1e-5
     assert rep["collectives"] == rep["planned_collectives"]
     assert rep["param_elements_skipped"] < 2_000  # a few hundred of ~40k parameter elements here
+
+
+def test_hf_qwen3_moe_trains_expert_parallel_as_the_unsharded_model():
+    """transformers' Qwen3-MoE under --style ep: its routing read as route / einsum / unroute, the
+    tokens sent to their experts' rank and back (all_to_all with the routing's split sizes), 2 AdamW
+    steps equal to the unsharded model; no float64 run of it exists on CPU (torch's grouped mm has no
+    float64 kernel), which the report says."""
+    r = shardlayout("run", "--module", EXAMPLE + ":qwen3_moe", "--mesh", "ep=2", "--style", "ep", "--steps", "2",
+                    "--json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    rep = json.loads(r.stdout)
+    assert rep["equal"] and rep["max_param_rel_err"] <= 1e-5
+    assert rep["collectives"]["forward"] == {"all_to_all": 4}
+    assert rep["collectives"] == rep["planned_collectives"]
+    assert "Double" in rep["float64_reference_missing"]

@@ -161,6 +161,13 @@ def run_nested(opdef, args: list, params: dict, out_shapes: list, run, xp) -> li
         return [rops.unsqueeze(args[0], params["dim"])]
     if name == "squeeze":
         return [rops.squeeze(args[0], params["dim"])]
+    if name in SPLITS:  # along a dense dim: each output keeps the rows where they are
+        nested, d = args[0], params["dim"]
+        dd = d - 1 if d >= 0 else d  # the component and ragged dims are one stored dim
+        rows = tuple(nested.data.shape)
+        shapes = [rows[:dd % len(rows)] + (s[d],) + rows[dd % len(rows) + 1:] for s in out_shapes]
+        outs = run(opdef, [nested.data] + list(args[1:]), {**params, "dim": dd}, shapes)
+        return [Nested(o, nested.extents, nested.dim) for o in outs]
     if name not in ROWWISE:
         raise RaggedError(f"op {name} on a ragged tensor is not defined here; ragged tensors go through route, "
                           f"einsum/bmm over their components, row-wise ops ({', '.join(sorted(ROWWISE))}) and "
@@ -168,6 +175,10 @@ def run_nested(opdef, args: list, params: dict, out_shapes: list, run, xp) -> li
     nested = next(a for a in args if isinstance(a, Nested))
     return [rops.pointwise(lambda *plain: run(opdef, list(plain), params, [tuple(nested.data.shape)])[0], *args)]
 
+
+SPLITS = frozenset({"split_with_sizes", "split", "chunk", "slice", "narrow"})
+"""Ops that cut a dense dim of routed rows (transformers' fused gate|up split): defined on ragged rows
+when the cut dim comes after the ragged one."""
 
 ROWWISE = frozenset({
     "rsqrt", "sqrt", "exp", "log", "abs", "sigmoid", "silu", "relu", "tanh", "cos", "sin", "erf", "reciprocal",
@@ -332,5 +343,5 @@ def reference_params(po) -> dict:
     return {**po.params, "sources": tuple(blocks[k] for k in sorted(blocks))}
 
 
-__all__ = ["RAGGED_OPS", "ROWWISE", "expected_rows", "reference_params", "route_values", "run_nested",
+__all__ = ["RAGGED_OPS", "ROWWISE", "SPLITS", "expected_rows", "reference_params", "route_values", "run_nested",
            "unroute_values"]

@@ -789,15 +789,18 @@ def derived(program: Program, names) -> frozenset:
 
 def expert_linears(program: Program, block: Block) -> tuple:
     """``(first, last, outputs)`` of an ``experts`` block for tensor parallelism inside each
-    expert: its grouped weights as Linears of their batched matmul (``_grouped_mm(rows, w, offs)``
-    or ``bmm(rows, w)``: ``w``'s dims followed through permutes and views to the contracted and
+    expert: its grouped weights as Linears of their batched matmul (``_grouped_mm(rows, w, offs)``,
+    ``bmm(rows, w)`` or routed rows' ``einsum("erd,edf->erf", rows, w)``: ``w``'s dims followed through
+    permutes and views to the contracted and
     the output features; fused gate|up counted as parts), *last* when its rows come from another
     expert matmul's output, and the residual ``add`` each last one's output reaches through a
     single path of ops. ``expert_linears(prog, b)[0][0].out_dim -> 1``"""
     g = graph(program)
     lins = []
     for param in block.params:
-        for i, pos, dims in _weight_uses(g, param, ("_grouped_mm", "bmm")):
+        for i, pos, dims in _weight_uses(g, param, ("_grouped_mm", "bmm", "einsum")):
+            if short(g.op(i)) == "einsum" and dict(g.op(i).params).get("equation") != "erd,edf->erf":
+                continue
             if pos == 1 and len(dims) == 3 and None not in dims[1:] and dims[1] != dims[2]:
                 op = g.op(i)
                 out = op.outputs[0]
@@ -820,7 +823,7 @@ def routed_source(program: Program, lin: Linear) -> str | None:
             return None
         op = g.op(i)
         base = short(op)
-        if base in ("index", "index_select") and isinstance(op.inputs[0], str):
+        if base in ("index", "index_select", "route") and isinstance(op.inputs[0], str):
             return op.inputs[0]
         if base not in VIEWS or not isinstance(op.inputs[0], str):
             return None

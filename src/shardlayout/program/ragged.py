@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..ops.ragged import ROWWISE
+from ..ops.ragged import ROWWISE, SPLITS
 from ..ops.result import canonical_op_name
 from ..sharding.nested import RaggedError
 from ..sharding.ragged import Ragged
@@ -111,6 +111,13 @@ def output_ragged(op, ins: list, out_shapes: list) -> list:
         return [r]
     if name in ROWWISE:
         return [_rowwise_ragged(op, ins, out_shapes[0])] * len(out_shapes)
+    if name in SPLITS and len(ragged_in) == 1 and ins[0].ragged is not None:
+        r, d = ins[0].ragged, dict(op.params).get("dim", 0)
+        d = d + len(ins[0].shape) if isinstance(d, int) and d < 0 else d
+        if not isinstance(d, int) or d <= r.dim:
+            raise RaggedError(f"op {op.name} ({name}, dim {d}): routed rows are cut only along a dim after the "
+                              f"ragged dim {r.dim} (the rows of each expert stay whole)")
+        return [r] * len(out_shapes)
     names = ", ".join(s.name for s in ragged_in)
     raise RaggedError(f"op {op.name} ({name}) takes the ragged tensor {names}; ragged tensors go through route, "
                       f"einsum/bmm over their components, row-wise ops ({', '.join(sorted(ROWWISE))}) and "

@@ -12,6 +12,9 @@ permutation, so the tokens are all-gathered. Here the pattern becomes what it me
     index(s.view(-1), argsort(idx.view(-1)))  -> route(s, idx, pairs=True)  (the per-choice scores)
     _grouped_mm(a, w, offs)                  -> einsum("erd,edf->erf", a, w)  (offs: a's own extents)
     scatter_add(zeros, 0, order // k, y)     -> unroute(y, idx)   (index_add, index_put(accumulate) alike)
+    index(y, inv).view(T, k, D).sum(1)       -> unroute(y, idx)   (inv[order] = arange: the rows put back in
+                                                                   (token, choice) order, then each token's
+                                                                   k rows summed: transformers' MoE)
 
 and every op between them runs on the nested rows (``program.ragged``); the counting, sorting
 and offsets ops that fed only the pattern are dropped. A program without the pattern is
@@ -32,6 +35,7 @@ returned as it is.
 from __future__ import annotations
 
 from ..errors import ShardingError
+from ..ops.ragged import SPLITS
 from ..ops.result import canonical_op_name
 from . import Program, ProgramBuilder, ProgramError
 
@@ -49,7 +53,7 @@ def _flat_of(prog: Program, op, name: str) -> str | None:
 
 def _scan(prog: Program) -> dict:
     """The routing handles: topk index tensors, their flattened views, sort orders, token ids."""
-    topk, flat, order, token, spread = {}, {}, {}, {}, {}
+    topk, flat, order, token, spread, ids, inverse = {}, {}, {}, {}, {}, {}, {}
     for op in prog.ops:
         n = canonical_op_name(op.target)
         ins, outs = op.inputs, op.outputs
@@ -64,6 +68,11 @@ def _scan(prog: Program) -> dict:
             flat[outs[0]] = _flat_of(prog, op, outs[0])
         elif n in ("sort", "argsort") and ins and flat.get(ins[0]) in topk and not kw.get("descending"):
             order[outs[-1]] = flat[ins[0]]  # sort's indices, or argsort's only output
+            if len(outs) == 2:
+                ids[outs[0]] = flat[ins[0]]  # sort's values: the expert ids in sorted order (counted alike)
+        elif n == "index_put" and len(ins) == 3 and ins[1] in order and not kw.get("accumulate") and \
+                _is_arange(prog, ins[2], prog.tensors[ins[1]].shape[0]):
+            inverse[outs[0]] = order[ins[1]]  # inv[order] = arange: the inverse permutation
         elif n in ("div", "floor_divide") and len(ins) == 2 and ins[0] in order and \
                 (n == "floor_divide" or kw.get("rounding_mode") == "floor") and \
                 ins[1] == topk[order[ins[0]]]["k"]:
@@ -73,7 +82,17 @@ def _scan(prog: Program) -> dict:
             spread[outs[0]] = token[ins[0]]  # token ids as a column: unsqueeze(-1), or reshape(-1, 1) as torchtitan
         elif n == "expand" and ins and ins[0] in spread:
             spread[outs[0]] = spread[ins[0]]
-    return {"topk": topk, "flat": flat, "order": order, "token": token, "spread": spread}
+    return {"topk": topk, "flat": flat, "order": order, "token": token, "spread": spread, "ids": ids,
+            "inverse": inverse}
+
+
+def _is_arange(prog: Program, name: str, n: int) -> bool:
+    """Is ``name`` made by ``arange(0, n)`` (step 1)?"""
+    op = next((op for op in prog.ops if name in op.outputs), None)
+    if op is None or canonical_op_name(op.target) != "arange":
+        return False
+    kw = dict(op.params)
+    return kw.get("start", 0) == 0 and kw.get("end") == n and kw.get("step", 1) == 1
 
 
 def _is_zeros(prog: Program, name: str, producer: dict) -> bool:
@@ -110,10 +129,13 @@ def _replay(prog: Program, h: dict) -> Program:
         t = prog.tensors[name]
         b._add(t)
     ragged: dict = {}  # a routed tensor -> the top-k index its rows were routed by
+    unsorted: dict = {}  # rows put back in (token, choice) order, not yet summed -> (rows, top-k index)
     for op in prog.ops:
         n = canonical_op_name(op.target)
         ins, kw = op.inputs, op.kwargs()
         dtypes = [prog.tensors[o].dtype for o in op.outputs]
+        if _unsort(prog, op, n, ins, kw, h, ragged, unsorted, b, dtypes):
+            continue
         routed = _rewrite(prog, op, n, ins, kw, h, ragged, producer)
         if routed is not None:
             target, inputs, params, extra = routed
@@ -129,7 +151,7 @@ def _replay(prog: Program, h: dict) -> Program:
             continue
         mine = [ragged[i] for i in ins if isinstance(i, str) and i in ragged]
         if mine:
-            if n in ("unsqueeze", "squeeze") and isinstance(kw.get("dim"), int) and kw["dim"] >= 0:
+            if n in ("unsqueeze", "squeeze") + tuple(SPLITS) and isinstance(kw.get("dim"), int) and kw["dim"] >= 0:
                 kw = {**kw, "dim": kw["dim"] + 1}  # a flat dim d >= 1 is nested dim d + 1
             ragged.update((o, mine[0]) for o in op.outputs)
             column = _as_column(prog, op, n)
@@ -140,6 +162,32 @@ def _replay(prog: Program, h: dict) -> Program:
     for o in prog.outputs:
         b.output(o)
     return _live(b.build())
+
+
+def _unsort(prog, op, n, ins, kw, h, ragged, unsorted, b, dtypes) -> bool:
+    """transformers' combine: ``index(y, inv)`` (rows back in (token, choice) order), ``view(T, k, ...)``,
+    ``sum(1)`` is ``unroute(y, idx)``; the first two make nothing (True: handled), the sum makes the
+    unroute. Any other use of the unsorted rows raises (the rewrite is undone)."""
+    if n in ("index", "index_select") and len(ins) == 2 and ins[0] in ragged and ins[1] in h["inverse"] and \
+            kw.get("dim", 0) == 0 and h["inverse"][ins[1]] == ragged[ins[0]]:
+        unsorted[op.outputs[0]] = (ins[0], ragged[ins[0]], False)
+        return True
+    held = [i for i in ins if isinstance(i, str) and i in unsorted]
+    if not held:
+        return False
+    rows, idx, pairs = unsorted[held[0]]
+    t = h["topk"][idx]
+    shape = prog.tensors[held[0]].shape
+    if n in _FLATTEN and len(ins) == 1 and not pairs and \
+            prog.tensors[op.outputs[0]].shape == (t["tokens"], t["k"]) + shape[1:]:
+        unsorted[op.outputs[0]] = (rows, idx, True)
+        return True
+    if n == "sum" and len(ins) == 1 and pairs and tuple(kw.get("dim") or ()) in ((1,), (-len(shape) + 1,)) and \
+            not kw.get("keepdim"):
+        b.op("unroute", [rows, idx], name=op.name, dtypes=dtypes)
+        return True
+    raise ShardingError(f"op {op.name} reads routed rows put back in token order ({held[0]}) other than by "
+                        "viewing them (tokens, k, ...) and summing the k choices")
 
 
 def _as_column(prog, op, n: str):
@@ -215,12 +263,13 @@ def _offsets_of_routing(prog: Program, name: str, h: dict, producer: dict, route
         return False
     n, kw = canonical_op_name(op.target), dict(op.params)
     ids, _ = through(op.inputs[0])
-    idx = h["flat"].get(ids)
+    idx = h["flat"].get(ids, h["ids"].get(ids))  # the ids, or the ids sorted: the same counts
     if idx not in h["topk"] or idx != routed_by:
         return False
     e = h["topk"][idx]["experts"]
-    if n == "histc":
-        return kw.get("bins") == e and kw.get("min", 0) == 0 and kw.get("max", 0) == e
+    if n == "histc":  # bins of width E/E or (E-1)/E over [0, E] or [0, E-1]: integer ids e land in bin e
+        return kw.get("bins") == e and kw.get("min", 0) == 0 and (kw.get("max", 0) == e or
+                                                                   (e >= 2 and kw.get("max", 0) == e - 1))
     return n == "bincount" and kw.get("minlength") == e and len(op.inputs) == 1
 
 

@@ -248,7 +248,8 @@ def train_main(rank: int, world: int, options: dict, result_path: str | None = N
     losses, ref_losses, times = [], [], []
     scales = []  # sum |output * G| of each reference step: the size of the loss's terms
     noise: dict = {}  # parameter -> elements whose reference gradient is too inexact to compare steps
-    exact = None  # float64 copy of the reference (float32 AdamW runs), made at the first step
+    exact = None  # float64 copy of the reference (float32 AdamW runs), made at the first step; False: none runs
+    no_exact = None  # why the float64 reference could not run (every rank alike: the same model)
     from .launch import HALF_RTOL, _half_precision
 
     half = _half_precision(plan.program)  # ops computed in bfloat16/float16 round per summation order
@@ -272,10 +273,13 @@ def train_main(rank: int, world: int, options: dict, result_path: str | None = N
         ref_outs = _tensors(ref_out)
         ref_loss = sum((o * g).sum() for o, g in zip(ref_outs, G))
         ref_loss.backward()
-        if dtype != torch.float64 and kind == "adamw":
+        if dtype != torch.float64 and kind == "adamw" and exact is not False:
             if exact is None:
                 exact = copy.deepcopy(reference).double()
-            _mark_noise(noise, reference, exact, inputs, G, ref_opt.param_groups[0]["lr"], tol)
+            try:
+                _mark_noise(noise, reference, exact, inputs, G, ref_opt.param_groups[0]["lr"], tol)
+            except (RuntimeError, NotImplementedError) as e:  # an op with no float64 kernel (CPU _grouped_mm)
+                exact, no_exact = False, f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
         ref_opt.step()
         ref_opt.zero_grad(set_to_none=True)
         if noise:
@@ -303,7 +307,8 @@ def train_main(rank: int, world: int, options: dict, result_path: str | None = N
         "optimizer": options.get("optimizer") or "adamw", "compile": bool(options.get("compile")),
         "losses": losses, "reference_losses": ref_losses, "max_loss_rel_err": loss_rel,
         "max_param_rel_err": param_rel, "worst_param_on_rank0": worst_param,
-        "param_elements_skipped": skipped,
+        "param_elements_skipped": skipped, "float64_reference": no_exact is None and exact is not None,
+        "float64_reference_missing": no_exact,
         "tolerance": f"{half or str(dtype).replace('torch.', '')}: {tol:g} relative",
         "equal": bool(loss_rel <= tol and param_rel <= tol),
         "collectives": None if options.get("compile") else counted, "planned_collectives": planned,
