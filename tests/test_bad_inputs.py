@@ -233,6 +233,26 @@ BAD_CLI = {
     "mesh empty entry": (["show", "--mesh", "dp=2,,tp=4", "--shape", "8", "--placements", "S(0),R"], "'dp=2,,tp=4'"),
     "pin an int": (["plan", "--pin", "x=5"], "--pin x: Sharding.parse: '5'"),
     "program is a directory": (["plan", "--program", "/"], "--program"),
+    # wrong operand counts, options given twice or out of range, checked before any output
+    "layout one operand": (["layout", "composition", "(4,2):(1,4)"], "composition takes 2 operands, got 1"),
+    "layout three operands": (["layout", "composition", "(4,2):(1,4)", "2", "2"],
+                              "composition takes 2 operands, got 3"),
+    "layout complement three operands": (["layout", "complement", "4:1", "4", "4"], "complement takes 1 to 2 operands"),
+    "explain top 0": (["explain", "mm", *M, "--inputs", "[dp*4, tp*3]", "[12, 6]", "--top", "0"],
+                      "--top 0: give 1 or more candidates"),
+    "explain top -1 json": (["explain", "mm", *M, "--inputs", "[dp*4, tp*3]", "[12, 6]", "--top", "-1", "--json"],
+                            "--top -1: give 1 or more candidates"),
+    "explain param twice": (["explain", "sum", *M, "--inputs", "8,12:S(0),R", "--param", "dim=0", "--param", "dim=1"],
+                            "--param dim is given twice (0 and 1); give each param once"),
+    "explain unknown dtype param": (["explain", "mm", *M, "--inputs", "[dp*4, tp*3]", "[12, 6]", "--param",
+                                     "out_dtype=float99"], "op mm: param out_dtype = 'float99' is not a dtype"),
+    "partition spec unbalanced": (["show", *M, "--shape", "8,12", "--partition-spec", "P('dp'"],
+                                  "--partition-spec \"P('dp'\": unbalanced parentheses (1 '(' and 0 ')')"),
+    "layers with moe": (["plan", "--model", "moe", "--mesh", "ep=2", "--layers", "3"],
+                        "--layers 3: --layers applies to the built-in llama only (--model moe has no layer count)"),
+    "empty mesh with a style": (["plan", "--mesh", "", "--style", "megatron"], "--mesh '': give the mesh axes"),
+    "empty tp plan": (["plan", "--mesh", "tp=2", "--layers", "1", "--tp-plan", ""],
+                      "--tp-plan '': an empty value names no file"),
 }
 
 
@@ -240,6 +260,48 @@ BAD_CLI = {
 def test_bad_input_cli(name, capsys):
     argv, match = BAD_CLI[name]
     _refused(argv, capsys, match)
+
+
+@pytest.mark.parametrize("argv", [
+    ["explain", "mm", *M, "--inputs", "[dp*4, tp*3]", "[12, 6]", "--top", "0"],
+    ["explain", "mm", *M, "--inputs", "[dp*4, tp*3]", "[12, 6]", "--top", "-1", "--json"],
+], ids=["text", "json"])
+def test_explain_top_is_checked_before_any_output(argv, capsys):
+    assert main(argv) == 2
+    out, _ = capsys.readouterr()
+    if "--json" in argv:  # the error object only
+        assert len(out.splitlines()) == 1 and json.loads(out)["error"]["message"].startswith("--top -1")
+    else:
+        assert out == ""
+
+
+# file content -> (the option that reads it, what the one-line error names); {path}: the file
+BAD_FILES = {
+    "tp plan not UTF-8": (b"\xff\xfe{\x00", ["--tp-plan"], "--tp-plan {path}: not UTF-8 text (byte 0xff at offset 0)"),
+    "tp plan nested deeply": (("[" * DEEP + "]" * DEEP).encode(), ["--tp-plan"],
+                              "--tp-plan {path}: the JSON is nested too deeply"),
+    "tp plan key twice": (b'{"layers.*": "replicate", "layers.*": "colwise"}', ["--tp-plan"],
+                          "--tp-plan {path}: key 'layers.*' is given twice ('replicate' and 'colwise')"),
+    "tp plan two values for a module": (b'{"layers.*": "replicate", "layers.0": "colwise"}', ["--tp-plan"],
+                                        "--tp-plan: 'layers.0' is matched by 'layers.*' ('replicate') and by "
+                                        "'layers.0' ('colwise'); give each module one value"),
+    "tp plan module value in an object": (b'{"layers.*": {"wq": "colwise"}}', ["--tp-plan"],
+                                          "'colwise' is a module's value, given as a string on the module's key, "
+                                          "not inside an object"),
+    "program not UTF-8": (b"\xff\xfe\x00garbage", ["--program"],
+                          "--program {path}: not UTF-8 text (byte 0xff at offset 0)"),
+    "program with --layers": (b"PROG", ["--layers", "0", "--program"],
+                              "--layers 0: --layers applies to the built-in llama only (--program has its own layers)"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_FILES))
+def test_bad_files_cli(name, tmp_path, capsys):
+    content, flags, match = BAD_FILES[name]
+    path = tmp_path / "f.json"
+    path.write_bytes(PROG.to_json().encode() if content == b"PROG" else content)
+    argv = ["plan", "--mesh", "tp=2"] + ([] if "--program" in flags else ["--layers", "1"]) + flags + [str(path)]
+    _refused(argv, capsys, match.format(path=path))
 
 
 @pytest.mark.parametrize("argv", [["plan", "--mesh", "dp=2,", "--json"], ["plan", "--bogus", "--json"],
@@ -268,6 +330,38 @@ def test_errors_inside_a_user_module(name, tmp_path, capsys):
     path = tmp_path / "usermod.py"
     path.write_text(USER_MODULES[name][0])
     _refused(["plan", "--module", f"{path}:make"], capsys, USER_MODULES[name][1])
+
+
+@pytest.mark.parametrize("dynamic", ["x:0=batch,x:0=seq", "x:0=batch,x:-2=seq"])
+def test_dynamic_names_each_dim_once(dynamic, tmp_path, capsys):
+    pytest.importorskip("torch")
+    path = tmp_path / "usermod.py"
+    path.write_text("import torch\nclass M(torch.nn.Module):\n    def forward(self, x):\n        return x.relu()\n"
+                    "def make():\n    return M(), (torch.randn(4, 8),)\n")
+    _refused(["plan", "--mesh", "tp=2", "--module", f"{path}:make", "--dynamic", dynamic], capsys,
+             f"--dynamic {dynamic!r}: input 'x' dim 0 is named twice (as 'batch' and in ")
+
+
+def test_a_module_that_does_not_fit_its_example_is_one_line(tmp_path):
+    """torch logs fake-tensor tracebacks while export fails: silenced, only our line is printed."""
+    pytest.importorskip("torch")
+    path = tmp_path / "usermod.py"
+    path.write_text("import torch\nclass M(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+                    "        self.lin = torch.nn.Linear(8, 8)\n    def forward(self, x):\n        return self.lin(x)\n"
+                    "def make():\n    return M(), (torch.randn(4, 7),)\n")
+    _run_refused(["plan", "--mesh", "tp=2", "--module", f"{path}:make"], "torch.export could not trace the module")
+
+
+@pytest.mark.parametrize("extra,match", [
+    (["--seed", "-1"], "--seed -1: give an int >= 0"),
+    (["--steps", "1", "--weights", "WEIGHTS"], "not a safetensors file (its first 8 bytes give no header length"),
+])
+def test_bad_run_options_are_refused_before_any_rank_starts(extra, match, tmp_path, capsys):
+    pytest.importorskip("torch")
+    weights = tmp_path / "w.safetensors"
+    weights.write_bytes(b"this is not a safetensors file")
+    _refused(["run", "--mesh", "tp=2", "--layers", "1"] + [str(weights) if x == "WEIGHTS" else x for x in extra],
+             capsys, match)
 
 
 def test_missing_user_module(capsys):
@@ -498,6 +592,8 @@ CONTROLS = [
     ["explain", "sum", *M, "--inputs", "8,12:S(0),R", "--param", "dim=-1"],
     ["explain", "topk", *M, "--inputs", "8,12:S(0),R", "--param", "k=12"],
     ["layout", "coalesce", "((2,2),4):((1,2),4)"],
+    ["layout", "composition", "(4,2):(1,4)", "[]"],  # CuTe: an empty tiler drops every mode, ():() of size 1
+    ["show", *M, "--shape", "8,12", "--partition-spec", "P(('dp','tp'),None)"],
 ]
 
 

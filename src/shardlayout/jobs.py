@@ -20,7 +20,7 @@ MAX_LAYERS = 4096
 
 def load_program(args):
     """The Program the options name (a built-in model, JSON, a torch module or an export)."""
-    from .program import Program
+    from .program import Program, ProgramError
     from .program.models import MODELS
 
     for k, example in (("hf", "llama/config.json"), ("module", "model.py:make"), ("export", "model.pt2"),
@@ -36,6 +36,7 @@ def load_program(args):
                                         or getattr(args, "program", None)):
         raise ShardingError("--size sets a built-in model's sizes (--model llama|moe|moe-dense); a module, program or "
                             "export has its own")
+    _check_layers(args)
     if getattr(args, "dynamic", None) is not None and not args.dynamic.strip(" ,"):
         raise ShardingError("--dynamic '': name at least one dim, e.g. --dynamic x:0=batch (INPUT:DIM=SYMBOL)")
     if getattr(args, "dynamic", None) and not getattr(args, "module", None):
@@ -82,16 +83,31 @@ def load_program(args):
         return from_exported(ep)
     if args.program:
         try:
-            with open(args.program) as f:
+            with open(args.program, encoding="utf-8") as f:
                 return Program.from_json(f.read())
         except OSError as e:
             raise ShardingError(f"--program {args.program}: {e.strerror}") from None
+        except UnicodeDecodeError as e:
+            raise ProgramError(f"--program {args.program}: not UTF-8 text (byte {e.object[e.start]:#04x} at offset "
+                               f"{e.start}); save the program JSON as UTF-8") from None
     if args.model not in MODELS:
         raise ShardingError(f"unknown model {args.model!r}; built-in models: {', '.join(MODELS)}")
     if isinstance(args.layers, int) and args.layers > MAX_LAYERS:
         raise ShardingError(f"--layers {args.layers}: the built-in models go up to {MAX_LAYERS} layers "
                             f"(planning time grows linearly, ~2 ms a layer); give at most {MAX_LAYERS}")
-    return MODELS[args.model](layers=args.layers, **model_sizes(args.model, getattr(args, "size", None)))
+    layers = 2 if args.layers is None else args.layers
+    return MODELS[args.model](layers=layers, **model_sizes(args.model, getattr(args, "size", None)))
+
+
+def _check_layers(args) -> None:
+    """``--layers`` sets the built-in llama's depth; with any other model it would be ignored: refused."""
+    layers = getattr(args, "layers", None)
+    if layers is None:
+        return
+    source = next((f"--{k}" for k in ("hf", "module", "export", "program") if getattr(args, k, None)), None)
+    if source is not None or getattr(args, "model", "llama") != "llama":
+        what = f"{source} has its own layers" if source else f"--model {args.model} has no layer count"
+        raise ShardingError(f"--layers {layers}: --layers applies to the built-in llama only ({what}); drop --layers")
 
 
 def hf_source(args, device: str):
@@ -250,7 +266,7 @@ def build_auto(args, program=None):
     prog = load_program(args) if program is None else program
     _check_uneven(args, prog)
     pins = {}
-    if getattr(args, "tp_plan", None):
+    if getattr(args, "tp_plan", None) is not None:  # '' is refused by read_tp_plan, never skipped
         from .program.tp_plan import apply_tp_plan, read_tp_plan
 
         pins.update(apply_tp_plan(prog, mesh, read_tp_plan(args.tp_plan),
@@ -286,7 +302,7 @@ def style_and_tp_plan(prog, mesh, args) -> tuple:
         got = apply_style(prog, mesh, args.style, allow)
         pins, matched = dict(got.pins), got.matched_json()
         applied.append(got)
-    if getattr(args, "tp_plan", None):
+    if getattr(args, "tp_plan", None) is not None:  # '' is refused by read_tp_plan, never skipped
         got = apply_tp_plan(prog, mesh, read_tp_plan(args.tp_plan), allow)
         pins.update(got.pins)
         matched = (matched or []) + got.matched_json()

@@ -30,8 +30,15 @@ class Mesh:
     names: tuple
 
     def __post_init__(self):
-        shape = tuple(self.shape) if not isinstance(self.shape, int) else (self.shape,)
-        names = (self.names,) if isinstance(self.names, str) else tuple(self.names)
+        shape, names = self.shape, self.names
+        if isinstance(shape, (str, bytes)) or not (isinstance(shape, numbers.Integral) or hasattr(shape, "__iter__")):
+            raise MeshError(f"Mesh: shape {reprlib.repr(shape)} is not a tuple of axis sizes; give e.g. "
+                            "Mesh((2, 4), ('dp', 'tp')) or Mesh.parse('dp=2,tp=4')")
+        if isinstance(names, bytes) or not (isinstance(names, str) or hasattr(names, "__iter__")):
+            raise MeshError(f"Mesh: names {reprlib.repr(names)} is not a tuple of axis names; give e.g. "
+                            "Mesh((2, 4), ('dp', 'tp')) or Mesh.parse('dp=2,tp=4')")
+        shape = (shape,) if isinstance(shape, numbers.Integral) else tuple(shape)
+        names = (names,) if isinstance(names, str) else tuple(names)
         if len(shape) != len(names):
             raise MeshError(
                 f"Mesh: {len(shape)} sizes {shape} but {len(names)} names {names}; give one name per axis"
@@ -61,6 +68,10 @@ class Mesh:
     @staticmethod
     def parse(text: str) -> "Mesh":
         """``Mesh.parse("dp=2,tp=4")``; the empty string is a mesh of one device."""
+        if not isinstance(text, str):
+            raise MeshError(f"Mesh.parse: got {type(text).__name__} {reprlib.repr(text)}, not text; write e.g. "
+                            "'dp=2,tp=4'" + (" (decode bytes first)" if isinstance(text, bytes) else
+                                             " (a Mesh is used as it is, not parsed)"))
         text = text.strip()
         if not text:
             return Mesh((), ())
@@ -136,6 +147,10 @@ class Mesh:
     def rank_of(self, coord) -> int:
         """Rank at a mesh coordinate. ``Mesh.parse("dp=2,tp=4").rank_of((1, 1)) -> 5``."""
         if type(coord) is not tuple:
+            if isinstance(coord, (set, frozenset, dict)):
+                raise MeshError(f"mesh {self}: coordinate {reprlib.repr(coord)} is a {type(coord).__name__}, which has "
+                                f"no order; give a tuple with one int per axis ({', '.join(self.names) or 'none'}), "
+                                f"e.g. mesh.rank_of({(0,) * self.ndim})")
             if isinstance(coord, (str, bytes)) or not hasattr(coord, "__iter__"):
                 raise MeshError(f"mesh {self}: coordinate {reprlib.repr(coord)} is not a tuple of ints; give one int "
                                 f"per axis ({', '.join(self.names) or 'none'}), e.g. mesh.rank_of({(0,) * self.ndim})")
@@ -162,6 +177,10 @@ class Mesh:
         """The mesh of the named axes, in the given order. ``Mesh.parse("dp=2,tp=4").submesh(["tp"])``."""
         if isinstance(names, str):
             names = [names]
+        if isinstance(names, (bytes, set, frozenset, dict)) or not hasattr(names, "__iter__"):
+            raise MeshError(f"mesh {self}: submesh names {reprlib.repr(names)} are not a list of axis names; give "
+                            f"e.g. submesh([{self.names[-1] if self.names else 'tp'!r}])")
+        names = tuple(names)
         return Mesh(tuple(self.axis_size(n) for n in names), tuple(names))
 
 

@@ -341,3 +341,30 @@ def test_error_messages_name_operation_operands_and_condition():
     with pytest.raises(LayoutError, match="tiler"):
         composition(Layout(8), -2)
     assert issubclass(LayoutError, ShardingError)
+
+
+@pytest.mark.parametrize("call,needle", [
+    (lambda: Layout((4, 2), (1, 4))[5], "Layout (4,2):(1,4): mode 5 is not a mode of this rank-2 layout; give an int "
+                                        "from -2 to 1"),
+    (lambda: Layout((4, 2), (1, 4))["a"], "mode 'a' is not a mode"),
+    (lambda: Layout(4, 1)[1], "mode 1 is not a mode of this rank-1 layout"),
+    (lambda: Layout(())[0], "a rank-0 layout has no modes"),
+    (lambda: Layout((4, 2), (1, 4)).idx2crd(1.5), "idx2crd index 1.5 is not an int; give a 1-D index, e.g. 0 to 7"),
+])
+def test_modes_and_indices_out_of_the_layout_are_layout_errors(call, needle):
+    with pytest.raises(LayoutError) as e:
+        call()
+    assert needle in str(e.value), str(e.value)
+
+
+def test_the_rank_0_layout_is_cutes_layout_of_size_and_cosize_1():
+    """CuTe's ``Layout<Shape<>, Stride<>>``: size 1 (the empty product), cosize 1 (its coshape), its one
+    offset 0; as an A it is 1:0 (what coalescing it gives), and composing by an empty tiler drops
+    every mode (as C++ drops the modes a tuple tiler does not touch)."""
+    E = Layout(())
+    L = Layout((4, 2), (1, 4))
+    assert (E.size(), E.cosize(), E(0), E.values(), E.rank) == (1, 1, 0, [0], 0)
+    assert composition(L, ()) == E and composition(L, ()).cosize() == 1
+    assert composition(E, Layout(4, 2)) == Layout(4, 0) and composition(E, E) == E
+    assert coalesce(E) == Layout(1, 0) and logical_product(L, E).size() == 8
+    assert L[0:1] == Layout((4,), (1,)) and L[-1] == Layout(2, 4)

@@ -393,3 +393,13 @@ def test_a_replicated_operand_of_a_partial_one_gets_its_gradient_summed():
     x, w = Sharding.parse("[4, 8] +sum(tp)", m), Sharding.parse("[8]", m)
     got = op_reductions(("x", "w"), (x, w), (x,), {"x", "w"})
     assert got == (("w", w, frozenset({"tp"})),)
+
+
+@pytest.mark.parametrize("end", [float("nan"), float("inf"), -float("inf")])
+def test_arange_refuses_bounds_that_are_not_finite(end):
+    from shardlayout.errors import OpError
+
+    with pytest.raises(OpError) as e:
+        propagate("arange", [], end=end, mesh=Mesh.parse("tp=2"))
+    assert f"op arange: end = {end!r} is not a finite number; give finite start, end and step" in str(e.value)
+    assert propagate("arange", [], end=10.5, mesh=Mesh.parse("tp=2")).outputs[0].shape == (11,)

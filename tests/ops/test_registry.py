@@ -88,3 +88,74 @@ def test_register_op_plans_and_verifies_a_user_op():
         register_op("bad name", "a", factor_rule(scaled))
     assert np.isclose(get_op("test_scaled_mm").run_numpy([np.eye(2), np.eye(2)], {"scale": 2.0}, [(2, 2)])[0][0, 0],
                       3.0)
+
+
+W = Sharding.parse("[12, 6]", M)
+
+
+@pytest.mark.parametrize("call,needle", [
+    (lambda: propagate("mm", 5), "op mm: inputs 5 are not a list; give one Sharding"),
+    (lambda: propagate("mm", [X, W], out_pins="x"), "op mm: out_pins 'x' is not a list; give one Sharding (or None) "
+                                                    "per output"),
+    (lambda: propagate("mm", [X, W], out_pins=["[8, 6]"]), "out_pins[0] is str '[8, 6]', not a Sharding"),
+    (lambda: propagate("mm", [X, W], out_pins=[Sharding.parse("[8]", M)]), "op mm: out_pins[0] [8] has shape (8,), "
+                                                                           "output 0 has shape (8, 6)"),
+    (lambda: propagate("mm", [X, W], out_pins=[X, X]), "op mm: 2 out_pins for 1 output(s)"),
+    (lambda: propagate("mm", [X, W], out_pins=[Sharding.parse("[8, 6]", "tp=2")]), "is on mesh tp=2, the inputs "
+                                                                                   "on mesh dp=2,tp=4"),
+    (lambda: propagate("mm", [X, W], cost_model="fast"), "op mm: cost_model 'fast' is not a CostModel"),
+    (lambda: propagate("mm", [X, W], tensor_dtype=[]), "op mm: tensor_dtype lists 0 dtypes for 2 inputs"),
+    (lambda: propagate("mm", [X, W], out_dtype="float99"), "op mm: param out_dtype = 'float99' is not a dtype; give "
+                                                           "one of float64"),
+])
+def test_propagate_refuses_bad_arguments(call, needle):
+    with pytest.raises(OpError) as e:
+        call()
+    assert needle in str(e.value), str(e.value)
+
+
+def test_an_unknown_aten_overload_is_refused():
+    pytest.importorskip("torch")  # torch's own list of overloads is the reference
+    with pytest.raises(UnsupportedOp) as e:
+        propagate("aten.mm.bogus", [X, W])
+    assert "op 'aten.mm.bogus': aten.mm has no overload 'bogus' (its overloads: default, dtype" in str(e.value)
+    assert propagate("aten.mm.out", [X, W]).outputs == propagate("mm", [X, W]).outputs
+
+
+def test_near_misses_of_the_propagate_arguments_succeed():
+    want = propagate("mm", [X, W]).outputs
+    assert propagate("mm", (X, W), out_pins=[None], tensor_dtype=["bfloat16"], out_dtype="bfloat16").outputs == want
+    pin = Sharding.parse("[dp*4, 6]", M)
+    assert propagate("mm", [X, W], out_pins=[pin], tensor_dtype=["float32", "float32"]).outputs == (pin,)
+    assert propagate("aten.mm.default", [X, W]).outputs == want
+
+
+_RULE = factor_rule(lambda name, inputs, params: FactorMap(("x",), "x"))
+
+
+@pytest.mark.parametrize("args,kw,needle", [
+    (("t_sig_none", None), {}, "register_op t_sig_none: signature must be text like 'x, w ; dim: int = 0'"),
+    (("t_sig_int", 5), {}, "got int 5"),
+    (("t_check", "a"), {"check": 5}, "register_op t_check: check must be callable or None, got int 5"),
+    (("t_alias_str", "a"), {"aliases": "ab"}, "aliases must be a list of op names, got str 'ab'; e.g. aliases=['ab']"),
+    (("t_alias_id", "a"), {"aliases": ["not an id"]}, "alias 'not an id' is not an identifier"),
+    (("t_range", "a ; k: int[5..1]"), {}, "param 'k' has the empty range [5..1]; write [lo..hi] with lo <= hi"),
+    (("t_default_str", "a ; k: int = 'str'"), {}, "default 'str' of param 'k' is not an int"),
+    (("t_default_float", "a ; k: int = 1.5"), {}, "default 1.5 of param 'k' is not an int"),
+    (("t_default_range", "a ; k: int[1..4] = 9"), {}, "default 9 of param 'k' is not an int[1..4]"),
+    (("t_default_dtype", "a ; d: dtype = 'float99'"), {}, "default 'float99' of param 'd' is not a dtype"),
+    (("t_dup_tensor", "a, a"), {}, "tensor 'a' is named twice"),
+    (("t_dup_param", "a ; k: int, k: float"), {}, "param 'k' has the name of a param before it"),
+    (("t_param_tensor", "a ; a: int = 1"), {}, "param 'a' has the name of a tensor before it"),
+])
+def test_register_op_refuses_bad_declarations(args, kw, needle):
+    with pytest.raises(OpError) as e:
+        register_op(args[0], args[1], _RULE, **kw)
+    assert needle in str(e.value), str(e.value)
+    assert args[0] not in registered()
+
+
+def test_register_op_takes_typed_defaults_and_alias_lists():
+    op = register_op("t_good_defaults", "a ; k: int[1..4] = 2, d: dtype? = None, e: dtype = 'bfloat16', f: float = 1",
+                     _RULE, aliases=("t_good_defaults_alias",), check=lambda *a: None, replace_existing=True)
+    assert op.signature.param("k").default == 2 and "t_good_defaults_alias" in registered()

@@ -105,3 +105,44 @@ def test_builder_shapes_with_constants_equal_the_rule_shapes():
         ins = [cold.tensors[i].shape if isinstance(i, str) else i for i in op.inputs]
         assert [cold.tensors[o].shape for o in op.outputs] == [tuple(s) for s in shape_of(op.target, ins,
                                                                                           op.kwargs())]
+
+
+def _relu(**kw):
+    b = ProgramBuilder()
+    x = b.input("x", (4, 8))
+    return b.op("relu", [x], **kw)
+
+
+@pytest.mark.parametrize("kw,needle", [
+    ({"name": 5}, "op relu: name 5 must be a non-empty string"),
+    ({"name": ""}, "op relu: name '' must be a non-empty string"),
+    ({"dtypes": ["float99"]}, "op relu: dtypes[0] 'float99' is not one of float64, float32"),
+    ({"dtypes": [5]}, "op relu: dtypes[0] 5 is not one of float64"),
+    ({"dtypes": "float32"}, "dtypes 'float32' must be a list of dtype names, one per output"),
+    ({"n_out": 0}, "op relu: n_out 0 must be an int >= 1"),
+    ({"n_out": -3}, "op relu: n_out -3 must be an int >= 1"),
+])
+def test_builder_op_refuses_bad_arguments(kw, needle):
+    with pytest.raises(ProgramError) as e:
+        _relu(**kw)
+    assert needle in str(e.value), str(e.value)
+
+
+def test_builder_op_takes_dtype_names_and_none():
+    b = ProgramBuilder()
+    x = b.input("x", (4, 8))
+    v, i = b.op("topk", [x], name="t", n_out=2, dtypes=["bfloat16", None], k=2, dim=1)
+    assert (b._tensors[v].dtype, b._tensors[i].dtype) == ("bfloat16", "float32")
+
+
+@pytest.mark.parametrize("text,needle", [
+    ('{"tensors": [{"name": "x", "shape": [4], "dtype": "float32", "dtype": "int64"}], "ops": [], "outputs": ["x"]}',
+     "program JSON: key 'dtype' is given twice in tensor 'x' ('float32' and 'int64'); give each key once"),
+    ('{"tensors": [], "ops": [], "outputs": [], "outputs": ["x"]}', "key 'outputs' is given twice in the program"),
+    ('{"tensors": [{"name": "x", "shape": [4]}], "ops": [{"target": "relu", "name": "r", "inputs": ["x"], '
+     '"inputs": ["x"], "outputs": ["x"]}], "outputs": ["x"]}', "key 'inputs' is given twice in op 'r' (relu)"),
+])
+def test_program_json_refuses_a_key_given_twice(text, needle):
+    with pytest.raises(ProgramError) as e:
+        Program.from_json(text)
+    assert needle in str(e.value), str(e.value)

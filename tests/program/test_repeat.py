@@ -178,6 +178,8 @@ def test_a_stamped_name_cannot_be_defined_again():
     (True, lambda b, x: x, "x", "count True must be an int >= 1"),
     (8, lambda b, x: None, "x", "instance 0 returned"),
     (8, lambda b, x: b.op("relu", [x], name="y"), "nope", "carry 'nope' is not a tensor"),
+    (10**9, lambda b, x: b.op("relu", [x]), "x", r"count 1000000000 is more than the 1048576 instances a program may "
+                                                 "have"),
 ])
 def test_bad_repeats_name_what_is_wrong(count, block, carry, match):
     b = ProgramBuilder()

@@ -103,3 +103,43 @@ def test_shardings_and_meshes_pickle_across_processes():
     m, s = Mesh.parse("dp=2,tp=4"), Sharding.parse("[dp*4, tp*2] +sum(x)", Mesh.parse("dp=2,tp=4,x=2"))
     assert m2 == m and s2 == s and {m: 1}[m2] == 1 and {s: 2}[s2] == 2
     assert str(s2) == str(s) and pickle.loads(pickle.dumps(s)) == s
+
+
+# -- bad inputs at the boundary: the error class and what the message names ----------------------
+S = Sharding.parse("[dp*4, tp*3]", M)
+
+
+@pytest.mark.parametrize(
+    "build,cls,needle",
+    [
+        (lambda: Mesh.parse(None), MeshError, "Mesh.parse: got NoneType None, not text"),
+        (lambda: Mesh.parse(42), MeshError, "Mesh.parse: got int 42, not text"),
+        (lambda: Mesh.parse(b"dp=2"), MeshError, "got bytes b'dp=2', not text; write e.g. 'dp=2,tp=4' (decode"),
+        (lambda: Mesh(None, None), MeshError, "Mesh: shape None is not a tuple of axis sizes"),
+        (lambda: Mesh(2, 5), MeshError, "Mesh: names 5 is not a tuple of axis names"),
+        (lambda: M.submesh(None), MeshError, "submesh names None are not a list of axis names"),
+        (lambda: M.rank_of({1, 0}), MeshError, "is a set, which has no order; give a tuple"),
+        (lambda: Sharding.parse("[8, 12] +sum()", M), ShardingSpecError, "'+sum()' in '[8, 12] +sum()' names no mesh "
+                                                                        "axis; write the partial axes inside"),
+        (lambda: Sharding.parse("[chunks(dp/99999999999999999999, tp) of 16]", M), ShardingSpecError,
+         "split factor 99999999999999999999 of dp must be an int in [1, 9223372036854775807]"),
+        (lambda: Sharding.parse("[chunks(dp/" + "9" * 5000 + ", tp) of 16]", M), ShardingSpecError,
+         "(5000 digits) of dp must be an int in [1, 9223372036854775807]"),
+        (lambda: Sharding("dp=2", (8,), [[(2, "dp", 1.0)]]), ShardingSpecError, "has pre 1.0, not an int"),
+        (lambda: S.is_even(5), ShardingSpecError, "is_even: dim 5 is not a dim of [dp*4, tp*3] (2 dims)"),
+        (lambda: S.is_even("0"), ShardingSpecError, "is_even: dim '0' is not a dim"),
+        (lambda: S.axis_pieces("zz"), MeshError, "has no axis 'zz'; its axes are dp, tp"),
+    ],
+)
+def test_bad_inputs_raise_the_fitting_error(build, cls, needle):
+    with pytest.raises(cls) as e:
+        build()
+    assert needle in str(e.value), str(e.value)
+
+
+def test_near_misses_of_the_bad_inputs_succeed():
+    assert Mesh(2, "dp") == Mesh.parse("dp=2") and M.submesh(("tp", "dp")) == Mesh.parse("tp=4,dp=2")
+    assert M.rank_of([1, 1]) == 5
+    assert Sharding("dp=2", (8,), [[(2, "dp", 1)]]) == Sharding.parse("[dp*4]", "dp=2")
+    assert str(Sharding.parse("[chunks(dp/3, tp) of 16]", M)) == "[chunks(dp/3, tp) of 16]"
+    assert S.is_even(-1) and S.is_even(1) and S.axis_pieces("tp") == [(1, 0, Factor(4, "tp"))]

@@ -181,3 +181,27 @@ def test_megatron_sp_on_an_uneven_sequence_reduce_scatters():
     p = plan(prog, m, style_pins(prog, m, "megatron-sp"))
     assert p.counts() == {("all_gather", ("tp",)): 2, ("reduce_scatter", ("tp",)): 2}
     assert p.verify().proven
+
+
+_M = Mesh.parse("dp=2,tp=4")
+_S = Sharding.parse("[dp*4, tp*3]", _M)
+
+
+@pytest.mark.parametrize("call,needle", [
+    (lambda: plan_move(_S, "x"), "plan_move: dst 'x' on src's mesh dp=2,tp=4: Sharding.parse: 'x' is not"),
+    (lambda: plan_move(None, _S), "plan_move: src is NoneType None, not a Sharding"),
+    (lambda: plan_move(_S, 5), "plan_move: dst is int 5, not a Sharding"),
+    (lambda: plan_move(_S, _S, dtype="float99"), "dtype 'float99' is not one of float64"),
+    (lambda: plan_move(_S, Sharding.parse("[8, 12]", _M), cost_model=5), "plan_move: cost_model 5 is not a "
+                                                                          "CostModel"),
+])
+def test_plan_move_bad_arguments(call, needle):
+    from shardlayout.errors import ShardingSpecError
+
+    with pytest.raises(ShardingSpecError) as e:
+        call()
+    assert needle in str(e.value), str(e.value)
+
+
+def test_plan_move_reads_a_target_text_on_the_source_mesh():
+    assert plan_move(_S, "[dp*4, 12]") == plan_move(_S, Sharding.parse("[dp*4, 12]", _M))

@@ -79,3 +79,17 @@ def test_partition_spec_examples():
     with pytest.raises(NotRepresentable, match="uneven"):
         Sharding.from_partition_spec(M, (9, 3), (("dp", "tp"),))
     assert str(Sharding.from_partition_spec(M, (9,), ("tp",))) == "[tp*3 of 9]"
+
+
+@pytest.mark.parametrize("build,needle", [
+    (lambda: Sharding.from_placements(M, (8, 12), None), "from_placements: placements None are not a list; give one "
+                                                         "placement per mesh dim of dp=2,tp=4, e.g. ['S(0)', 'R']"),
+    (lambda: Sharding.from_placements(M, (8, 12), "S(0),R"), "placements 'S(0),R' are not a list"),
+    (lambda: Sharding.from_partition_spec(M, (8, 12), 5), "from_partition_spec: spec 5 is not a PartitionSpec"),
+    (lambda: Sharding.from_partition_spec(M, (8, 12), (5, None)), "entry 0 of (5, None) is 5; an entry is None, an "
+                                                                  "axis name or a tuple of axis names"),
+])
+def test_placements_and_specs_that_are_not_lists_are_refused(build, needle):
+    with pytest.raises(ShardingSpecError) as e:
+        build()
+    assert needle in str(e.value), str(e.value)

@@ -119,3 +119,25 @@ def test_sub_axis_sharding_shards_and_has_no_placements():
     t = Sharding.parse("[dp*tp:(1)2*4, tp:(2)2*3]", m)
     assert t.to_partition_spec() == (("dp", "tp:(1)2"), "tp:(2)2")
     assert Sharding.from_partition_spec(m, t.shape, t.to_partition_spec()) == t
+
+
+_S = Sharding.parse("[dp*4, tp*3]", Mesh.parse("dp=2,tp=4"))
+
+
+@pytest.mark.parametrize("call,needle", [
+    (lambda: _S.unshard(None), "pieces must be a dict {rank: local piece}, got NoneType None"),
+    (lambda: _S.unshard([np.zeros((4, 3))] * 8), "got list [array("),
+    (lambda: _S.unshard({r: np.zeros((4, 3)) for r in range(9)}), "key 8 is not a rank of mesh dp=2,tp=4 (ranks 0 to "
+                                                                  "7); give one piece per rank, no more"),
+    (lambda: _S.unshard({r: np.zeros((4, 3)) for r in range(8)}, tolerance=-1), "tolerance -1 must be a finite "
+                                                                                "number >= 0"),
+    (lambda: _S.unshard({r: np.zeros((4, 3)) for r in range(8)}, tolerance="a"), "tolerance 'a' must be a finite"),
+])
+def test_unshard_refuses_what_is_not_one_piece_per_rank(call, needle):
+    with pytest.raises(ShardMismatch) as e:
+        call()
+    assert needle in str(e.value), str(e.value)
+
+
+def test_unshard_takes_a_list_turned_into_a_dict():
+    assert _S.unshard(dict(enumerate([np.zeros((4, 3))] * 8)), tolerance=0.5).shape == (8, 12)

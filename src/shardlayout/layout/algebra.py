@@ -334,7 +334,7 @@ def _compose(ashape, astride, bshape, bstride) -> tuple:
         return bshape, 0  # a constant B reads A(0) == 0 (and stays inside A's domain)
     fs = leaves(ashape)
     fd = astride if fs is ashape else leaves(astride)
-    if fs[-1] == 1 and _unit_tail_extends_differently(fs, fd):
+    if fs and fs[-1] == 1 and _unit_tail_extends_differently(fs, fd):  # (a rank-0 A is 1:0: fs is empty)
         size = product(ashape)
         if _leaves_domain(bshape, bstride, size):
             raise LayoutError(

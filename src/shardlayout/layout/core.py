@@ -214,11 +214,18 @@ class Layout(_Slots):
 
     def __getitem__(self, i: int) -> "Layout":
         """Mode ``i`` as a layout. ``Layout((4, 2))[1] -> 2:4``."""
+        rank = self.rank
+        if type(i) is slice and type(self.shape) is tuple:
+            return _new(self.shape[i], self.stride[i])
+        if type(i) is not int or not -rank <= i < rank:
+            if isinstance(i, bool) or not isinstance(i, numbers.Integral) or not -rank <= i < rank:
+                raise LayoutError(f"Layout {self}: mode {_repr(i)} is not a mode of this rank-{rank} layout; give an "
+                                  f"int from {-rank} to {rank - 1}" if rank else
+                                  f"Layout {self}: mode {_repr(i)} does not exist; a rank-0 layout has no modes")
+            i = int(i)
         if type(self.shape) is tuple:
             return _new(self.shape[i], self.stride[i])
-        if i in (0, -1):
-            return self
-        raise IndexError(f"mode {i} of rank-1 layout {self}")
+        return self
 
     def __iter__(self):
         for i in range(self.rank):
@@ -235,6 +242,8 @@ class Layout(_Slots):
 
     def _eval_index(self, idx: int) -> int:
         fs, fd = self._flats()
+        if not fs:  # the rank-0 layout ():() of size 1: its one offset is 0 (cosize 1, as CuTe's coshape says)
+            return 0
         off = 0
         last = len(fs) - 1
         for k in range(last):
@@ -256,6 +265,11 @@ class Layout(_Slots):
         """Natural coordinate of a 1-D index. ``Layout((4, 2)).idx2crd(5) -> (1, 1)``."""
         from .inttuple import idx2crd
 
+        if type(idx) is not int:
+            if isinstance(idx, bool) or not isinstance(idx, numbers.Integral):
+                raise LayoutError(f"Layout {self}: idx2crd index {_repr(idx)} is not an int; give a 1-D index, "
+                                  f"e.g. 0 to {self.size() - 1}")
+            idx = int(idx)
         return idx2crd(idx, self.shape)
 
     def values(self) -> list:

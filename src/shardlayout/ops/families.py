@@ -1085,9 +1085,18 @@ def _creation_rule(name, inputs, mesh=None, size=None, end=None, start=0, step=1
     return Propagation(name, (), (), (Sharding(mesh, out_shape),))
 
 
+def _check_arange(name, inputs, params):
+    """arange's bounds and step are finite numbers (NaN or infinity gives no length)."""
+    for k in ("start", "end", "step"):
+        v = params.get(k)
+        if v is not None and not math.isfinite(v):
+            raise OpError(f"op {name}: {k} = {v!r} is not a finite number; give finite start, end and step")
+
+
 _CREATE = "dtype: dtype? = None, layout: ignored = None, device: ignored = None, pin_memory: ignored = None"
 register_op("arange", "; end: scalar, start: scalar = 0, step: scalar = 1, mesh: mesh? = None, " + _CREATE,
-            _creation_rule, lambda end, start=0, step=1, **_: np.arange(start, end, step, dtype=float))
+            _creation_rule, lambda end, start=0, step=1, **_: np.arange(start, end, step, dtype=float),
+            check=_check_arange)
 register_op("full", "; size: ints, fill_value: scalar, mesh: mesh? = None, " + _CREATE, _creation_rule,
             lambda size, fill_value, **_: np.full(tuple(size), float(fill_value)))
 register_op("zeros", "; size: ints, mesh: mesh? = None, " + _CREATE, _creation_rule,

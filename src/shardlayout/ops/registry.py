@@ -40,7 +40,7 @@ from ..errors import OpError, UnsupportedOp
 from ..mesh import Mesh
 from ..sharding import Sharding
 from ..sharding.core import split_top_level
-from ..sharding.cost import DEFAULT_COST_MODEL
+from ..sharding.cost import DEFAULT_COST_MODEL, ITEMSIZE
 from .result import canonical_op_name
 
 REQUIRED = object()
@@ -116,6 +116,10 @@ def parse_signature(text: str) -> Signature:
         tensors.append(TensorArg(name, optional, scalar, variadic))
     if any(t.variadic for t in tensors[:-1]):
         raise OpError(f"signature {text!r}: a variadic '*name' must be the last tensor")
+    seen = [t.name for t in tensors]
+    twice = next((n for k, n in enumerate(seen) if n in seen[:k]), None)
+    if twice is not None:
+        raise OpError(f"signature {text!r}: tensor {twice!r} is named twice; give each tensor its own name")
     params = []
     for part in [p for p in split_top_level(tail) if p]:
         m = _PARAM.match(part)
@@ -132,7 +136,26 @@ def parse_signature(text: str) -> Signature:
                 raise OpError(f"signature {text!r}: default of {m.group(1)!r} is not a Python literal") from None
         low = int(m.group(4)) if m.group(4) else None
         high = int(m.group(5)) if m.group(5) else None
-        params.append(Param(m.group(1), m.group(2), default, bool(m.group(6)) or default is None, low, high))
+        name = m.group(1)
+        if low is not None and high is not None and low > high:
+            raise OpError(f"signature {text!r}: param {name!r} has the empty range [{low}..{high}]; write [lo..hi] "
+                          "with lo <= hi (both ends inclusive)")
+        if name in seen:
+            what = "a tensor" if name in [t.name for t in tensors] else "a param"
+            raise OpError(f"signature {text!r}: param {name!r} has the name of {what} before it; give each tensor "
+                          "and param its own name")
+        seen.append(name)
+        p = Param(name, m.group(2), default, bool(m.group(6)) or default is None, low, high)
+        if default is not REQUIRED and default is not None:
+            try:
+                _check_value("signature", p, default, None)
+            except OpError:
+                kind = p.type + (f"[{'' if low is None else low}..{'' if high is None else high}]"
+                                 if low is not None or high is not None else "")
+                kind = ("an " if kind[0] in "aeiou" else "a ") + kind
+                raise OpError(f"signature {text!r}: default {default!r} of param {name!r} is not {kind}; give a "
+                              "default of the param's type, or None") from None
+        params.append(p)
     return Signature(tuple(tensors), tuple(params), text)
 
 
@@ -187,6 +210,8 @@ def _check_value(op: str, p: Param, v, ndim: int | None):
     if t in ("any", "ignored", "dtype", "str"):
         if t == "str" and not isinstance(v, str):
             raise OpError(f"{where} = {v!r} is not a string")
+        if t == "dtype" and str(v).replace("torch.", "") not in ITEMSIZE:
+            raise OpError(f"{where} = {v!r} is not a dtype; give one of {', '.join(ITEMSIZE)}")
         return v
     if t == "mesh":
         if not isinstance(v, Mesh):
@@ -442,6 +467,21 @@ def register_op(name: str, signature: str, rule: Callable, numpy: Callable | Non
         raise OpError(f"register_op {name}: rule must be callable, got {type(rule).__name__}")
     if numpy is not None and not callable(numpy):
         raise OpError(f"register_op {name}: numpy must be callable or None, got {type(numpy).__name__}")
+    if check is not None and not callable(check):
+        raise OpError(f"register_op {name}: check must be callable or None, got {type(check).__name__} "
+                      f"{check!r}; give check(name, inputs, params), which raises OpError on a bad call")
+    if not isinstance(signature, str):
+        raise OpError(f"register_op {name}: signature must be text like 'x, w ; dim: int = 0' (tensors, then ';', "
+                      f"then params), got {type(signature).__name__} {signature!r}; '' for an op of no tensors")
+    if isinstance(aliases, (str, bytes)) or not isinstance(aliases, (list, tuple, set, frozenset)):
+        raise OpError(f"register_op {name}: aliases must be a list of op names, got {type(aliases).__name__} "
+                      f"{aliases!r}; e.g. aliases=[{aliases!r}] for one alias" if isinstance(aliases, str) else
+                      f"register_op {name}: aliases must be a list of op names, got {type(aliases).__name__} "
+                      f"{aliases!r}; e.g. aliases=['my_op_alias']")
+    for a in aliases:
+        if not isinstance(a, str) or not a.isidentifier():
+            raise OpError(f"register_op {name}: alias {a!r} is not an identifier (use a short op name, e.g. "
+                          "'my_op_alias')")
     sig = parse_signature(signature)
     opdef = OpDef(name, sig, rule, numpy, check, tuple(aliases), shape_driven, not_simulated)
     for n in (name, *aliases):
@@ -463,7 +503,31 @@ def get_op(op: str) -> OpDef:
             f"lists the {len(_REGISTRY)} known ops. Declare it with shardlayout.ops.register_op(name, signature, "
             "rule, numpy)"
         )
+    if type(op) is str and op not in _OVERLOADS_OK:
+        _check_overload(op, name)
     return opdef
+
+
+_OVERLOADS_OK: set = set()  # op names whose overload was checked (or that name none)
+
+
+def _check_overload(op: str, name: str) -> None:
+    """``aten.NAME.OVERLOAD``: the overload is one of torch's (checked when torch is loaded already: the
+    core never imports it; ``default`` always passes, the run picks the overload by the call itself);
+    else ``UnsupportedOp``."""
+    rest = next((op[len(p):] for p in ("torch.ops.aten.", "aten.") if op.startswith(p)), None)
+    overload = rest.partition(".")[2] if rest is not None else ""
+    if overload and overload != "default":
+        import sys
+
+        torch = sys.modules.get("torch")
+        packet = getattr(torch.ops.aten, name, None) if torch is not None and hasattr(torch, "ops") else None
+        known = tuple(packet.overloads()) if packet is not None and hasattr(packet, "overloads") else None
+        if known is not None and overload not in known:
+            raise UnsupportedOp(f"op {op!r}: aten.{name} has no overload {overload!r} (its overloads: "
+                                f"{', '.join(sorted(known))}); give one of them, or the short name {name!r}")
+    if len(_OVERLOADS_OK) < 4096:
+        _OVERLOADS_OK.add(op)
 
 
 def did_you_mean(name) -> str:

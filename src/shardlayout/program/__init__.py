@@ -268,7 +268,8 @@ class Program:
         """Read JSON (no code is evaluated); checks every name and shape."""
         constants: list = []
         try:
-            data = json.loads(text, parse_constant=lambda name: constants.append(name) or _NonNumber(name))
+            data = json.loads(text, parse_constant=lambda name: constants.append(name) or _NonNumber(name),
+                              object_pairs_hook=_unique_keys)
         except json.JSONDecodeError as e:
             raise ProgramError(f"program JSON is malformed: {e.msg} at line {e.lineno}") from None
         except RecursionError:
@@ -327,6 +328,7 @@ class Program:
 DTYPES = tuple(ITEMSIZE)  # every element type the cost model knows the size of
 KINDS = ("input", "param", "buffer", "value")
 MAX_DIM = (1 << 63) - 1  # torch's int64 sizes
+MAX_REPEAT = 1 << 20  # instances of a repeated block (the CLI's --layers stops at 4096)
 
 
 class _NonNumber:
@@ -340,6 +342,28 @@ class _NonNumber:
 
     def __repr__(self) -> str:
         return self.name
+
+
+def _unique_keys(pairs: list) -> dict:
+    """A JSON object as a dict, or a ProgramError for a key given twice (json keeps the last one
+    silently), naming the key and the object: the tensor or op by its name, else its keys."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set = set()
+        key = next(k for k, _ in pairs if k in seen or seen.add(k))
+        values = [v for k, v in pairs if k == key]
+        name = out.get("name")
+        if isinstance(name, str) and "shape" in out:
+            where = f"tensor {name!r}"
+        elif "target" in out and isinstance(out.get("target"), str):
+            where = f"op {name!r} ({out['target']})" if isinstance(name, str) and name else f"op {out['target']!r}"
+        elif {"tensors", "ops"} & set(out):
+            where = "the program object"
+        else:
+            where = f"the object with keys {', '.join(map(repr, list(out)[:6]))}"
+        raise ProgramError(f"program JSON: key {key!r} is given twice in {where} ({reprlib.repr(values[0])} and "
+                           f"{reprlib.repr(values[1])}); give each key once")
+    return out
 
 
 def _holds(value, name: str) -> str | None:
@@ -672,6 +696,20 @@ class ProgramBuilder:
         """Add an op; returns its output name (a tuple of names when ``n_out > 1``, None for an op
         with no output such as a runtime assert). ``dtypes``: the outputs' element types (default:
         the first tensor input's). ``b.op("view", [x], size=("batch*seq", 64))``."""
+        if name is not None and (not isinstance(name, str) or not name):
+            raise ProgramError(f"op {target}: name {name!r} must be a non-empty string (its output tensor is named "
+                               "after it), or None for an automatic name")
+        if isinstance(n_out, bool) or not isinstance(n_out, int) or n_out < 1:
+            raise ProgramError(f"op {name or target}: n_out {n_out!r} must be an int >= 1 (1 returns the output's "
+                               "name, more a tuple of names)")
+        if dtypes is not None:
+            if isinstance(dtypes, (str, bytes)) or not hasattr(dtypes, "__iter__"):
+                raise ProgramError(f"op {name or target}: dtypes {dtypes!r} must be a list of dtype names, one per "
+                                   "output, e.g. dtypes=['float32']")
+            dtypes = list(dtypes)
+            for k, dt in enumerate(dtypes):
+                if dt is not None and dt not in DTYPES:
+                    raise ProgramError(f"op {name or target}: dtypes[{k}] {dt!r} is not one of {', '.join(DTYPES)}")
         return self._op(target, inputs, name, n_out, dtypes, params)
 
     def _op(self, target: str, inputs, name, n_out, dtypes, params: dict, sym_outs=None):
@@ -774,6 +812,9 @@ class ProgramBuilder:
 
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise ProgramError(f"repeat: count {count!r} must be an int >= 1 (the number of instances)")
+        if count > MAX_REPEAT:
+            raise ProgramError(f"repeat: count {count} is more than the {MAX_REPEAT} instances a program may have "
+                               "(every instance's ops are made when read); give at most that many")
         if not isinstance(prefix, str) or not prefix or not callable(block):
             raise ProgramError(f"repeat: give a callable block and a non-empty prefix (got {prefix!r})")
         single = isinstance(carry, str)

@@ -166,8 +166,8 @@ def _activation(mesh: Mesh, shape: tuple, sequence: bool) -> Sharding:
 
 def _need_axis(mesh: Mesh, style: str, axis: str) -> None:
     if axis not in mesh.names:
-        raise ShardingError(f"style {style} shards on mesh axis {axis!r}; the mesh {mesh} has "
-                            f"{', '.join(mesh.names)}: add {axis}=N to --mesh")
+        raise ShardingError(f"style {style} shards on mesh axis {axis!r}; the mesh {str(mesh) or '(one device)'} has "
+                            f"{', '.join(mesh.names) or 'no axes'}: add {axis}=N to --mesh")
 
 
 def _unmatched(program: Program, style: str, looked_for: str, s: Structure) -> UnmatchedStyle:
@@ -361,8 +361,8 @@ def _fsdp(program: Program, mesh: Mesh, s: Structure) -> StylePins:
 def _ep(program: Program, mesh: Mesh, s: Structure) -> StylePins:
     axis = "ep" if "ep" in mesh.names else "dp"
     if axis not in mesh.names:
-        raise ShardingError(f"style ep shards on mesh axis 'ep' (or 'dp'); the mesh {mesh} has "
-                            f"{', '.join(mesh.names)}: add ep=N to --mesh")
+        raise ShardingError(f"style ep shards on mesh axis 'ep' (or 'dp'); the mesh {str(mesh) or '(one device)'} has "
+                            f"{', '.join(mesh.names) or 'no axes'}: add ep=N to --mesh")
     t = program.tensors
     experts = s.of_kind("experts")
     pins = {}

@@ -68,7 +68,7 @@ def export_module(module, example_args, dynamic_shapes=None):
     import torch
 
     try:
-        with _without_cache(module):
+        with _without_cache(module), _quiet_torch_logs():
             return torch.export.export(module, tuple(example_args), dynamic_shapes=dynamic_shapes)
     except torch._dynamo.exc.UserError as e:  # dynamic shapes torch cannot keep: one line with its fix
         raise ProgramError(f"torch.export refused the dynamic shapes: {_one_line(e)}") from None
@@ -91,6 +91,29 @@ def _user_frame(e: Exception) -> str:
 
     frames = [f for f in traceback.extract_tb(e.__traceback__) if "/torch/" not in f.filename]
     return f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+
+
+# torch's loggers that print tracebacks while export fails (fake tensors running a mismatched op):
+# the failure is raised as one ProgramError line, so they are silenced while exporting
+_TORCH_LOGGERS = ("torch._subclasses.fake_tensor", "torch._dynamo", "torch.export", "torch._export",
+                  "torch.fx.experimental.symbolic_shapes", "torch._functorch")
+
+
+@contextlib.contextmanager
+def _quiet_torch_logs():
+    """The loggers of ``_TORCH_LOGGERS`` at CRITICAL while the block runs (as ``--export`` quiets
+    ``torch.export.load``), their levels restored afterwards."""
+    import logging
+
+    loggers = [logging.getLogger(n) for n in _TORCH_LOGGERS]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
 
 
 @contextlib.contextmanager
@@ -756,6 +779,9 @@ def dynamic_shapes_from_text(text: str, module, example_args) -> tuple:
                                f"dim {d} does not exist")
         if not _NAME.match(name):
             raise ProgramError(f"--dynamic {item!r}: symbol {name!r} must be an identifier like batch or seq")
+        if d % arg.dim() in (specs[pos] or {}):
+            raise ProgramError(f"--dynamic {text!r}: input {who!r} dim {d % arg.dim()} is named twice (as "
+                               f"{specs[pos][d % arg.dim()].__name__!r} and in {item!r}); give each dim once")
         dim = dims.setdefault(name, torch.export.Dim(name))
         specs[pos] = {**(specs[pos] or {}), d % arg.dim(): dim}
     if not any(specs):

@@ -49,13 +49,37 @@ class TpPlanError(ShardingError):
 
 def read_tp_plan(path: str) -> dict:
     """The ``{pattern: value}`` of a JSON file (``read_tp_plan("tp.json")``); errors name the fix."""
+    if not str(path).strip():
+        raise TpPlanError(f"--tp-plan {path!r}: an empty value names no file; give e.g. --tp-plan tp.json, or drop "
+                          "--tp-plan")
+
+    def unique(pairs: list) -> dict:  # json keeps the last of a key given twice, silently
+        out = dict(pairs)
+        if len(out) != len(pairs):
+            seen: set = set()
+            key = next(k for k, _ in pairs if k in seen or seen.add(k))
+            values = [v for k, v in pairs if k == key]
+            raise TpPlanError(f"--tp-plan {path}: key {key!r} is given twice ({values[0]!r} and {values[1]!r}); "
+                              "give each pattern once")
+        return out
+
     try:
-        with open(path) as f:
-            data = json.load(f)
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f, object_pairs_hook=unique)
     except OSError as e:
         raise TpPlanError(f"--tp-plan {path}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise TpPlanError(f"--tp-plan {path}: not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start}); "
+                          "save the plan as UTF-8 JSON") from None
     except json.JSONDecodeError as e:
         raise TpPlanError(f"--tp-plan {path}: malformed JSON ({e.msg} at line {e.lineno})") from None
+    except RecursionError:
+        raise TpPlanError(f"--tp-plan {path}: the JSON is nested too deeply (a TP plan is an object of module "
+                          "pattern -> value, a few levels deep)") from None
+    except ValueError as e:  # an int of thousands of digits
+        if isinstance(e, ShardingError):
+            raise
+        raise TpPlanError(f"--tp-plan {path}: the JSON cannot be read: {str(e).split(';')[0]}") from None
     if not isinstance(data, dict) or not data:
         raise TpPlanError(f"--tp-plan {path}: give a JSON object {{\"module pattern\": \"colwise\", ...}}")
     return data
@@ -124,6 +148,11 @@ def _module_pins(program: Program, mesh: Mesh, module: str, value, sequence: boo
             name = f"{module}.{leaf}"
             if name not in t:
                 raise TpPlanError(f"{where}: no tensor {name!r}; the module holds {', '.join(own) or 'nothing'}")
+            if isinstance(v, str) and v in VALUES:
+                sub = name.rsplit(".", 1)[0]
+                raise TpPlanError(f"{where}.{leaf}: {v!r} is a module's value, given as a string on the module's key, "
+                                  f"not inside an object; write {{\"{sub}\": \"{v}\"}} (an object maps parameters "
+                                  "to explicit placements, e.g. {\"weight\": [\"Shard(0)\"]})")
             pins[name] = _explicit(mesh, t[name].shape, v, f"{where}.{leaf}")
         return pins
     if value == "replicate":
@@ -172,16 +201,22 @@ def apply_tp_plan(program: Program, mesh: Mesh, tp_plan: dict, allow_unmatched: 
     kind = the entry's value. ``UnmatchedStyle`` for a pattern matching no module (unless
     ``allow_unmatched``). ``apply_tp_plan(prog, mesh, {"layers.*.attention.wq": "colwise"})``"""
     if "tp" not in mesh.names:
-        raise TpPlanError(f"--tp-plan shards on mesh axis 'tp'; the mesh {mesh} has {', '.join(mesh.names)}: "
-                          "add tp=N to --mesh")
+        raise TpPlanError(f"--tp-plan shards on mesh axis 'tp'; the mesh {str(mesh) or '(one device)'} has "
+                          f"{', '.join(mesh.names) or 'no axes'}: add tp=N to --mesh")
     t = program.tensors
     mods = modules(program)
     sequence = any(v == "sequence_parallel" for v in tp_plan.values())
     pins: dict = {}
     matched = []
+    claimed: dict = {}  # module or tensor -> (pattern, value) of the entry that matched it first
     for pattern, value in tp_plan.items():
         hits = [m for m in mods if matches(pattern, m)]
         tensors = [n for n in t if t[n].kind in ("param", "buffer") and matches(pattern, n)] if not hits else []
+        for m in hits + tensors:
+            first = claimed.setdefault(m, (pattern, value))
+            if first[1] != value:
+                raise TpPlanError(f"--tp-plan: {m!r} is matched by {first[0]!r} ({first[1]!r}) and by {pattern!r} "
+                                  f"({value!r}); give each module one value: narrow a pattern or drop an entry")
         if not hits and not tensors:
             if allow_unmatched:
                 continue

@@ -40,6 +40,32 @@ def weight_files(where) -> list:
     return [where]
 
 
+def check_header(path: str) -> None:
+    """A CheckpointError unless ``path`` starts as a safetensors file does: an 8-byte little-endian
+    header length, then that many bytes of a JSON object naming each tensor's dtype, shape and
+    offsets. Read without safetensors or torch (``run`` checks it before any rank starts)."""
+    bad = f"--weights {path}: not a safetensors file"
+    fix = "give a .safetensors file (or a directory of them), e.g. written by safetensors.torch.save_file"
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+            n = int.from_bytes(head, "little") if len(head) == 8 else -1
+            size = os.fstat(f.fileno()).st_size
+            if not 2 <= n <= min(size - 8, 100 << 20):
+                raise CheckpointError(f"{bad} (its first 8 bytes give no header length that fits the file); {fix}")
+            header = json.loads(f.read(n).decode("utf-8"))
+    except OSError as e:
+        raise CheckpointError(f"--weights {path}: {e.strerror}") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        if isinstance(e, CheckpointError):
+            raise
+        raise CheckpointError(f"{bad} (its header is not JSON); {fix}") from None
+    if not isinstance(header, dict) or not all(
+            k == "__metadata__" or (isinstance(v, dict) and {"dtype", "shape", "data_offsets"} <= set(v))
+            for k, v in header.items()):
+        raise CheckpointError(f"{bad} (its header does not list tensors with dtype, shape and data_offsets); {fix}")
+
+
 def _targets(module) -> dict:
     """``{name: tensor}`` to fill: parameters and persistent buffers (the state_dict's tensors)."""
     return dict(module.state_dict(keep_vars=True))

@@ -19,6 +19,7 @@ Imports run one way (``A -> B``: A imports B):
 
 from __future__ import annotations
 
+import numbers
 import re
 import reprlib
 
@@ -37,6 +38,7 @@ from .factors import (
     parse_factor,
 )
 from .placements import (
+    MAX_SPLIT_FACTOR,
     parts_from_partition_spec,
     parts_from_placements,
     to_dtensor,
@@ -166,6 +168,8 @@ class Sharding:
 
     def is_even(self, dim: int | None = None) -> bool:
         """True when every chunk at every level has the same size (plain mixed radix)."""
+        if dim is not None and (type(dim) is not int or not -len(self.shape) <= dim < len(self.shape)):
+            dim = _check_dim_arg(self, dim, "is_even")
         dims = range(self.ndim) if dim is None else [dim]
         return all(
             not isinstance(self.dims[d], ChunkProgram)
@@ -185,6 +189,8 @@ class Sharding:
 
     def axis_pieces(self, axis: str) -> list:
         """``[(dim, level, Factor)]`` of the pieces of ``axis`` used by the dims, major first."""
+        if axis not in self.mesh.names:
+            self.mesh.axis_index(axis)  # the MeshError naming the mesh's axes
         out = [
             (d, j, f)
             for d, fs in enumerate(self.dims)
@@ -265,6 +271,15 @@ class Sharding:
 MAX_DIM = (1 << 63) - 1  # torch's int64 sizes: beyond it a shape is absurd
 
 
+def _check_dim_arg(s: Sharding, dim, where: str) -> int:
+    """``dim`` as a dim of ``s`` (``-ndim <= dim < ndim``), or a ShardingSpecError naming it."""
+    n = len(s.shape)
+    if isinstance(dim, bool) or not isinstance(dim, numbers.Integral) or not -n <= dim < n:
+        raise ShardingSpecError(f"{where}: dim {reprlib.repr(dim)} is not a dim of {s} ({n} dims); give an int "
+                                f"from {-n} to {n - 1}, or None for every dim")
+    return int(dim)
+
+
 def _check_shape(shape) -> tuple:
     if isinstance(shape, int):
         shape = (shape,)
@@ -293,6 +308,9 @@ def _as_factors(mesh: Mesh, factors, d: int) -> list:
             raise ShardingSpecError(f"dim {d}: {f!r} is not a factor (an int, an axis name or a Factor)")
         if isinstance(f.size, bool) or not isinstance(f.size, int) or f.size < 1:
             raise ShardingSpecError(f"dim {d}: factor size {f.size!r} is not a positive int")
+        if isinstance(f.pre, bool) or not isinstance(f.pre, int):
+            raise ShardingSpecError(f"dim {d}: factor {tuple(f)!r} has pre {f.pre!r}, not an int; pre is the "
+                                    "positive int size of the sub-axes before this piece (1 for a whole axis)")
         if f.axis is not None:
             n = mesh.axis_size(f.axis)
             if f.pre < 1 or n % (f.pre * f.size):
@@ -308,8 +326,9 @@ def _check_program(mesh: Mesh, d: int, prog: ChunkProgram) -> ChunkProgram:
     for st in prog:
         if type(st) is not Step or st.axis is None or st.size != mesh.axis_size(st.axis):
             raise ShardingSpecError(f"dim {d}: {st!r} is not a step on a whole mesh axis")
-        if st.sf < 1:
-            raise ShardingSpecError(f"dim {d}: split factor {st.sf} must be >= 1")
+        if isinstance(st.sf, bool) or not isinstance(st.sf, int) or not 1 <= st.sf <= MAX_SPLIT_FACTOR:
+            raise ShardingSpecError(f"dim {d}: split factor {reprlib.repr(st.sf)} of {st.axis} must be an int in "
+                                    f"[1, {MAX_SPLIT_FACTOR}], as SS(d,sf) takes")
     return prog
 
 
@@ -431,6 +450,9 @@ def parse_sharding(text: str, mesh: Mesh) -> Sharding:
             part, size_text = part.rsplit(" of ", 1)
             if not size_text.strip().isdigit():
                 raise ShardingSpecError(f"Sharding.parse: dim {d} size {size_text!r} is not an int")
+            if len(size_text.strip()) > 19:  # past int64 (and past int()'s 4300 digits): refused unread
+                raise ShardingSpecError(f"Sharding.parse: dim {d} size {size_text.strip()[:20]}... "
+                                        f"({len(size_text.strip())} digits) is more than 2**63-1; give a real size")
             size = int(size_text)
         if part.startswith("chunks("):
             if size is None or not part.endswith(")"):
@@ -442,6 +464,11 @@ def parse_sharding(text: str, mesh: Mesh) -> Sharding:
                 name, _, sf = x.strip().partition("/")
                 if sf and not sf.strip().isdigit():
                     raise ShardingSpecError(f"Sharding.parse: split factor {sf!r} is not an int")
+                if len(sf.strip()) > 19:  # past int64 (and past int()'s 4300 digits): refused unread
+                    digits = sf.strip()
+                    shown = digits if len(digits) <= 40 else f"{digits[:20]}... ({len(digits)} digits)"
+                    raise ShardingSpecError(f"Sharding.parse: split factor {shown} of {name.strip()} must be an int "
+                                            f"in [1, {MAX_SPLIT_FACTOR}], as SS(d,sf) takes")
                 steps.append(Step(mesh.axis_size(name.strip()), name.strip(), 1, int(sf or 1)))
             dims.append(ChunkProgram(steps))
             shape.append(size)
@@ -452,6 +479,9 @@ def parse_sharding(text: str, mesh: Mesh) -> Sharding:
     partial = []
     for m in re.finditer(r"\+\s*([a-z]+)\s*\(([^)]*)\)", rest):
         op = m.group(1)
+        if not m.group(2).strip():
+            raise ShardingSpecError(f"Sharding.parse: {m.group(0)!r} in {src!r} names no mesh axis; write the partial "
+                                    f"axes inside, e.g. '+{op}(tp)', or drop it")
         for a in m.group(2).split(","):
             if a.strip():
                 partial.append((a.strip(), op))

@@ -20,11 +20,13 @@ and DTensor chunk programs; every plan is checked by running it on every rank
 
 from __future__ import annotations
 
+import reprlib
+
 from ..caches import memo
 from ..errors import ShardingSpecError
 from .collective import AxisPiece, Collective, CollectiveKind
 from .core import Sharding
-from .cost import DEFAULT_COST_MODEL, cost, itemsize
+from .cost import DEFAULT_COST_MODEL, CostModel, cost, itemsize
 from .factors import ChunkProgram, Factor, _product
 
 
@@ -37,6 +39,12 @@ def plan_move(src: Sharding, dst: Sharding, dtype: str = "float32", cost_model=N
     is that of the cheaper order. Memoised (shardings and cost models are immutable). Raises
     ``ShardingSpecError`` when the two are not shardings of the same tensor on the same mesh.
     """
+    if type(src) is not Sharding or type(dst) is not Sharding:
+        src, dst = _as_shardings(src, dst)
+    if cost_model is not None and not isinstance(cost_model, CostModel):
+        raise ShardingSpecError(f"plan_move: cost_model {reprlib.repr(cost_model)} is not a CostModel; pass e.g. "
+                                "CostModel(bandwidth={'dp': 25e9}), or None for the default")
+    size = itemsize(dtype)  # checked even when there is nothing to move
     if src.mesh != dst.mesh or src.shape != dst.shape:
         raise ShardingSpecError(
             f"redistribute: {src} (shape {src.shape}, mesh {src.mesh}) and {dst} (shape "
@@ -45,7 +53,24 @@ def plan_move(src: Sharding, dst: Sharding, dtype: str = "float32", cost_model=N
         )
     if src == dst:
         return ()
-    return _plan_move(src, dst, itemsize(dtype), cost_model or DEFAULT_COST_MODEL)
+    return _plan_move(src, dst, size, cost_model or DEFAULT_COST_MODEL)
+
+
+def _as_shardings(src, dst) -> tuple:
+    """``(src, dst)`` of ``plan_move`` as Shardings: ``dst`` may be text, read on ``src``'s mesh;
+    anything else is a ShardingSpecError naming the argument."""
+    if not isinstance(src, Sharding):
+        raise ShardingSpecError(f"plan_move: src is {type(src).__name__} {reprlib.repr(src)}, not a Sharding; give "
+                                "the source sharding, e.g. Sharding.parse('[dp*4, 12]', mesh)")
+    if isinstance(dst, str):
+        try:
+            dst = Sharding.parse(dst, src.mesh)
+        except ShardingSpecError as e:
+            raise type(e)(f"plan_move: dst {dst!r} on src's mesh {src.mesh}: {e}") from None
+    if not isinstance(dst, Sharding):
+        raise ShardingSpecError(f"plan_move: dst is {type(dst).__name__} {reprlib.repr(dst)}, not a Sharding; give "
+                                "the target sharding (or its text, read on src's mesh), e.g. '[8, tp*3]'")
+    return src, dst
 
 
 def is_local_move(src: Sharding, dst: Sharding) -> bool:

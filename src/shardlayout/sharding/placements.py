@@ -25,6 +25,7 @@ never ``core.py``, which is built on it.
 from __future__ import annotations
 
 import re
+import reprlib
 from typing import NamedTuple
 
 from ..caches import memo
@@ -167,6 +168,11 @@ def parts_from_placements(mesh: Mesh, shape, placements) -> ShardingParts:
     if isinstance(shape, int):
         shape = (shape,)
     shape = tuple(shape)
+    if isinstance(placements, (str, bytes)) or not hasattr(placements, "__iter__"):
+        example = ", ".join(["'S(0)'"] + ["'R'"] * (mesh.ndim - 1)) if mesh.ndim else ""
+        raise ShardingSpecError(
+            f"from_placements: placements {reprlib.repr(placements)} are not a list; give one placement per mesh "
+            f"dim of {mesh or 'the mesh'}, e.g. [{example}]")
     placements = list(placements)
     if len(placements) != mesh.ndim:
         raise ShardingSpecError(
@@ -801,6 +807,10 @@ def parts_from_partition_spec(mesh: Mesh, shape, spec) -> ShardingParts:
     if isinstance(shape, int):
         shape = (shape,)
     shape = tuple(shape)
+    if not isinstance(spec, (list, tuple)):
+        raise ShardingSpecError(
+            f"from_partition_spec: spec {reprlib.repr(spec)} is not a PartitionSpec; give one entry per dim (None, "
+            "an axis name or a tuple of axis names), e.g. ('dp', None)")
     spec = list(spec)
     if len(spec) > len(shape):
         raise ShardingSpecError(
@@ -812,6 +822,10 @@ def parts_from_partition_spec(mesh: Mesh, shape, spec) -> ShardingParts:
         if entry is None:
             dims.append(())
             continue
+        if not isinstance(entry, (str, list, tuple)):
+            raise ShardingSpecError(
+                f"from_partition_spec: entry {d} of {tuple(spec)} is {reprlib.repr(entry)}; an entry is None, an "
+                "axis name or a tuple of axis names, e.g. ('dp', None) or (('dp', 'tp'),)")
         names = (entry,) if isinstance(entry, str) else tuple(entry)
         fs = [parse_factor(a, mesh) for a in names]
         total = _product(f.size for f in fs)

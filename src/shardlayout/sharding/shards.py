@@ -13,6 +13,11 @@ module needs only ``factors.py``, never ``core.py``, which is built on it.
 
 from __future__ import annotations
 
+import math
+import numbers
+import reprlib
+from collections.abc import Mapping
+
 import numpy as np
 
 from ..caches import memo
@@ -169,9 +174,22 @@ def unshard(s: ShardingLike, pieces: dict, tolerance: float = 0.0):
     the wrong shape, or replicas of the same element disagree (beyond ``tolerance``).
     """
     mesh = s.mesh
+    if not isinstance(pieces, Mapping):
+        raise ShardMismatch(f"unshard {s}: pieces must be a dict {{rank: local piece}}, got "
+                            f"{type(pieces).__name__} {reprlib.repr(pieces)}; e.g. dict(enumerate(pieces)) for a "
+                            "list in rank order")
+    if isinstance(tolerance, bool) or not isinstance(tolerance, numbers.Real) or not math.isfinite(tolerance) \
+            or tolerance < 0:
+        raise ShardMismatch(f"unshard {s}: tolerance {reprlib.repr(tolerance)} must be a finite number >= 0 (how far "
+                            "replicas of one element may differ; 0: exactly equal)")
     for r in mesh.ranks():
         if r not in pieces:
             raise ShardMismatch(f"unshard {s}: no piece for rank {r} (mesh {mesh} has {mesh.size} ranks)")
+    if len(pieces) > mesh.size:  # every rank is there: the others are not ranks of the mesh
+        extra = next(k for k in pieces if not (isinstance(k, numbers.Integral) and 0 <= k < mesh.size))
+        raise ShardMismatch(f"unshard {s}: key {reprlib.repr(extra)} is not a rank of mesh {mesh} (ranks 0 to "
+                            f"{mesh.size - 1}); give one piece per rank, no more")
+    for r in mesh.ranks():
         want = local_shape(s, r)
         got = np.shape(pieces[r])
         if tuple(got) != want:
