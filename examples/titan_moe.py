@@ -98,3 +98,8 @@ def make_loop(tokens: int = 1024, **kw):
 def make_small():
     """A small layer (128 tokens, dim 32, 8 experts, ffn 64) for quick runs and tests."""
     return make(tokens=128, dim=32, experts=8, ffn=64)
+
+
+def make_loop_small():
+    """``make_small``'s layer with torchtitan's for-loop experts, for quick runs and tests."""
+    return make(tokens=128, dim=32, experts=8, ffn=64, run="loop")
