@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import math
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -150,3 +151,17 @@ def test_Fill_UsesTheMemoryTheHullPointsLeave(monkeypatch):
     assert filled.estimate.seconds < hull_only.estimate.seconds
     assert full.gap == 0 and full.estimate.seconds <= filled.estimate.seconds * (1 + 1e-12)
     assert filled.estimate.seconds * (1 - filled.gap) <= full.estimate.seconds * (1 + 1e-12)
+
+
+def test_a_budget_equal_to_the_smallest_that_fits_is_solved():
+    """At the least budget any plan fits, the leanest chain's time + λ·(memory - cap) cancels to its
+    time only up to the rounding of λ·cap (about 1e10 bytes here): the pruning must keep it (it raised
+    'no chain met the time of a known one' at Llama-3-8B's width on dp=8,tp=8)."""
+    from shardlayout.plan.auto import NoPlanFits, auto_plan
+
+    prog = llama(layers=32, dim=4096, heads=32, ffn=14336, batch=8, seq=4096)
+    mesh = Mesh.parse("dp=8,tp=8")
+    with pytest.raises(NoPlanFits) as e:
+        auto_plan(prog, mesh, memory_per_device=1, training="adam")
+    a = auto_plan(prog, mesh, memory_per_device=e.value.smallest, training="adam")
+    assert a.estimate.memory <= e.value.smallest and a.estimate.seconds == a.predicted

@@ -449,7 +449,9 @@ def _pick(options: list, cap: int):
     step = 1e-3
     while True:
         guess = min(ub, lb * (1 + step)) if lb > 0 else ub
-        limit = guess + 1e-12 * max(1.0, abs(guess))
+        # rounding: the bound's terms are of the size of λ·cap (at a budget the leanest chain just fits,
+        # its time + λ·(memory - cap) cancels to its time only up to that magnitude's last digits)
+        limit = guess + 1e-9 * max(1.0, abs(guess), lam * cap)
         labels = {None: (np.zeros(1, dtype=np.int64), np.zeros(1))}  # boundary -> (memory, time)
         trail = []
         for k in range(n):
