@@ -4,13 +4,17 @@ output channels and contracts input channels. Each checked by simulation on ever
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
 from shardlayout import Mesh, OpError, Sharding, propagate
+from shardlayout.execute import run_moves
 from shardlayout.ops.families import _np_conv
 from shardlayout.ops.resize import carve
 from shardlayout.sharding import Factor
+from shardlayout.sharding.move import plan_move
 
 from .test_families_more import simulate_all
 
@@ -112,3 +116,36 @@ def test_convolution_space_stays_whole_and_bad_calls_are_refused():
         propagate("convolution", [S("[2, 6, 8, 8]"), S("[6, 8, 3, 3]")], **{**CONV, "transposed": True})
     with pytest.raises(OpError, match="input channels 6 != weight's 4"):
         propagate("conv2d", [S("[2, 6, 8, 8]"), S("[8, 4, 3, 3]")])
+
+
+def _random_pieces(s, value, rng) -> dict:
+    """``{rank: piece}`` of ``value`` under ``s``, each partial sum split at random over its group."""
+    m = s.mesh
+    plain = Sharding(m, s.shape, list(s.dims), ())
+    axes = [a for a, _ in s.partial]
+    coords = list(itertools.product(*(range(m.axis_size(a)) for a in axes)))
+    parts = [rng.standard_normal(value.shape) for _ in coords[1:]]
+    parts = [value - sum(parts, np.zeros_like(value))] + parts
+    by = {c: plain.shard(x) for c, x in zip(coords, parts)}
+    return {r: by[tuple(m.coord(r)[m.axis_index(a)] for a in axes)][r] for r in m.ranks()}
+
+
+BIASED = [("addmm", [(4,), (4, 4), (4, 4)], lambda c, a, b: c + a @ b),
+          ("linear", [(4, 4), (4, 4), (4,)], lambda x, w, b: x @ w.T + b)]
+
+
+@pytest.mark.parametrize("mesh", ["tp=2", "dp=2,tp=2"])
+@pytest.mark.parametrize("op,shapes,fn", BIASED, ids=[b[0] for b in BIASED])
+def test_a_biased_product_with_any_operands_partial_computes_its_value(mesh, op, shapes, fn):
+    """Every operand replicated or partial on any axis (a partial bias alone included: the product
+    must then be made partial too, or it would be counted once per rank), simulated on every rank."""
+    m = Mesh.parse(mesh)
+    rng = np.random.default_rng(0)
+    for combo in itertools.product([None, *m.names], repeat=3):
+        ins = [Sharding.parse("[" + ", ".join(map(str, s)) + "]" + (f" +sum({c})" if c else ""), m)
+               for s, c in zip(shapes, combo)]
+        vals = [rng.standard_normal(s) for s in shapes]
+        p = propagate(op, ins)
+        pcs = [run_moves(plan_move(s, t), _random_pieces(s, v, rng)) for s, t, v in zip(ins, p.input_targets, vals)]
+        got = p.outputs[0].unshard({r: fn(*(pc[r] for pc in pcs)) for r in m.ranks()}, tolerance=1e-9)
+        assert np.allclose(got, fn(*vals)), (op, combo, [str(t) for t in p.input_targets], str(p.outputs[0]))

@@ -156,6 +156,12 @@ def test_register_op_refuses_bad_declarations(args, kw, needle):
 
 
 def test_register_op_takes_typed_defaults_and_alias_lists():
+    from shardlayout.ops.registry import _REGISTRY
+
     op = register_op("t_good_defaults", "a ; k: int[1..4] = 2, d: dtype? = None, e: dtype = 'bfloat16', f: float = 1",
                      _RULE, aliases=("t_good_defaults_alias",), check=lambda *a: None, replace_existing=True)
-    assert op.signature.param("k").default == 2 and "t_good_defaults_alias" in registered()
+    try:
+        assert op.signature.param("k").default == 2 and "t_good_defaults_alias" in registered()
+    finally:  # registered ops are global: other tests walk every one of them
+        _REGISTRY.pop("t_good_defaults", None)
+        _REGISTRY.pop("t_good_defaults_alias", None)

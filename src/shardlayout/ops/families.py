@@ -255,19 +255,35 @@ def bias_once(name: str, inputs, fm: FactorMap, bias: int, out_shapes=None, cost
 
 
 def _bias_target(targets: tuple, out: Sharding, bias: int):
-    """``targets`` with the bias partial(sum) wherever ``out`` is (None: a max/min partial)."""
+    """``targets`` with the bias partial(sum) wherever ``out`` is (None: a max/min partial); where
+    only the bias is partial on an axis (the product's operands do not use it), the first operand is
+    made partial there too (kept on one rank, zero on the others: free), or the product would be
+    counted once per rank."""
     b = targets[bias]
     if b is None or not out.partial:
         return targets
     if any(op not in ("sum", "avg") for _, op in out.partial):
         return None
+    order = {n: i for i, n in enumerate(b.mesh.names)}
+
+    def with_partial(s: Sharding, more: list) -> Sharding:
+        partial = tuple(sorted(list(s.partial) + more, key=lambda p: order[p[0]]))
+        return Sharding._trusted(s.mesh, s.shape, s.dims, partial)
+
+    def uses(s, axis) -> bool:
+        return s is not None and (any(a == axis for a, _ in s.partial) or
+                                  any(f.axis == axis for fs in s.dims for f in fs))
+
+    targets = list(targets)
+    product = [k for k, s in enumerate(targets) if k != bias and s is not None]
+    for axis, op in out.partial:
+        if op == "sum" and product and not any(uses(targets[k], axis) for k in product):
+            targets[product[0]] = with_partial(targets[product[0]], [(axis, "sum")])
     have = dict(b.partial)
     want = [(a, op) for a, op in out.partial if op == "sum" and a not in have]
-    if not want:
-        return targets
-    order = {n: i for i, n in enumerate(b.mesh.names)}
-    partial = tuple(sorted(list(b.partial) + want, key=lambda p: order[p[0]]))
-    return targets[:bias] + (Sharding._trusted(b.mesh, b.shape, b.dims, partial),) + targets[bias + 1:]
+    if want:
+        targets[bias] = with_partial(b, want)
+    return tuple(targets)
 
 
 def _linear_rule(name, inputs, cost_model=None, tensor_dtype="float32", out_pins=(), **_):
