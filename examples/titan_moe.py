@@ -86,8 +86,10 @@ def make(tokens: int = 1024, **kw):
 
 
 def make_bincount_index_add():
-    """``bincount`` counts, ``gather`` of the rows, ``index_add`` back, scores before the experts."""
-    return make(counts="bincount", gather="gather", combine="index_add", scores="before")
+    """``bincount`` counts, ``gather`` of the rows, ``index_add`` back, scores before the experts
+    (``make_small``'s sizes)."""
+    return make(tokens=128, dim=32, experts=8, ffn=64, counts="bincount", gather="gather", combine="index_add",
+                scores="before")
 
 
 def make_loop(tokens: int = 1024, **kw):
