@@ -25,7 +25,7 @@ demo: $(STAMP)
 
 # two workers: the suite is mostly one-thread Python, and this machine has two cores
 test: $(DEVSTAMP)
-	$(BIN)/python -m pytest -n 2 src tests README.md docs --doctest-glob='*.md'
+	$(BIN)/python -m pytest -n 2 --dist worksteal src tests README.md docs --doctest-glob='*.md'
 
 # the site (docs/ + API reference from docstrings) into site/; strict: a warning fails the build
 docs: $(DEVSTAMP)
