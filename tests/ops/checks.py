@@ -3,9 +3,11 @@ the output sharding's piece of the global result."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
-from shardlayout import Propagation
+from shardlayout import Propagation, Sharding
 
 
 def local_check(p: Propagation, x: np.ndarray, global_fn, local_fn) -> None:
@@ -25,3 +27,16 @@ def local_check(p: Propagation, x: np.ndarray, global_fn, local_fn) -> None:
 
 def reshape_local(piece, shape):
     return piece.reshape(shape)
+
+
+def random_pieces(s: Sharding, value, rng) -> dict:
+    """``{rank: piece}`` of ``value`` under ``s``, each partial sum split at random over its group
+    (``Sharding.shard`` splits it evenly, which would let A/2 * B/2 summed over two axes pass as A @ B)."""
+    mesh = s.mesh
+    plain = Sharding(mesh, s.shape, list(s.dims), ())
+    axes = [a for a, _ in s.partial]
+    coords = list(itertools.product(*(range(mesh.axis_size(a)) for a in axes)))
+    parts = [rng.standard_normal(value.shape) for _ in coords[1:]]
+    parts = [value - sum(parts, np.zeros_like(value))] + parts
+    by = {c: plain.shard(v) for c, v in zip(coords, parts)}
+    return {r: by[tuple(mesh.coord(r)[mesh.axis_index(a)] for a in axes)][r] for r in mesh.ranks()}

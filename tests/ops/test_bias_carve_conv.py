@@ -16,6 +16,7 @@ from shardlayout.ops.resize import carve
 from shardlayout.sharding import Factor
 from shardlayout.sharding.move import plan_move
 
+from .checks import random_pieces
 from .test_families_more import simulate_all
 
 M = Mesh.parse("dp=2,tp=2")
@@ -118,18 +119,6 @@ def test_convolution_space_stays_whole_and_bad_calls_are_refused():
         propagate("conv2d", [S("[2, 6, 8, 8]"), S("[8, 4, 3, 3]")])
 
 
-def _random_pieces(s, value, rng) -> dict:
-    """``{rank: piece}`` of ``value`` under ``s``, each partial sum split at random over its group."""
-    m = s.mesh
-    plain = Sharding(m, s.shape, list(s.dims), ())
-    axes = [a for a, _ in s.partial]
-    coords = list(itertools.product(*(range(m.axis_size(a)) for a in axes)))
-    parts = [rng.standard_normal(value.shape) for _ in coords[1:]]
-    parts = [value - sum(parts, np.zeros_like(value))] + parts
-    by = {c: plain.shard(x) for c, x in zip(coords, parts)}
-    return {r: by[tuple(m.coord(r)[m.axis_index(a)] for a in axes)][r] for r in m.ranks()}
-
-
 BIASED = [("addmm", [(4,), (4, 4), (4, 4)], lambda c, a, b: c + a @ b),
           ("linear", [(4, 4), (4, 4), (4,)], lambda x, w, b: x @ w.T + b)]
 
@@ -146,6 +135,6 @@ def test_a_biased_product_with_any_operands_partial_computes_its_value(mesh, op,
                for s, c in zip(shapes, combo)]
         vals = [rng.standard_normal(s) for s in shapes]
         p = propagate(op, ins)
-        pcs = [run_moves(plan_move(s, t), _random_pieces(s, v, rng)) for s, t, v in zip(ins, p.input_targets, vals)]
+        pcs = [run_moves(plan_move(s, t), random_pieces(s, v, rng)) for s, t, v in zip(ins, p.input_targets, vals)]
         got = p.outputs[0].unshard({r: fn(*(pc[r] for pc in pcs)) for r in m.ranks()}, tolerance=1e-9)
         assert np.allclose(got, fn(*vals)), (op, combo, [str(t) for t in p.input_targets], str(p.outputs[0]))

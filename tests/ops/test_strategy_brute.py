@@ -21,6 +21,8 @@ from shardlayout.sharding import Factor
 from shardlayout.sharding.cost import DEFAULT_COST_MODEL
 from shardlayout.sharding.move import plan_move
 
+from .checks import random_pieces
+
 OPS = {"mm": np.matmul, "mul": np.multiply}
 SHAPE = (4, 4)
 
@@ -43,19 +45,6 @@ def all_shardings(mesh: Mesh, shape: tuple) -> list:
     return sorted(out, key=str)
 
 
-def pieces(s: Sharding, value, rng) -> dict:
-    """``{rank: piece}`` of ``value`` under ``s``, a partial sum split at random (``Sharding.shard``
-    splits it evenly, which would let A/2 * B/2 summed over two axes pass as A @ B)."""
-    mesh = s.mesh
-    plain = Sharding(mesh, s.shape, list(s.dims), ())
-    axes = [a for a, _ in s.partial]
-    coords = list(itertools.product(*(range(mesh.axis_size(a)) for a in axes)))
-    parts = [rng.standard_normal(value.shape) for _ in coords[1:]]
-    parts = [value - sum(parts, np.zeros_like(value))] + parts
-    by = {c: plain.shard(v) for c, v in zip(coords, parts)}
-    return {r: by[tuple(mesh.coord(r)[mesh.axis_index(a)] for a in axes)][r] for r in mesh.ranks()}
-
-
 @cache
 def valid_triples(op: str, mesh_text: str) -> tuple:
     """``(target A, target B, output)`` triples whose local op on every rank gives the right value."""
@@ -66,7 +55,7 @@ def valid_triples(op: str, mesh_text: str) -> tuple:
     shs = all_shardings(mesh, SHAPE)
     out = []
     for ta, tb in itertools.product(shs, shs):
-        pa, pb = pieces(ta, x, rng), pieces(tb, y, rng)
+        pa, pb = random_pieces(ta, x, rng), random_pieces(tb, y, rng)
         if any(OPS[op] is np.matmul and pa[r].shape[1] != pb[r].shape[0] or OPS[op] is np.multiply and
                pa[r].shape != pb[r].shape for r in mesh.ranks()):
             continue  # the local op cannot run on these pieces

@@ -335,28 +335,6 @@ def _moves_kept(op, args, targets, keep) -> list:
             and t is not a and t != a and not is_local_move(a, t)]
 
 
-def _kept_candidate(p, op, args, keep, tensors, routed: dict):
-    """The cheapest of the rule's priced strategies that moves no kept input with a collective (and
-    keeps routed rows whole); ``StyleConflict`` when none does."""
-    def targets_of(c):
-        return tuple(a if t is None else t for t, a in zip(c.input_targets, args))
-
-    good = [c for c in p.candidates if not _moves_kept(op, args, targets_of(c), keep)
-            and (not routed or _ragged_fits(op, targets_of(c), c.outputs, tensors, routed))]
-    if not good:
-        names = _moves_kept(op, args, p.input_targets, keep)
-        got = ", ".join(dict.fromkeys(f"{n} {a}" for n, a in zip(op.inputs, args) if n in names))
-        raise StyleConflict(f"op {op.name} ({op.target}) cannot read {got} where the style keeps "
-                            f"{'it' if len(names) == 1 else 'them'}: every strategy of the op moves "
-                            f"{'it' if len(names) == 1 else 'them'} with a collective. Pin "
-                            f"{'it' if len(names) == 1 else 'them'} differently (--pin), or shard the op's other "
-                            "inputs to match")
-    c = min(good, key=lambda c: c.cost)
-    return replace(p, input_targets=targets_of(c), outputs=tuple(c.outputs), collectives=c.collectives,
-                   local=c.local, notes=p.notes + (f"kept: strategy {c.describe()} (the cheapest that moves no "
-                                                   "kept weight)",))
-
-
 def _ragged_fits(op, targets, outputs, tensors, routed: dict) -> bool:
     """Do an op's input targets and outputs cut every ragged dim only by its rows' sources?"""
     from ..sharding.nested import RaggedError
@@ -375,19 +353,29 @@ def _ragged_fits(op, targets, outputs, tensors, routed: dict) -> bool:
     return True
 
 
-def _ragged_candidate(p, op, args, tensors, routed: dict):
-    """The cheapest of the rule's priced strategies that cuts no ragged dim by an axis its rows
-    did not come from (a factor-map rule does not know which dims are ragged); ``p`` when none
-    does (``_check_ragged_plan`` then names the problem)."""
-    good = [c for c in p.candidates
-            if _ragged_fits(op, tuple(a if t is None else t for t, a in zip(c.input_targets, args)), c.outputs,
-                            tensors, routed)]
+def _fitting_candidate(p, op, args, tensors, routed: dict, keep):
+    """The cheapest of the rule's priced strategies that cuts no ragged dim by an axis its rows did
+    not come from (a factor-map rule does not know which dims are ragged) and moves no kept input
+    with a collective. None fitting: ``StyleConflict`` when a kept input would move, else ``p``
+    (``_check_ragged_plan`` then names the problem)."""
+    def targets_of(c):
+        return tuple(a if t is None else t for t, a in zip(c.input_targets, args))
+
+    good = [c for c in p.candidates if not (keep and _moves_kept(op, args, targets_of(c), keep))
+            and (not routed or _ragged_fits(op, targets_of(c), c.outputs, tensors, routed))]
     if not good:
-        return p
+        names = _moves_kept(op, args, p.input_targets, keep) if keep else []
+        if not names:
+            return p
+        got = ", ".join(dict.fromkeys(f"{n} {a}" for n, a in zip(op.inputs, args) if n in names))
+        them = "it" if len(names) == 1 else "them"
+        raise StyleConflict(f"op {op.name} ({op.target}) cannot read {got} where the style keeps {them}: every "
+                            f"strategy of the op moves {them} with a collective. Pin {them} differently (--pin), or "
+                            "shard the op's other inputs to match")
     c = min(good, key=lambda c: c.cost)
-    return replace(p, input_targets=tuple(a if t is None else t for t, a in zip(c.input_targets, args)),
-                   outputs=tuple(c.outputs), collectives=c.collectives, local=c.local, notes=p.notes + (
-                       f"ragged: strategy {c.describe()} (the cheapest that keeps routed rows whole)",))
+    return replace(p, input_targets=targets_of(c), outputs=tuple(c.outputs), collectives=c.collectives,
+                   local=c.local, notes=p.notes + (f"strategy {c.describe()}: the cheapest that keeps routed rows "
+                                                   "whole and kept weights in place",))
 
 
 def _is_subsequence(fs: tuple, of: tuple) -> bool:
@@ -692,7 +680,7 @@ def _forward(program: Program, mesh: Mesh, pins: dict, cm: CostModel, wanted: di
              keep: frozenset = frozenset()) -> "Plan":
     """One forward pass: every op's strategy given ``pins``; ``wanted`` (a dict) collects what
     each tensor's consumers want of it (``_infer_backward``); ``keep``: pinned inputs no strategy
-    may move with a collective (``_kept_candidate``), and so the views made of them where they are
+    may move with a collective (``_fitting_candidate``), and so the views made of them where they are
     (a transposed expert weight is still the expert weight)."""
     t0 = time.perf_counter()
     same: dict = {}  # equal pins become one object, so memo probes compare by identity
@@ -760,11 +748,10 @@ def _forward(program: Program, mesh: Mesh, pins: dict, cm: CostModel, wanted: di
         if kind == _ROUTE:
             r = tensors[outs[0]].ragged
             routed[r.counts] = source_factors(p.outputs[0], r)
-        elif routed and not _ragged_fits(op, p.input_targets, p.outputs, tensors, routed):
-            p = _ragged_candidate(p, op, args, tensors, routed)
+        if (kind != _ROUTE and routed and not _ragged_fits(op, p.input_targets, p.outputs, tensors, routed)) or \
+                (keep and _moves_kept(op, args, p.input_targets, keep)):
+            p = _fitting_candidate(p, op, args, tensors, routed if kind != _ROUTE else {}, keep)
         if keep:
-            if _moves_kept(op, args, p.input_targets, keep):
-                p = _kept_candidate(p, op, args, keep, tensors, routed)
             if (len(outs) == 1 and ins and type(ins[0]) is str and ins[0] in keep and p.input_targets[0] == args[0]
                     and canonical_op_name(op.target) in VIEWS):
                 keep.add(outs[0])
