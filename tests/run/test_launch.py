@@ -69,15 +69,19 @@ def test_forward_run_in_float32():
 
 
 def test_stream_choices_run_chunk_by_chunk_and_equal_the_unsharded_run():
-    # at 1 TFLOP/s the Megatron-SP gathers and reduce-scatters are worth streaming at these sizes
+    # at 1 TFLOP/s the Megatron-SP gathers and reduce-scatters are worth streaming at these sizes;
+    # trained: the backward follows each chunk (a chunk's gradient sum, a chunk's reduce-scatter adjoint)
     args = ("--model", "llama", "--layers", "1", "--size", "dim=128,seq=512,batch=1,heads=4,ffn=256", "--mesh",
-            "tp=2", "--style", "megatron-sp", "--flop-rate", "1e12", "--dtype", "float64", "--json")
+            "tp=2", "--style", "megatron-sp", "--flop-rate", "1e12", "--dtype", "float64", "--train", "--json")
     r = run(*args)
     assert r.returncode == 0, r.stderr
     rep = json.loads(r.stdout)
-    assert rep["equal"] and rep["max_rel_err"] < 1e-12 and rep["streams"] and rep["streams_whole"] is None
+    assert rep["equal"] and rep["max_rel_err"] < 1e-12 and rep["grads_max_rel_err"] < 1e-12
+    assert rep["streams"] and rep["streams_whole"] is None
     chunks = sum(st["chunks"] for st in rep["streams"])
-    assert rep["collectives"] == rep["planned_collectives"]  # k per streamed move
+    assert rep["collectives"] == rep["planned_collectives"]  # k per streamed move, forward and backward
+    assert rep["collectives"]["backward_all_reduce"] >= sum(st["chunks"] for st in rep["streams"]
+                                                            if st["side"] == "before")
     assert sum(rep["collectives"].values()) >= chunks > len(rep["streams"])
     whole = json.loads(run(*args, "--no-streams").stdout)  # the same plan with whole moves
     assert whole["equal"] and not whole["streams"] and whole["streams_whole"] == "--no-streams"

@@ -66,10 +66,23 @@ def test_training_steps_equal_the_unsharded_model_and_run_the_planned_collective
     assert sum(rep["collectives"]["forward"].values()) > 0 and sum(rep["collectives"]["backward"].values()) > 0
 
 
+STREAMED = ["--model", "llama", "--layers", "1", "--size", "dim=128,seq=512,batch=1,heads=4,ffn=256", "--mesh", "tp=2",
+            "--style", "megatron-sp", "--flop-rate", "1e12", "--dtype", "float64"]  # 1 TFLOP/s: streams pay
+
+
+def test_stream_choices_train_chunk_by_chunk_in_the_generated_program(run_json):
+    rep = run_json(*STREAMED, "--steps", "3")
+    assert rep["equal"] and rep["max_loss_rel_err"] <= 1e-9 and rep["max_param_rel_err"] <= 1e-9, rep
+    assert rep["streams"] and {st["side"] for st in rep["streams"]} == {"before", "after"}
+    # each chunk's collectives, forward and backward, counted at the dispatcher
+    assert rep["collectives"] == rep["planned_collectives"]
+    assert rep["collectives"]["forward"]["all_gather"] >= sum(st["chunks"] for st in rep["streams"]
+                                                              if st["side"] == "before")
+
+
 def test_compiled_training_equals_the_unsharded_model(run_json):
-    rep = run_json("--mesh", "tp=2", "--style", "megatron", "--layers", "1", "--dtype", "float64", "--steps", "3",
-                "--compile")
-    assert rep["equal"] and rep["compile"] and rep["max_loss_rel_err"] <= 1e-9, rep
+    rep = run_json(*STREAMED, "--steps", "3", "--compile")  # stream chunks' issue and wait as separate nodes
+    assert rep["equal"] and rep["compile"] and rep["streams"] and rep["max_loss_rel_err"] <= 1e-9, rep
 
 
 def test_the_python_example_trains_a_meta_model_too_big_for_the_memory_limit_as_the_unsharded_one(tmp_path):

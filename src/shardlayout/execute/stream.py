@@ -486,6 +486,17 @@ def run_segment(plan, seg: Segment, executor, fetch, opdefs: dict) -> tuple:
         for k, (name, tgt) in enumerate(zip(prog.ops[i].inputs, plan.ops[i].input_targets)):
             if isinstance(name, str) and name not in inside and (name, tgt) != seg.before:
                 whole[(i, k)] = fetch(name, tgt, (i, k))
+    through = getattr(executor, "readers", None) or {}  # (op, input) -> its gradient reduction (training)
+    summed: dict = {}  # (reduction, chunk) -> the chunk summed once for all its readers, as the walk does
+
+    def read(i: int, k: int, value, j: int):
+        key = through.get((i, k))
+        if key is None:
+            return value
+        if (key, j) not in summed:
+            summed[(key, j)] = executor.use(key, value)
+        return summed[(key, j)]
+
     pending: dict = {}  # chunk -> its issued move (the pipeline: chunk j + 1 moves while chunk j computes)
     if seg.before is not None:
         x_name = seg.before[0]
@@ -510,7 +521,7 @@ def run_segment(plan, seg: Segment, executor, fetch, opdefs: dict) -> tuple:
                 if not isinstance(name, str):
                     args.append(name)
                 elif (name, tgt) in local:
-                    args.append(local[(name, tgt)])
+                    args.append(read(i, k, local[(name, tgt)], j))
                 else:
                     full = whole[(i, k)]
                     args.append(pick(full, tgt, name, j) if name in seg.dims else full)
@@ -542,6 +553,19 @@ def chunk_moves(plan, seg: Segment) -> tuple:
     return plan_move(a, b, plan.program.tensors[name].dtype, plan.cost_model)
 
 
+def chunked_reads(plan, seg: Segment) -> set:
+    """The ``(op index, input position)`` readers of ``seg`` that read a chunk (the moved tensor,
+    or a tensor the segment makes, in its final sharding) — as ``run_segment`` feeds them; the
+    segment's other readers get the whole value, chunked after the walk moved it."""
+    prog = plan.program
+    inside = {(o, plan.shardings[o]) for i in seg.ops for o in prog.ops[i].outputs}
+    if seg.before is not None:
+        inside.add(seg.before)
+    return {(i, k) for i in seg.ops
+            for k, (name, tgt) in enumerate(zip(prog.ops[i].inputs, plan.ops[i].input_targets))
+            if isinstance(name, str) and (name, tgt) in inside}
+
+
 def _made_sharding(plan, name: str) -> Sharding:
     for op, po in zip(plan.program.ops, plan.ops):
         if name in op.outputs:
@@ -555,5 +579,5 @@ def _join(executor, parts: list, s: Sharding, seg: Segment, name: str, ranks: tu
     return executor.join(parts, d, pos, {r: s.local_shape(r) for r in ranks})
 
 
-__all__ = ["Segment", "carry_view", "chunk_moves", "chunk_positions_global", "chunk_sharding", "local_positions",
-           "run_segment", "segments"]
+__all__ = ["Segment", "carry_view", "chunk_moves", "chunk_positions_global", "chunk_sharding", "chunked_reads",
+           "local_positions", "run_segment", "segments"]

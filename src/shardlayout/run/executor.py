@@ -15,7 +15,6 @@ import numpy as np
 
 from ..ops.ragged import RAGGED_OPS, run_nested
 from ..ops.result import at_rank
-from ..sharding.collective import CollectiveKind
 from ..sharding.nested import Nested
 from .backward import reduction_at
 from .moves import plan_groups
@@ -92,20 +91,19 @@ class TorchRankExecutor:
         return got
 
     def start(self, c, x):
-        """Issue collective ``c`` on ``x`` without waiting (``async_op=True``) and return a function
-        that waits and gives the result — so a stream's next chunk moves while this one computes.
-        Outside autograd only, and for gathers and reductions; anything else runs now."""
-        import torch
-
-        if not c.kind.communicates or torch.is_grad_enabled() or isinstance(x, Nested) or (
-                c.reduce_op is None and c.kind is not CollectiveKind.ALL_GATHER):
+        """Issue collective ``c`` on ``x`` without waiting (``Move.issue``) and return a function
+        that waits and gives the result (``Move.finish``) — so a stream's next chunk moves while
+        this one computes; differentiable like ``collective``. A ragged piece or a move with
+        nothing in flight (a local step, an all-to-all) runs now."""
+        move = self.move(c)
+        if not c.kind.communicates or isinstance(x, Nested) or not move.split:
             out = self.collective(c, x)
             return lambda: out
         self.counts[c.kind.value] = self.counts.get(c.kind.value, 0) + 1
-        finish = self.move(c).start(x)
+        raw = move.issue(x)
 
         def done():
-            out = finish()
+            out = move.finish(raw)
             if self.after_collective is not None:
                 self.after_collective(c)
             return out.contiguous()

@@ -131,6 +131,7 @@ def rank_main(rank: int, world: int, build, options: dict, init_method: str | No
 
     from ..sharding.ragged import nested_piece
     from .executor import TorchRankExecutor, count_calls, plan_groups
+    from .program import stream_pieces
 
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
@@ -147,8 +148,9 @@ def rank_main(rank: int, world: int, build, options: dict, init_method: str | No
                            f"give --nproc {plan.mesh.size} (or a mesh of {world} devices)")
         check_trainable(plan, train)
         reductions = gradient_reductions(plan) if train else {}
+        streams, whole = _streams(plan, options)
         groups = {}
-        for pieces, members in plan_groups(plan, training_pieces(plan, reductions)):
+        for pieces, members in plan_groups(plan, training_pieces(plan, reductions) | stream_pieces(plan, streams)):
             g = dist.new_group(list(members)) if len(members) > 1 else None
             if rank in members:
                 groups[pieces] = (g, members)
@@ -159,7 +161,6 @@ def rank_main(rank: int, world: int, build, options: dict, init_method: str | No
                 os._exit(1)
 
         ex = TorchRankExecutor(plan.mesh, rank, groups, after, reductions)
-        streams, whole = _streams(plan, options, train)
         prog = plan.program
         glob = _global_inputs(plan, options.get("seed", 0), options.get("dtype", "float32"))
         params = set(prog.inputs("param")) if train else set()
@@ -211,8 +212,7 @@ def rank_main(rank: int, world: int, build, options: dict, init_method: str | No
             "step_seconds": steps,
             "tolerance": (f"{_half_precision(prog)}: relative {HALF_RTOL}" if _half_precision(prog) else
                           "float64: 1e-10 relative" if options.get("dtype") == "float64" else "float32"),
-            "streams": [{"tensor": (sg.before or sg.after)[0], "side": "before" if sg.before else "after",
-                         "chunks": sg.k, "ops": [prog.ops[i].name for i in sg.ops]} for sg in streams],
+            "streams": stream_report(plan, streams),
             "streams_whole": whole,
             "seconds": time.perf_counter() - t0,
         }
@@ -285,48 +285,59 @@ def _train_step(plan, rank, ex, glob, ref, local, values, lr, options) -> _Compa
     return cmp
 
 
-def _streams(plan, options: dict, train: bool) -> tuple:
+def stream_report(plan, segs) -> list:
+    """The report's ``streams``: per segment run chunk by chunk, the moved tensor, the side of
+    the ops its move is on, the chunks and the ops."""
+    return [{"tensor": (sg.before or sg.after)[0], "side": "before" if sg.before else "after", "chunks": sg.k,
+             "ops": [plan.program.ops[i].name for i in sg.ops]} for sg in segs]
+
+
+def _streams(plan, options: dict) -> tuple:
     """``(segments, why not)``: the plan's stream choices this run executes chunk by chunk
-    (``execute.stream``), and what runs whole instead: every choice under ``--no-streams`` or
-    ``--train`` (the backward runs whole moves), the choices whose path a chunk cannot follow."""
+    (``execute.stream``), forward and backward, and what runs whole instead: every choice under
+    ``--no-streams``, the choices whose path a chunk cannot follow."""
     from ..execute.stream import segments
 
     if not options.get("streams", True):
         return (), "--no-streams"
-    if train:
-        return (), "--train (the backward pass runs whole moves)"
     segs, skipped = segments(plan)
     return segs, (f"not chunkable: {', '.join(skipped)}" if skipped else None)
 
 
 def _planned_counts(plan, train: bool, reductions=None, streams=()) -> dict:
-    """Collectives every rank runs: the plan's (SPMD: each in its own group); with training, the
-    backward ones ``run.backward`` plans: one all-reduce per gradient reduction, the adjoint of
-    each forward collective that needs one (a reduce-scatter's all-gather, an all-to-all's
-    reverse), and one all-reduce per local slice whose gradient must be completed."""
-    from ..execute.stream import chunk_moves
+    """Collectives every rank runs: the plan's (SPMD: each in its own group), a streamed move's
+    chunk collectives ``k`` times instead of its whole ones; with training, the backward ones
+    ``run.backward`` plans: one all-reduce per gradient reduction (per chunk where its readers
+    read a stream's chunks), the adjoint of each forward collective that needs one (a
+    reduce-scatter's all-gather, an all-to-all's reverse), and one all-reduce per local slice
+    whose gradient must be completed."""
+    from ..execute.stream import chunk_moves, chunked_reads
     from ..sharding.collective import CollectiveKind
     from .backward import slice_completions
 
+    streamed = {seg.before or seg.after: seg for seg in streams}
+    ran = []  # (tensor, collective, times) of every move the forward runs
+    for (tensor, tgt), moves in plan.moves.items():
+        seg = streamed.get((tensor, tgt))
+        ran.extend((tensor, c, seg.k if seg else 1) for c in (chunk_moves(plan, seg) if seg else moves))
     planned: dict = {}
-    for c in plan.collectives:
-        planned[c.kind.value] = planned.get(c.kind.value, 0) + 1
-    for seg in streams:  # a streamed move runs its chunk's collectives k times instead
-        for c in plan.moves[seg.before or seg.after]:
-            if c.kind.communicates:
-                planned[c.kind.value] -= 1
-        for c in chunk_moves(plan, seg):
-            if c.kind.communicates:
-                planned[c.kind.value] = planned.get(c.kind.value, 0) + seg.k
+    for _, c, times in ran:
+        if c.kind.communicates:
+            planned[c.kind.value] = planned.get(c.kind.value, 0) + times
     if train:
         needs = grad_tensors(plan.program)
         adjoint = {"reduce_scatter": "backward_all_gather", "all_to_all": "backward_all_to_all"}
-        for c in plan.collectives:
-            if c.tensor in needs and c.kind.value in adjoint:
-                planned[adjoint[c.kind.value]] = planned.get(adjoint[c.kind.value], 0) + 1
-        n = len(reductions or {})
-        for (tensor, _), moves in plan.moves.items():
-            n += sum(1 for c in moves if tensor in needs and c.kind is CollectiveKind.LOCAL and slice_completions(c))
+        n = 0
+        for tensor, c, times in ran:
+            if tensor in needs and c.kind.value in adjoint:
+                planned[adjoint[c.kind.value]] = planned.get(adjoint[c.kind.value], 0) + times
+            if tensor in needs and c.kind is CollectiveKind.LOCAL and slice_completions(c):
+                n += times
+        chunked = [(seg.k, chunked_reads(plan, seg)) for seg in streams]
+        for readers in (reductions or {}).values():
+            readers = set(readers)
+            n += sum(k for k, reads in chunked if readers & reads)
+            n += bool(readers - set().union(*(reads for _, reads in chunked)))
         if n:
             planned["backward_all_reduce"] = n
     return {k: v for k, v in planned.items() if v}

@@ -88,6 +88,22 @@ def all_to_all_map(c, rank: int, members: tuple) -> tuple:
     return tuple(send), tuple(recv)
 
 
+def splits(c) -> bool:
+    """Whether collective ``c`` runs as two halves, issued then waited for (``Move.issue`` /
+    ``Move.finish``): a gather or a reduction; a local step or an all-to-all runs whole."""
+    return c.kind not in (CollectiveKind.LOCAL, CollectiveKind.ALL_TO_ALL)
+
+
+def raw_shape(c, rank: int, members: tuple) -> tuple:
+    """The shape of ``Move.issue``'s raw result at ``rank``: the stacked padded pieces of a
+    gather, this rank's padded slot of a reduce-scatter, the reduced piece of an all-reduce."""
+    if c.reduce_op is not None and c.kind is CollectiveKind.REDUCE_SCATTER:
+        return (scatter_map(c, rank, members)[1],)
+    if c.reduce_op is not None:
+        return tuple(c.src.local_shape(rank))
+    return (len(members) * max(math.prod(c.src.local_shape(q)) for q in members),)
+
+
 def own_pick(c, rank: int) -> np.ndarray:
     """Flat positions, in ``rank``'s target piece, of its source piece's elements: a gather's
     adjoint under complete gradients. A target that does not hold the source has no such adjoint."""
@@ -116,50 +132,16 @@ def _t(a) -> "object":
     return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64))
 
 
-class _Gather(_autograd()):
-    """All-gather of padded flat pieces, then this rank's target picked out; adjoint: own piece."""
+def _c10d():
+    """The functional collectives' ops themselves: issued here, waited for (``wait_tensor``) where
+    the result is first read — a graph holds the two as separate nodes a compiler can move apart."""
+    import torch
 
-    @staticmethod
-    def forward(ctx, x, index, own, width: int, group: str, shape: tuple):
-        ctx.save_for_backward(own)
-        ctx.src_shape = tuple(x.shape)
-        return _gather_finish(_gather_issue(x, width, group), index, shape)
-
-    @staticmethod
-    def backward(ctx, g):
-        (own,) = ctx.saved_tensors
-        if own.numel() != math.prod(ctx.src_shape):
-            raise RunError("training through an all-gather whose target piece does not hold its source piece: "
-                           "its gradient has no local adjoint (please report the plan)")
-        return g.reshape(-1)[own].reshape(ctx.src_shape), None, None, None, None, None
+    return torch.ops._c10d_functional
 
 
-def _gather_issue(x, width: int, group):
-    return _funcol().all_gather_single(_padded(x.reshape(-1), width), 0, group)
-
-
-def _gather_finish(stacked, index, shape: tuple):
-    return stacked[index].reshape(shape)
-
-
-def _rs_issue(x, slots, positions, width: int, n: int, op: str, group):
-    flat = x.reshape(-1)
-    stacked = flat.new_zeros(width * n).index_copy(0, slots, flat[positions])
-    return _funcol().reduce_scatter_single(stacked, "sum" if op == "avg" else op, 0, group)
-
-
-def _rs_finish(mine, keep: int, n: int, op: str, shape: tuple):
-    out = mine[:keep].reshape(shape)
-    return out / n if op == "avg" else out
-
-
-def _ar_issue(x, op: str, group):
-    return _funcol().all_reduce(x.contiguous(), "sum" if op == "avg" else op, group)
-
-
-def _ar_finish(y, pick, n: int, op: str, shape: tuple):
-    out = y.reshape(-1)[pick].reshape(shape)
-    return out / n if op == "avg" else out
+def _wait(raw):
+    return _c10d().wait_tensor(raw)
 
 
 def _padded(flat, width: int):
@@ -171,44 +153,118 @@ def _padded(flat, width: int):
     return flat.contiguous()
 
 
-class _ReduceScatter(_autograd()):
-    """Each member's part of this rank's partial piece stacked (padded to one width), reduce-scattered;
-    adjoint of a sum: an all-gather of the gradient put back at each part's positions."""
+def _wire_op(op: str) -> str:
+    return "sum" if op == "avg" else op
+
+
+# Each communicating move is two differentiable halves: ``issue`` starts the collective and gives
+# its raw, not-yet-waited result; ``finish`` waits for it and picks this rank's target piece. Their
+# backwards compose to the plan's adjoint of the whole move.
+
+
+class _GatherIssue(_autograd()):
+    """All-gather of this rank's padded flat piece; adjoint: its own slot of the stacked gradient."""
 
     @staticmethod
-    def forward(ctx, x, slots, positions, width: int, n: int, keep: int, op: str, group: str, shape: tuple):
+    def forward(ctx, x, width: int, n: int, slot: int, group: str):
+        ctx.meta = (tuple(x.shape), x.numel(), slot * width)
+        return _c10d().all_gather_into_tensor(_padded(x.reshape(-1), width), n, group)
+
+    @staticmethod
+    def backward(ctx, g):
+        shape, numel, at = ctx.meta
+        return g[at: at + numel].reshape(shape), None, None, None, None
+
+
+class _GatherFinish(_autograd()):
+    """This rank's target picked from the stacked pieces; adjoint (complete gradients): the
+    gradient of its own source elements, put in its own slot."""
+
+    @staticmethod
+    def forward(ctx, raw, index, own, at: int, n_src: int, shape: tuple):
+        ctx.save_for_backward(own)
+        ctx.meta = (raw.numel(), at, n_src)
+        return _wait(raw)[index].reshape(shape)
+
+    @staticmethod
+    def backward(ctx, g):
+        (own,) = ctx.saved_tensors
+        numel, at, n_src = ctx.meta
+        if own.numel() != n_src:
+            raise RunError("training through an all-gather whose target piece does not hold its source piece: "
+                           "its gradient has no local adjoint (please report the plan)")
+        grad = g.new_zeros(numel)
+        grad[at: at + n_src] = g.reshape(-1)[own]
+        return grad, None, None, None, None, None
+
+
+class _ScatterIssue(_autograd()):
+    """Each member's part of this rank's partial piece stacked (padded to one width) and
+    reduce-scattered; adjoint of a sum: the gradient all-gathered, put back at each part's positions."""
+
+    @staticmethod
+    def forward(ctx, x, slots, positions, width: int, n: int, op: str, group: str):
         ctx.save_for_backward(slots, positions)
-        ctx.meta = (tuple(x.shape), x.numel(), width, keep, op, n, group)
-        return _rs_finish(_rs_issue(x, slots, positions, width, n, op, group), keep, n, op, shape)
+        ctx.meta = (tuple(x.shape), x.numel(), group)
+        flat = x.reshape(-1)
+        stacked = flat.new_zeros(width * n).index_copy(0, slots, flat[positions])
+        return _c10d().reduce_scatter_tensor(stacked, _wire_op(op), n, group)
 
     @staticmethod
     def backward(ctx, g):
         slots, positions = ctx.saved_tensors
-        src_shape, numel, width, keep, op, n, group = ctx.meta
-        _differentiable(op)
-        stacked = _funcol().all_gather_single(_padded(g.reshape(-1), width), 0, group)
-        grad = g.new_zeros(numel).index_add(0, positions, stacked[slots])
-        grad = grad.reshape(src_shape)
-        return (grad / n if op == "avg" else grad), None, None, None, None, None, None, None, None
+        shape, numel, group = ctx.meta
+        stacked = _funcol().all_gather_single(g.contiguous(), 0, group)
+        return (g.new_zeros(numel).index_add(0, positions, stacked[slots]).reshape(shape),
+                None, None, None, None, None, None)
 
 
-class _AllReduce(_autograd()):
-    """All-reduce of the partial piece, then this rank's target picked; adjoint: the gradient put back."""
+class _ScatterFinish(_autograd()):
+    """This rank's kept part of its reduced slot (an average divided); adjoint: padded back."""
 
     @staticmethod
-    def forward(ctx, x, pick, n: int, op: str, group: str, shape: tuple):
+    def forward(ctx, raw, keep: int, n: int, op: str, shape: tuple):
+        ctx.meta = (raw.numel(), n, op)
+        out = _wait(raw)[:keep].reshape(shape)
+        return out / n if op == "avg" else out
+
+    @staticmethod
+    def backward(ctx, g):
+        width, n, op = ctx.meta
+        _differentiable(op)
+        grad = _padded(g.reshape(-1), width)
+        return (grad / n if op == "avg" else grad), None, None, None, None
+
+
+class _ReduceIssue(_autograd()):
+    """All-reduce of the partial piece; adjoint (complete gradients): the gradient itself."""
+
+    @staticmethod
+    def forward(ctx, x, op: str, group: str):
+        return _c10d().all_reduce(x.contiguous(), _wire_op(op), group)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, None, None
+
+
+class _ReduceFinish(_autograd()):
+    """This rank's target picked from the reduced piece; adjoint: the gradient put back."""
+
+    @staticmethod
+    def forward(ctx, raw, pick, n: int, op: str, shape: tuple):
         ctx.save_for_backward(pick)
-        ctx.meta = (tuple(x.shape), x.numel(), op, n)
-        return _ar_finish(_ar_issue(x, op, group), pick, n, op, shape)
+        ctx.meta = (tuple(raw.shape), raw.numel(), op, n)
+        out = _wait(raw).reshape(-1)[pick].reshape(shape)
+        return out / n if op == "avg" else out
 
     @staticmethod
     def backward(ctx, g):
         (pick,) = ctx.saved_tensors
-        src_shape, numel, op, n = ctx.meta
+        shape, numel, op, n = ctx.meta
         _differentiable(op)
-        grad = g.new_zeros(numel).index_add(0, pick, g.reshape(-1)).reshape(src_shape)
-        return (grad / n if op == "avg" else grad), None, None, None, None, None
-
+        grad = g.new_zeros(numel).index_add(0, pick, g.reshape(-1)).reshape(shape)
+        return (grad / n if op == "avg" else grad), None, None, None, None
 
 class _AllToAll(_autograd()):
     """Pieces that only move: one ``all_to_all_single`` with per-member split sizes; adjoint: the
@@ -295,14 +351,13 @@ class Move(_module()):
             buf("pick", local_pick(c, rank))
             return
         self.group, members = _group(groups, c.axes)
-        self.op = c.reduce_op
+        self.op, self.n = c.reduce_op, len(members)
         if c.reduce_op is not None and c.kind is CollectiveKind.REDUCE_SCATTER:
             per, self.width = scatter_map(c, rank, members)
-            self.n, self.keep = len(members), len(per[members.index(rank)])
+            self.keep = len(per[members.index(rank)])
             buf("slots", np.concatenate([j * self.width + np.arange(len(p)) for j, p in enumerate(per)]))
             buf("positions", np.concatenate(per))
         elif c.reduce_op is not None:
-            self.n = len(members)
             buf("pick", local_pick(c, rank))
         elif c.kind is CollectiveKind.ALL_TO_ALL:
             send, recv = all_to_all_map(c, rank, members)
@@ -311,36 +366,52 @@ class Move(_module()):
             buf("recv", np.concatenate(recv))
         else:
             index, self.width = gather_map(c, rank, members)
+            self.slot, self.n_src = members.index(rank), math.prod(c.src.local_shape(rank))
             buf("index", index)
             buf("own", own_pick(c, rank) if _holds(c, rank) else np.zeros(0))  # none: not trainable
 
-    def forward(self, x):
+    @property
+    def split(self) -> bool:
+        """Whether ``issue`` and ``finish`` are two steps (``splits``); else ``issue`` is whole."""
+        return self.kind not in (CollectiveKind.LOCAL, CollectiveKind.ALL_TO_ALL)
+
+    def forward(self, x, part: str = "whole"):
+        """``part``: ``"whole"`` (this rank's target piece), ``"issue"`` (the collective started:
+        its raw result, of ``raw_shape``) or ``"finish"`` (a raw result waited for and picked) — a
+        generated program places the two halves apart so a stream's next chunk moves while this
+        one computes."""
+        if part == "issue":
+            return self.issue(x)
+        if part == "finish":
+            return self.finish(x)
+        return self.finish(self.issue(x))
+
+    def issue(self, x):
+        """Start the collective on ``x``: its raw, not yet waited result (``finish`` gives the target)."""
         if self.kind is CollectiveKind.LOCAL:
             return _Local.apply(x, self.pick, self.scale, self.group, self.shape)
-        if self.op is not None and self.kind is CollectiveKind.REDUCE_SCATTER:
-            return _ReduceScatter.apply(x, self.slots, self.positions, self.width, self.n, self.keep, self.op,
-                                        self.group, self.shape)
-        if self.op is not None:
-            return _AllReduce.apply(x, self.pick, self.n, self.op, self.group, self.shape)
         if self.kind is CollectiveKind.ALL_TO_ALL:
             return _AllToAll.apply(x, self.send, self.recv, self.send_sizes, self.recv_sizes, self.group, self.shape)
-        return _Gather.apply(x, self.index, self.own, self.width, self.group, self.shape)
+        if self.op is not None and self.kind is CollectiveKind.REDUCE_SCATTER:
+            return _ScatterIssue.apply(x, self.slots, self.positions, self.width, self.n, self.op, self.group)
+        if self.op is not None:
+            return _ReduceIssue.apply(x, self.op, self.group)
+        return _GatherIssue.apply(x, self.width, self.n, self.slot, self.group)
+
+    def finish(self, raw):
+        """Wait for an issued collective and give this rank's target piece."""
+        if not self.split:
+            return raw
+        if self.op is not None and self.kind is CollectiveKind.REDUCE_SCATTER:
+            return _ScatterFinish.apply(raw, self.keep, self.n, self.op, self.shape)
+        if self.op is not None:
+            return _ReduceFinish.apply(raw, self.pick, self.n, self.op, self.shape)
+        return _GatherFinish.apply(raw, self.index, self.own, self.slot * self.width, self.n_src, self.shape)
 
     def start(self, x):
-        """Issue the collective without waiting and return a function that gives the result (the
-        functional collective's wait happens there): a stream's next chunk moves while this one
-        computes. Forward only (no autograd); a local step or an all-to-all runs now."""
-        if self.op is not None and self.kind is CollectiveKind.REDUCE_SCATTER:
-            raw = _rs_issue(x, self.slots, self.positions, self.width, self.n, self.op, self.group)
-            return lambda: _rs_finish(raw, self.keep, self.n, self.op, self.shape)
-        if self.op is not None:
-            raw = _ar_issue(x, self.op, self.group)
-            return lambda: _ar_finish(raw, self.pick, self.n, self.op, self.shape)
-        if self.kind is CollectiveKind.ALL_GATHER:
-            raw = _gather_issue(x, self.width, self.group)
-            return lambda: _gather_finish(raw, self.index, self.shape)
-        out = self(x)
-        return lambda: out
+        """``issue`` now; a function that gives ``finish`` of it later (eager pipelining)."""
+        raw = self.issue(x)
+        return lambda: self.finish(raw)
 
     def extra_repr(self) -> str:
         return self.label
@@ -406,4 +477,4 @@ def process_groups(plan, rank: int, extra=()) -> dict:
 
 
 __all__ = ["GradSum", "Move", "all_to_all_map", "gather_map", "local_pick", "plan_groups", "process_groups",
-           "scatter_map"]
+           "raw_shape", "scatter_map", "splits"]

@@ -169,20 +169,23 @@ def _stride(shape) -> tuple:
 
 
 def parallelize(module, mesh, plan=None, *, example_inputs=None, style=None, tp_plan=None, pins=None,
-                allow_unmatched: bool = False, outputs: str = "dtensor", init_weights=None, weights=None):
+                allow_unmatched: bool = False, outputs: str = "dtensor", init_weights=None, weights=None,
+                streams: bool = True):
     """``module`` running ``plan`` (or the plan of ``style`` / ``tp_plan`` / ``pins``; ``style="auto"``
     searches) on ``mesh``: see the module docstring. Collective: every rank calls it alike.
     A module built on the ``meta`` device gets only this rank's pieces allocated, then initialised
     by ``init_weights(module)`` (its parameters already DTensors), else by its own ``init_weights()``,
     else by every submodule's ``reset_parameters()``; or, with ``weights`` (safetensors: a file or a
-    directory, ``run.weights``), each rank reads its pieces from there instead.
+    directory, ``run.weights``), each rank reads its pieces from there instead. ``streams``: run
+    the plan's stream choices chunk by chunk (``execute.stream``; each chunk's collective issued a
+    chunk ahead of its wait), else every move whole; ``pmod.streams`` holds the segments run.
     ``parallelize(model, "tp=2", style="megatron", example_inputs=(x,))``"""
     import torch
 
     from ..plan import Plan
     from .backward import gradient_reductions, training_pieces
     from .moves import process_groups
-    from .program import InterpretedProgram, ragged_tensors, rank_program
+    from .program import InterpretedProgram, ragged_tensors, rank_program, stream_pieces, stream_segments
 
     if not isinstance(module, torch.nn.Module):
         raise ParallelizeError(f"parallelize takes an nn.Module, not {type(module).__name__}")
@@ -244,14 +247,16 @@ def parallelize(module, mesh, plan=None, *, example_inputs=None, style=None, tp_
                                "the plan was made from")
     rank = torch.distributed.get_rank()
     reductions = gradient_reductions(plan)
-    groups = process_groups(plan, rank, training_pieces(plan, reductions))
+    segs = stream_segments(plan) if streams else ()
+    groups = process_groups(plan, rank, training_pieces(plan, reductions) | stream_pieces(plan, segs))
     by_name = dict(zip(user, examples))
     if ragged_tensors(plan):  # routed rows: sizes known at run time, the plan interpreted (eager)
-        gm = InterpretedProgram(plan, rank, groups, reductions)
+        gm = InterpretedProgram(plan, rank, groups, reductions, segs)
     else:
         gm = rank_program(plan, rank, groups, [by_name[n] if n in by_name else state[n] for n in prog.inputs()],
-                          reductions)
+                          reductions, segs)
     pmod = ParallelModule(module, plan, dm, rank, gm, outputs, constants, structure)
+    object.__setattr__(pmod, "streams", segs)
     if weights is not None:
         from .weights import load_safetensors
 

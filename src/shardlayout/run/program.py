@@ -20,26 +20,30 @@ import itertools
 
 from ..errors import RunError, ShardingError
 from .backward import reduction_at
+from .executor import TorchRankExecutor
+from .moves import _group, raw_shape, splits
 
-_SHAPES: dict = {}  # placeholder key -> the local shape its real op returns (tracing only)
+_SHAPES: dict = {}  # placeholder key -> the local shape its real op returns, per part (tracing only)
+PARTS = ("whole", "issue", "finish")  # a Move's parts a placeholder stands for (``Move.forward``)
 _KEYS = itertools.count()
 _LIB = None
 
 
 def _library():
-    """Register the two tracing placeholders once: ``shardlayout::move`` / ``shardlayout::grad_sum``
-    (``(x, key) -> a tensor of the recorded shape``), swapped for modules after tracing."""
+    """Register the two tracing placeholders once: ``shardlayout::move(x, key, part)`` (``part``
+    indexes ``PARTS``: a whole move, its issue or its finish) and ``shardlayout::grad_sum(x, key)``,
+    each giving a tensor of the recorded shape; swapped for modules after tracing."""
     global _LIB
     if _LIB is not None:
         return _LIB
     import torch
 
     lib = torch.library.Library("shardlayout", "FRAGMENT")
-    lib.define("move(Tensor x, int key) -> Tensor")
+    lib.define("move(Tensor x, int key, int part) -> Tensor")
     lib.define("grad_sum(Tensor x, int key) -> Tensor")
 
-    def move(x, key):
-        return x.new_zeros(_SHAPES[key])
+    def move(x, key, part):
+        return x.new_zeros(_SHAPES[key][part])
 
     def grad_sum(x, key):
         return x.clone()
@@ -52,11 +56,12 @@ def _library():
 
 
 class _Recorder:
-    """The executor ``make_fx`` traces: local aten ops for ops, placeholders for moves."""
+    """The executor ``make_fx`` traces: local aten ops for ops, placeholders for moves (each
+    becomes a ``Move`` module after tracing), index ops for stream chunks."""
 
-    def __init__(self, plan, rank: int, reductions: dict):
+    def __init__(self, plan, rank: int, groups: dict, reductions: dict):
         self.mesh, self.rank, self.ranks = plan.mesh, rank, (rank,)
-        self.reductions = reductions
+        self.groups, self.reductions = groups, reductions
         self.readers = reduction_at(self.reductions)  # (op index, input position) -> its reduction (walk)
         self.moves: dict = {}  # key -> Collective
         self.sums: dict = {}  # key -> axis pieces
@@ -68,13 +73,30 @@ class _Recorder:
         shapes = [s.local_shape(self.rank) for s in outputs]
         return torch_op(opdef, inputs, at_rank(params, self.mesh, self.rank), shapes)
 
+    def _placeholder(self, c) -> int:
+        key = next(_KEYS)
+        self.moves[key] = c
+        whole = tuple(c.dst.local_shape(self.rank))
+        raw = raw_shape(c, self.rank, _group(self.groups, c.axes)[1]) if splits(c) else whole
+        _SHAPES[key] = (whole, raw, whole)
+        return key
+
     def collective(self, c, x):
         import torch
 
-        key = next(_KEYS)
-        _SHAPES[key] = tuple(c.dst.local_shape(self.rank))
-        self.moves[key] = c
-        return torch.ops.shardlayout.move(x, key)
+        return torch.ops.shardlayout.move(x, self._placeholder(c), 0)
+
+    def start(self, c, x):
+        """A stream chunk's move as two graph nodes: issued here, waited for where the returned
+        function is called (``execute.stream.run_segment`` calls it one chunk later)."""
+        import torch
+
+        key = self._placeholder(c)
+        if not (c.kind.communicates and splits(c)):
+            out = torch.ops.shardlayout.move(x, key, 0)
+            return lambda: out
+        raw = torch.ops.shardlayout.move(x, key, 1)
+        return lambda: torch.ops.shardlayout.move(raw, key, 2)
 
     def use(self, reduction: tuple, value):
         import torch
@@ -83,6 +105,9 @@ class _Recorder:
         key = next(_KEYS)
         self.sums[key] = pieces
         return torch.ops.shardlayout.grad_sum(value, key)
+
+    chunk = TorchRankExecutor.chunk  # index ops: traced into the graph alike
+    join = TorchRankExecutor.join
 
 
 class NotGenerable(ShardingError):
@@ -104,6 +129,26 @@ def check_generable(plan) -> None:
                            "interpreter (eager only, not torch.compile)")
 
 
+def stream_segments(plan) -> tuple:
+    """The segments of ``plan``'s stream choices a run executes chunk by chunk (``execute.stream``)."""
+    from ..execute.stream import segments
+
+    return segments(plan)[0]
+
+
+def stream_pieces(plan, segs) -> set:
+    """Axis-piece tuples the chunk moves of ``segs`` communicate over (forward, and the local
+    slices' gradient completions): process groups a streamed run needs."""
+    from ..execute.stream import chunk_moves
+    from .backward import slice_completions
+
+    out = set()
+    for seg in segs:
+        for c in chunk_moves(plan, seg):
+            out.add(c.axes if c.kind.communicates else slice_completions(c))
+    return {p for p in out if p}
+
+
 def _module_base():
     import torch
 
@@ -116,11 +161,10 @@ class InterpretedProgram(_module_base()):
     routed rows with the routing's split sizes). Eager: ``torch.compile`` would need the row
     counts as graph sizes. Same call convention as ``rank_program``'s GraphModule."""
 
-    def __init__(self, plan, rank: int, groups: dict, reductions: dict):
+    def __init__(self, plan, rank: int, groups: dict, reductions: dict, streams=()):
         super().__init__()
-        from .executor import TorchRankExecutor
-
         object.__setattr__(self, "plan", plan)
+        object.__setattr__(self, "streams", tuple(streams))
         object.__setattr__(self, "executor", TorchRankExecutor(plan.mesh, rank, groups, None, reductions))
         self._names = plan.program.inputs()
 
@@ -128,7 +172,7 @@ class InterpretedProgram(_module_base()):
         from ..execute import walk
 
         values = dict(zip(self._names, local))
-        values.update(walk(self.plan, self.executor, values))
+        values.update(walk(self.plan, self.executor, values, self.streams))
         return tuple(values[n] for n in self.plan.program.outputs)
 
 
@@ -137,12 +181,15 @@ def _device(t):
     return "cpu" if t.device.type == "meta" else t.device
 
 
-def rank_program(plan, rank: int, groups: dict, examples: list, reductions: dict | None = None):
+def rank_program(plan, rank: int, groups: dict, examples: list, reductions: dict | None = None, streams=()):
     """The GraphModule running ``plan`` at ``rank``: ``gm(*local_inputs) -> tuple of outputs``.
 
     ``examples``: one tensor per program input (``program.inputs()`` order) giving its dtype (its
     values and size are not read: the local size is the plan's); ``groups``: ``process_groups``;
-    ``reductions``: ``plan.backward.gradient_reductions`` (default: computed)."""
+    ``reductions``: ``plan.backward.gradient_reductions`` (default: computed); ``streams``: the
+    segments (``execute.stream.segments``) run chunk by chunk — each chunk's collective two nodes,
+    issued a chunk ahead of its wait, so eager gloo/nccl and the compiler overlap it with the
+    previous chunk's compute."""
     import torch
     from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -156,10 +203,10 @@ def rank_program(plan, rank: int, groups: dict, examples: list, reductions: dict
     names = prog.inputs()
     if len(examples) != len(names):
         raise RunError(f"rank_program: {len(examples)} example tensors for {len(names)} program inputs")
-    rec = _Recorder(plan, rank, gradient_reductions(plan) if reductions is None else reductions)
+    rec = _Recorder(plan, rank, groups, gradient_reductions(plan) if reductions is None else reductions)
 
     def body(*local):
-        values = dict(walk(plan, rec, dict(zip(names, local))))
+        values = dict(walk(plan, rec, dict(zip(names, local)), streams))
         return tuple(values[n] if n in values else local[names.index(n)] for n in prog.outputs)
 
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -175,31 +222,27 @@ def rank_program(plan, rank: int, groups: dict, examples: list, reductions: dict
         raise RunError(f"generating rank {rank}'s program failed: {type(e).__name__}: {str(e).splitlines()[0]}") \
             from e
     graph = gm.graph
-    n_move = n_sum = 0
+    names_of: dict = {}  # placeholder key -> its module's name (a move's issue and finish share one)
     for node in list(graph.nodes):
         if node.op != "call_function" or node.target not in (torch.ops.shardlayout.move.default,
                                                              torch.ops.shardlayout.grad_sum.default):
             continue
-        x, key = node.args
-        if node.target is torch.ops.shardlayout.move.default:
-            c = rec.moves.pop(key)
-            name = f"move_{n_move}"
-            n_move += 1
-            gm.add_submodule(name, Move(c, rank, groups))
-        else:
-            name = f"grad_sum_{n_sum}"
-            n_sum += 1
-            gm.add_submodule(name, GradSum(rec.sums.pop(key), groups))
-        _SHAPES.pop(key, None)
+        x, key, *part = node.args
+        if key not in names_of:
+            kind = "move" if part else "grad_sum"
+            names_of[key] = f"{kind}_{sum(n.startswith(kind) for n in names_of.values())}"
+            gm.add_submodule(names_of[key], Move(rec.moves.pop(key), rank, groups) if part else
+                             GradSum(rec.sums.pop(key), groups))
         with graph.inserting_after(node):
-            new = graph.call_module(name, (x,))
+            new = graph.call_module(names_of[key], (x,), {"part": PARTS[part[0]]} if part and part[0] else {})
         node.replace_all_uses_with(new)
         graph.erase_node(node)
-    for key in rec.moves:  # traced away (an unused value's move): nothing to keep
+    for key in [*names_of, *rec.moves]:  # rec.moves: traced away (an unused value's move)
         _SHAPES.pop(key, None)
     graph.lint()
     gm.recompile()
     return gm
 
 
-__all__ = ["InterpretedProgram", "NotGenerable", "check_generable", "ragged_tensors", "rank_program"]
+__all__ = ["InterpretedProgram", "NotGenerable", "check_generable", "ragged_tensors", "rank_program", "stream_pieces",
+           "stream_segments"]

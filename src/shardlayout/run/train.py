@@ -103,13 +103,14 @@ def _model(options: dict, dtype):
     return plan, module, tuple(values[n] for n in plan.program.inputs("input"))
 
 
-def planned_functional(plan, reductions: dict) -> dict:
+def planned_functional(plan, reductions: dict, streams=()) -> dict:
     """The collectives one training step should run, by primitive, forward and backward apart:
-    ``{"forward": {kind: n}, "backward": {kind: n}}`` (``launch._planned_counts``)."""
+    ``{"forward": {kind: n}, "backward": {kind: n}}`` (``launch._planned_counts``; ``streams``:
+    the segments run chunk by chunk)."""
     from .launch import _planned_counts
 
     out: dict = {"forward": {}, "backward": {}}
-    for k, n in _planned_counts(plan, True, reductions).items():
+    for k, n in _planned_counts(plan, True, reductions, streams).items():
         side = "backward" if k.startswith("backward_") else "forward"
         kind = k.removeprefix("backward_")
         out[side][kind] = out[side].get(kind, 0) + n
@@ -224,7 +225,7 @@ def train_main(rank: int, world: int, options: dict, result_path: str | None = N
     if plan.mesh.size != world:
         raise RunError(f"the mesh {plan.mesh} has {plan.mesh.size} devices but {world} ranks run")
     reference = copy.deepcopy(module)
-    pmod = parallelize(module, plan.mesh, plan, example_inputs=inputs)
+    pmod = parallelize(module, plan.mesh, plan, example_inputs=inputs, streams=options.get("streams", True))
     setup = time.perf_counter() - t0
     steps, lr = int(options.get("steps") or 1), options.get("lr")
     kind = options.get("optimizer") or "adamw"
@@ -250,7 +251,7 @@ def train_main(rank: int, world: int, options: dict, result_path: str | None = N
     noise: dict = {}  # parameter -> elements whose reference gradient is too inexact to compare steps
     exact = None  # float64 copy of the reference (float32 AdamW runs), made at the first step; False: none runs
     no_exact = None  # why the float64 reference could not run (every rank alike: the same model)
-    from .launch import HALF_RTOL, _half_precision
+    from .launch import HALF_RTOL, _half_precision, stream_report
 
     half = _half_precision(plan.program)  # ops computed in bfloat16/float16 round per summation order
     tol = HALF_RTOL if half else 1e-9 if dtype == torch.float64 else 1e-5
@@ -300,9 +301,10 @@ def train_main(rank: int, world: int, options: dict, result_path: str | None = N
     worst = torch.tensor([loss_rel, param_rel], dtype=torch.float64)
     dist.all_reduce(worst, op=dist.ReduceOp.MAX)
     loss_rel, param_rel = float(worst[0]), float(worst[1])
-    planned = planned_functional(plan, gradient_reductions(plan))
+    planned = planned_functional(plan, gradient_reductions(plan), pmod.streams)
     steady = times[1:] or times
     report = {
+        "streams": stream_report(plan, pmod.streams),
         "ranks": world, "mesh": str(plan.mesh), "backend": options.get("backend", "gloo"), "steps": steps,
         "optimizer": options.get("optimizer") or "adamw", "compile": bool(options.get("compile")),
         "losses": losses, "reference_losses": ref_losses, "max_loss_rel_err": loss_rel,

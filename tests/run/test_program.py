@@ -1,0 +1,58 @@
+"""The generated per-rank program (``run.program``): its graph, built in one process (no ranks run)."""
+
+from __future__ import annotations
+
+import pytest
+
+from shardlayout import Mesh
+from shardlayout.execute.stream import chunk_moves, segments
+from shardlayout.plan import plan
+from shardlayout.program.models import llama, style_pins
+
+torch = pytest.importorskip("torch")
+
+
+def _program(streams: bool):
+    from shardlayout.run.backward import gradient_reductions, training_pieces
+    from shardlayout.run.moves import plan_groups
+    from shardlayout.run.program import rank_program, stream_pieces
+
+    prog = llama(layers=1, dim=128, seq=512, batch=1, heads=4, ffn=256)
+    mesh = Mesh.parse("tp=2")
+    p = plan(prog, mesh, style_pins(prog, mesh, "megatron-sp"))
+    segs = segments(p, flop_rate=1e12)[0] if streams else ()
+    reductions = gradient_reductions(p)
+    # group names only: the graph is built, never run
+    groups = {ps: (f"g{i}", members) for i, (ps, members) in
+              enumerate(plan_groups(p, training_pieces(p, reductions) | stream_pieces(p, segs))) if 0 in members}
+    examples = [torch.empty(1) for _ in p.program.inputs()]
+    return p, segs, rank_program(p, 0, groups, examples, reductions, segs)
+
+
+def _calls(gm):
+    nodes = list(gm.graph.nodes)
+    return nodes, [(i, n) for i, n in enumerate(nodes) if n.op == "call_module" and n.target.startswith("move_")]
+
+
+def test_stream_chunks_are_issued_a_chunk_ahead_of_their_wait():
+    p, segs, gm = _program(streams=True)
+    assert segs and any(s.before for s in segs) and any(s.after for s in segs)
+    nodes, moves = _calls(gm)
+    issued = {n.target: i for i, n in moves if n.kwargs.get("part") == "issue"}
+    waited = {n.target: i for i, n in moves if n.kwargs.get("part") == "finish"}
+    assert issued.keys() == waited.keys()
+    chunked = sum(s.k for s in segs for c in chunk_moves(p, s) if c.kind.communicates)
+    assert len(issued) == chunked  # every chunk's collective, in two nodes
+    mms = [i for i, n in enumerate(nodes) if n.op == "call_function" and "mm" in str(n.target)]
+    overlapped = sum(any(issued[m] < i < waited[m] for i in mms) for m in issued)
+    # a gather's first chunk has nothing to overlap, a reduce-scatter's last one neither: every other
+    # chunk's collective is in flight while a matmul of another chunk runs
+    assert overlapped >= sum(s.k - 1 for s in segs)
+    assert all(issued[m] < waited[m] for m in issued)
+
+
+def test_without_streams_every_move_is_one_node():
+    p, _, gm = _program(streams=False)
+    _, moves = _calls(gm)
+    assert moves and all("part" not in n.kwargs for _, n in moves)
+    assert len(moves) == sum(1 for cs in p.moves.values() for c in cs)
