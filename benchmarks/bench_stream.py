@@ -10,9 +10,9 @@ the column-parallel ``w1`` (``(DIM, FFN/2)`` per rank), relu, multiplied by the 
 * **serial** (``k = 1``): the plan's whole moves — one blocking all_gather, the matmuls, one
   blocking reduce_scatter;
 * **streamed** (``k`` = 2, 4, 8): the plan's stream overlaps (``execute.stream.segments`` with
-  ``chunks=k``): the rows cut into ``k`` chunks, each chunk's all_gather issued with
-  ``async_op=True`` while the previous chunk's matmuls run, each chunk's reduce_scatter issued
-  as soon as its matmul is done.
+  ``chunks=k``): the rows cut into ``k`` chunks, each chunk's all_gather issued (a functional
+  collective, waited for one chunk later) while the previous chunk's matmuls run, each chunk's
+  reduce_scatter issued as soon as its matmul is done.
 
 Each rank uses one torch thread (gloo's own threads do the communication). Before timing, every
 streamed output is checked equal to the serial one. Then ``ROUNDS`` rounds, each timing every
@@ -92,7 +92,8 @@ def _rank(rank: int, path: str, q) -> None:
             return dict(walk(p, ex, local, streams[k]))["y"]
 
     serial = step(1)
-    same = all(torch.allclose(step(k), serial, atol=1e-4) for k in KS)
+    # float32: chunked matmuls round differently; equal means within 1e-5 of the output's scale
+    same = all(float((step(k) - serial).abs().max()) <= 1e-5 * float(serial.abs().max()) for k in KS)
     comm = [c for moves in p.moves.values() for c in moves if c.kind.communicates]
 
     def comm_only():
@@ -148,7 +149,7 @@ def main() -> None:
               f"and run by its torch.distributed executor: each rank's ({ROWS}, {DIM}) float32 rows all-gathered, "
               f"@ w1 ({DIM}, {FFN // WORLD}), relu, @ w2 ({FFN // WORLD}, {DIM}), reduce-scattered; serial (k=1: the "
               "plan's whole moves) vs the plan's stream overlaps run in k chunks (`execute.stream`, each chunk's "
-              f"collective issued with async_op). {ROUNDS} rounds, sides rotated, each step between two barriers; "
+              f"collective issued, waited for a chunk later). {ROUNDS} rounds, sides rotated, each step between two barriers; "
               "rank 0's milliseconds, median (p25–p75); ratio = serial / streamed (> 1: faster). Every streamed "
               "output was checked equal to the serial one.")
     best = min(statistics.median(times[f"k={k}"]) for k in KS if k > 1)
