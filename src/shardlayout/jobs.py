@@ -21,6 +21,7 @@ MAX_LAYERS = 4096
 def load_program(args):
     """The Program the options name (a built-in model, JSON, a torch module or an export)."""
     from .program import Program, ProgramError
+    from .program.repeat import compress
     from .program.models import MODELS
 
     for k, example in (("hf", "llama/config.json"), ("module", "model.py:make"), ("export", "model.pt2"),
@@ -84,7 +85,7 @@ def load_program(args):
     if args.program:
         try:
             with open(args.program, encoding="utf-8") as f:
-                return Program.from_json(f.read())
+                return compress(Program.from_json(f.read()))  # layers named {prefix}.{i}.: one block
         except OSError as e:
             raise ShardingError(f"--program {args.program}: {e.strerror}") from None
         except UnicodeDecodeError as e:

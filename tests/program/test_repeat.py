@@ -231,3 +231,56 @@ def test_a_repeated_block_with_ragged_tensors_is_materialised(monkeypatch):
     want = _routed(lambda b, *a: _loop(b, *a))
     assert got.repeated is None and got == want
     assert got.tensors["layers.5.dispatch"].ragged == want.tensors["layers.5.dispatch"].ragged is not None
+
+
+# -- compress: a program built op by op (an import, a JSON program) found to be one repeated block --
+
+
+@settings(max_examples=30, deadline=None)
+@given(_blocks())
+def test_compress_finds_the_block_the_builder_stamps(case):
+    from shardlayout.program.repeat import compress
+
+    steps, two, count = case
+    looped = _build(steps, two, count, lambda b, *a: _loop(b, *a))  # every instance built: no Repeat
+    stamped = _build(steps, two, count, lambda b, *a: b.repeat(*a))  # the oracle: the builder's own
+    got = compress(looped)
+    assert (got.repeated is not None) == (stamped.repeated is not None)
+    if got.repeated is not None:
+        assert got.repeated[0] == stamped.repeated[0] and got.repeated[1] == stamped.repeated[1]
+    assert got == looped and list(got.tensors) == list(looped.tensors) and got.inputs() == looped.inputs()
+
+
+@pytest.mark.parametrize("layers", [6, 9, 16])
+def test_compress_of_every_llama_layer_is_the_builders_repeat(layers):
+    from shardlayout.program.repeat import compress
+
+    p = llama(layers=layers)
+    got = compress(_flat(p))
+    assert got.repeated[0] == p.repeated[0] and got.repeated[1] == p.repeated[1] and got == p
+
+
+def _odd_layer(change):
+    """A 7-layer program built op by op whose layer 5 differs as ``change`` says."""
+    b = ProgramBuilder()
+    x = b.input("x", (4, 8))
+    for i in range(7):
+        b._scope, b._scoped = f"layers.{i}.", 0
+        w = b.param("w", (8, 8))
+        h = b.op("mm", [x, w], name="mm")
+        h = b.op("relu" if not (change == "op" and i == 5) else "neg", [h], name="act")
+        x = b.op("add", [h, x], name="out")
+    b._scope = ""
+    late = "layers.3.mm" if change == "read-middle" else x
+    b.output(b.op("add", [x, late], name="head"))
+    return b.build()
+
+
+@pytest.mark.parametrize("change", ["op", "read-middle"])
+def test_compress_leaves_a_program_whose_layers_are_not_one_block_as_it_is(change):
+    from shardlayout.program.repeat import compress
+
+    assert compress(_odd_layer("none")).repeated is not None
+    p = _odd_layer(change)
+    got = compress(p)
+    assert got is p and got.repeated is None  # planned op by op, as before

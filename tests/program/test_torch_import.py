@@ -118,3 +118,39 @@ def test_grouped_query_attention_on_3d_tensors_is_one_error_naming_the_node():
 
     with pytest.raises(ProgramError, match=r"node 'scaled_dot_product_attention'.*must be \[batch, heads, seq"):
         from_torch(ThreeD(), (torch.randn(4, 6, 2), torch.randn(2, 6, 2)))
+
+
+def _flat(p):
+    from shardlayout.program import Program
+
+    return Program(p.tensors, p.ops, p.outputs, p.symbols, p.sym_shapes, p.facts, p.notes)
+
+
+@pytest.mark.parametrize("style,mesh", [("megatron-sp", "dp=2,tp=4"), ("fsdp", "dp=4")])
+def test_an_imported_models_layers_are_one_block_planned_as_every_op(style, mesh):
+    warnings.filterwarnings("ignore")
+    torch.manual_seed(0)
+    model = LlamaTorch(7)
+    prog = from_torch(model, (torch.randn(2, 8, 16), torch.randn(8, 4), torch.randn(8, 4)))
+    cp, rep = prog.repeated  # found after the fact: ops named by module path, layers.{i}.…
+    assert "ops" not in prog.__dict__  # nothing expanded by the import
+    assert rep.prefix == "layers" and rep.count == 7 and len(cp.ops) < len(prog.ops)
+    assert set(prog.inputs("param")) == {n for n, _ in model.named_parameters()}
+    m = Mesh.parse(mesh)
+    pins = style_pins(prog, m, style)
+    got = plan(prog, m, pins)
+    assert got.repeated is not None
+    want = plan(_flat(prog), m, pins)  # the oracle: every op planned
+    assert got.to_json(include_timing=False) == want.to_json(include_timing=False)
+    assert got.verify().ok
+
+
+def test_an_imported_model_with_one_layer_unlike_the_others_is_planned_op_by_op():
+    warnings.filterwarnings("ignore")
+    torch.manual_seed(0)
+    model = LlamaTorch(7)
+    model.layers[5].causal = False  # layer 5 attends without the causal mask
+    prog = from_torch(model, (torch.randn(2, 8, 16), torch.randn(8, 4), torch.randn(8, 4)))
+    assert prog.repeated is None
+    m = Mesh.parse("tp=2")
+    assert plan(prog, m, style_pins(prog, m, "megatron")).verify().ok

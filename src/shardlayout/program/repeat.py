@@ -22,7 +22,8 @@ instance 3), and makes the middle ones (4 .. count-2) only when something reads 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 
 from ..caches import paused_gc
 
@@ -213,4 +214,125 @@ def _expand(compressed, rep: Repeat) -> tuple:
     return tensors, tuple(ops)
 
 
-__all__ = ["MIN_COUNT", "Repeat", "derive", "expand", "last_reads", "local", "renamer", "stamp", "to_instance"]
+_INSTANCE = re.compile(r"^(.+?)\.(0|[1-9][0-9]*)\.")
+
+
+def compress(prog):
+    """``prog`` as a program of repeated blocks (its compressed form and :class:`Repeat`, as
+    ``ProgramBuilder.repeat`` makes) when its ops named ``{prefix}.{i}.…`` (``i`` = 0 .. count-1,
+    e.g. an imported model's layers, named by module path) are one block: each instance's ops
+    contiguous and in one order, instances 0 and 1 one block by :func:`derive`, and every other
+    instance equal to its stamp (checked, op by op). Else ``prog`` itself. The full program keeps
+    every tensor, its order changed only so that each instance's tensors (its parameters first, as
+    the block defines them) are together, after what comes before the block.
+    ``compress(Program.from_json(text)).repeated is not None`` for an exported 8-layer Llama."""
+    if prog.repeated is not None or prog.symbols or any(t.ragged is not None for t in prog.tensors.values()):
+        return prog
+    ops = prog.ops
+    found = _instance_ops(ops)
+    if found is None:
+        return prog
+    prefix, starts = found
+    count = len(starts) - 1
+    o_start, o_end, width = starts[0], starts[-1], starts[1] - starts[0]
+    if any(b - a != width for a, b in zip(starts, starts[1:])):
+        return prog
+    head = f"{prefix}."
+    names = list(prog.tensors)
+    first_read: dict = {}
+    made_at: dict = {}
+    for i, op in enumerate(ops):
+        for x in op.inputs:
+            if type(x) is str:
+                first_read.setdefault(x, i)
+        for o in op.outputs:
+            made_at[o] = i
+    inst: list = [[] for _ in range(count)]
+    pre, post = [], []
+    seen_instance = False
+    for n in names:
+        m = _INSTANCE.match(n) if n.startswith(head) else None
+        k = int(m.group(2)) if m is not None and m.group(1) == prefix else None
+        if k is not None and k < count:
+            inst[k].append(n)
+            seen_instance = True
+            continue
+        at = made_at.get(n, first_read.get(n))
+        (pre if (at is not None and at < o_end) or (at is None and not seen_instance) else post).append(n)
+    if any(made_at.get(n, -1) >= o_start for n in pre) or len({len(x) for x in inst}) != 1:
+        return prog
+    order = pre + [n for x in inst for n in x] + post
+    tensors = prog.tensors
+    t0 = len(pre)
+    t1, t2 = t0 + len(inst[0]), t0 + 2 * len(inst[0])
+    carry0, carry1, carry2 = _carries(ops, starts, prefix, set(inst[0]))
+    rep = derive(prefix, order, tensors, list(ops), carry0, carry1, carry2, (t0, t1, t2),
+                 (o_start, starts[1], starts[2]))
+    if rep is None:
+        return prog
+    rep = replace(rep, count=count)
+    for k in range(2, count):  # every other instance is the block's stamp, exactly
+        specs, made = stamp(rep, k, k - 1)
+        if tuple(made) != ops[starts[k]:starts[k + 1]] or \
+                [(sp.name, sp.shape, sp.dtype, sp.kind) for sp in specs] != \
+                [(tensors[n].name, tensors[n].shape, tensors[n].dtype, tensors[n].kind) for n in inst[k]]:
+            return prog
+    last = set(inst[-1])
+    outside = [x for op in ops[o_end:] for x in op.inputs if type(x) is str] + list(prog.outputs)
+    if any(x.startswith(head) and x not in last and _INSTANCE.match(x) for x in outside):
+        return prog  # something after the block reads an instance other than the last
+    from . import Program, _repeated_program
+
+    specs, made = stamp(rep, count - 1, 3)
+    kept = pre + [n for x in inst[:4] for n in x]
+    compressed_tensors = {n: tensors[n] for n in kept}
+    compressed_tensors.update((sp.name, sp) for sp in specs)
+    compressed_tensors.update((n, tensors[n]) for n in post)
+    rep = replace(rep, tensor_at=len(kept), op_at=o_start + 4 * width)
+    compressed = Program(compressed_tensors, tuple(ops[:starts[4]]) + tuple(made) + tuple(ops[o_end:]), prog.outputs,
+                         prog.symbols, prog.sym_shapes, prog.facts, prog.notes)
+    return _repeated_program(compressed, rep)
+
+
+def _instance_ops(ops) -> tuple | None:
+    """``(prefix, starts)``: the ops named ``{prefix}.{i}.…`` for i = 0 .. count-1 (count >=
+    ``MIN_COUNT``; of the prefixes that qualify, the one with the most instances) run as one
+    contiguous range, instance after instance; ``starts[i]`` is instance ``i``'s first op,
+    ``starts[count]`` the end. None when no prefix qualifies."""
+    marks = [(m.group(1), int(m.group(2))) if m is not None else None
+             for m in (_INSTANCE.match(op.name) for op in ops)]
+    best = None
+    for prefix in dict.fromkeys(m[0] for m in marks if m is not None and m[1] == 0):
+        at = [i for i, m in enumerate(marks) if m is not None and m[0] == prefix]
+        if at[-1] - at[0] + 1 != len(at):
+            continue  # other ops between the instances
+        starts, ok = [], True
+        for i in at:
+            k = marks[i][1]
+            if k == len(starts):
+                starts.append(i)
+            elif k != len(starts) - 1:
+                ok = False
+                break
+        if ok and len(starts) >= MIN_COUNT and (best is None or len(starts) > len(best[1]) - 1):
+            best = (prefix, starts + [at[-1] + 1])
+    return best
+
+
+def _carries(ops, starts: list, prefix: str, local0: set) -> tuple:
+    """``(carry0, carry1, carry2)``: what instance 1 reads of instance 0 (in reading order), what
+    instance 0 read at those places, and instance 1's tensors of the same suffixes."""
+    p0, p1 = f"{prefix}.0.", f"{prefix}.1."
+    carry0, carry1 = [], []
+    for j, op in enumerate(ops[starts[1]:starts[2]]):
+        for pos, x in enumerate(op.inputs):
+            if type(x) is str and x in local0 and x not in carry1:
+                twin = ops[starts[0] + j]
+                carry1.append(x)
+                carry0.append(twin.inputs[pos] if pos < len(twin.inputs) else None)
+    carry2 = [p1 + c[len(p0):] for c in carry1]
+    return tuple(carry0), tuple(carry1), tuple(carry2)
+
+
+__all__ = ["MIN_COUNT", "Repeat", "compress", "derive", "expand", "last_reads", "local", "renamer", "stamp",
+           "to_instance"]

@@ -29,6 +29,7 @@ from ..errors import SymbolError, UnsupportedOp
 from ..symbolic import Expr, Guard, as_extent, parse, sym
 from . import Program, ProgramBuilder, ProgramError
 from .expert_loop import check_loops_routed, expert_loops
+from .repeat import compress
 
 # scalar arguments of these ops are operands (add(x, 1e-6)), not parameters
 _POINTWISE_SCALARS = {"add", "sub", "mul", "div", "pow", "where", "eq", "ne", "le", "lt", "ge", "gt",
@@ -439,6 +440,7 @@ def from_exported(ep, decompose: bool = True, dim_names: dict | None = None) -> 
     b = ProgramBuilder(symbols=syms.example)
     names: dict = {}
     input_shapes: dict = {}
+    label = op_labels(ep.graph.nodes, set(params.values()) | set(buffers.values()))
     for node in ep.graph.nodes:
         if node.op == "placeholder":
             val = node.meta.get("val")
@@ -460,11 +462,11 @@ def from_exported(ep, decompose: bool = True, dim_names: dict | None = None) -> 
                 names[node] = names[loops.alias[node]]
                 continue
             if node in loops.offsets:  # a per-expert loop's split: the offsets of its grouped matmuls
-                names[node] = b._op("cumsum", [names[loops.offsets[node]]], f"{node.name}_offsets", 1, None,
+                names[node] = b._op("cumsum", [names[loops.offsets[node]]], f"{label[node]}_offsets", 1, None,
                                     {"dim": 0})
                 continue
             if node in loops.emit:
-                names[node] = _emit_stacked(node, loops.emit[node], names, syms, b)
+                names[node] = _emit_stacked(node, loops.emit[node], names, syms, b, label[node])
                 continue
             if node.target is operator.getitem:
                 base = names[node.args[0]]
@@ -504,7 +506,7 @@ def from_exported(ep, decompose: bool = True, dim_names: dict | None = None) -> 
                     continue
             inputs, kwargs = _arguments(node, short, names, syms, b)
             if kwargs.get("enable_gqa") and short == "scaled_dot_product_attention":
-                inputs, kwargs = _repeated_kv(node.name, inputs, kwargs, b)
+                inputs, kwargs = _repeated_kv(label[node], inputs, kwargs, b)
             n_out = len(val) if isinstance(val, (list, tuple)) else 1
             vals = val if isinstance(val, (list, tuple)) else (val,)
             dtypes = [str(v.dtype).replace("torch.", "") if hasattr(v, "dtype") else None for v in vals]
@@ -512,7 +514,7 @@ def from_exported(ep, decompose: bool = True, dim_names: dict | None = None) -> 
             if sym_outs is not None and len(sym_outs) != len([v for v in vals if v is not None]):
                 sym_outs = None
             try:
-                out = b._op(target, inputs, node.name, n_out, dtypes, kwargs, sym_outs)
+                out = b._op(target, inputs, label[node], n_out, dtypes, kwargs, sym_outs)
             except Exception as e:  # noqa: BLE001 - name the node whatever the rule raised
                 raise ProgramError(f"node {node.name!r} ({target}): {e}") from None
             names[node] = out
@@ -541,7 +543,31 @@ def from_exported(ep, decompose: bool = True, dim_names: dict | None = None) -> 
     prog = recognise_routing(b.build())
     if loops.rows:
         check_loops_routed(prog, {names[r]: split.name for split, r in loops.rows.items()})
-    return prog
+    return compress(prog)  # a model's layers, one block: planned from its first instances
+
+
+def op_labels(nodes, taken: set) -> dict:
+    """``{node: its op's name}``: the innermost module's path and the node's name without its
+    counter, counted again within the module (``layers.3.self_attn.o_proj.mm``; the second ``mm``
+    of that module is ``..._1``), so every instance of a repeated layer names its ops alike
+    (``program.repeat.compress`` finds the layers by these names). A node outside any module, or
+    whose name would clash with a parameter's, keeps torch's name."""
+    out: dict = {}
+    seen: dict = {}
+    for node in nodes:
+        if node.op != "call_function":
+            continue
+        stack = node.meta.get("nn_module_stack") or {}
+        path = list(stack.values())[-1][0] if stack else ""
+        if not isinstance(path, str) or not path:
+            out[node] = node.name
+            continue
+        base = re.sub(r"_\d+$", "", node.name) or node.name
+        k = seen.get((path, base), 0)
+        seen[(path, base)] = k + 1
+        name = f"{path}.{base}" + (f"_{k}" if k else "")
+        out[node] = node.name if name in taken else name
+    return out
 
 
 def _repeated_kv(node: str, inputs: list, kwargs: dict, b) -> tuple:
@@ -599,7 +625,7 @@ def _without_empties(node, short: str, names: dict, empties: list):
                         "the op")
 
 
-def _emit_stacked(node, kind: tuple, names: dict, syms: _Symbols, b):
+def _emit_stacked(node, kind: tuple, names: dict, syms: _Symbols, b, name: str):
     """One of expert 0's ops of a per-expert loop, emitted for every expert at once
     (``program.expert_loop``): a view of ``w[0]`` as the same view of ``w`` (dims after its
     expert dim), ``rows @ w[0]`` as ``_grouped_mm(rows, w, offs)``, an op on rows as itself."""
@@ -612,7 +638,7 @@ def _emit_stacked(node, kind: tuple, names: dict, syms: _Symbols, b):
     dtypes = [str(val.dtype).replace("torch.", "")] if hasattr(val, "dtype") else None
     if kind[0] == "grouped_mm":
         rows, w = (names[a] for a in node.args[:2])
-        return b._op("_grouped_mm", [rows, w, names[kind[1]]], node.name, 1, dtypes, {})
+        return b._op("_grouped_mm", [rows, w, names[kind[1]]], name, 1, dtypes, {})
     inputs, kwargs = _arguments(node, short, names, syms, b)
     if kind[0] == "weight":
         nd = len(node.args[0].meta["val"].shape)  # the dims of w[0]; w has one more in front
@@ -625,11 +651,11 @@ def _emit_stacked(node, kind: tuple, names: dict, syms: _Symbols, b):
         elif short in ("view", "_unsafe_view", "reshape", "expand"):
             experts = b._tensors[inputs[0]].shape[0]
             kwargs = {**kwargs, "size": [experts] + list(kwargs["size"])}
-        return b._op(short, inputs, node.name, 1, dtypes, kwargs)
+        return b._op(short, inputs, name, 1, dtypes, kwargs)
     n_out = len(val) if isinstance(val, (list, tuple)) else 1
     if isinstance(val, (list, tuple)):
         dtypes = [str(v.dtype).replace("torch.", "") if isinstance(v, torch.Tensor) else None for v in val]
-    return b._op(str(node.target), inputs, node.name, n_out, dtypes, kwargs)
+    return b._op(str(node.target), inputs, name, n_out, dtypes, kwargs)
 
 
 def _hint_shape(v, syms: _Symbols) -> tuple:
