@@ -149,7 +149,8 @@ def main() -> None:
               f"and run by its torch.distributed executor: each rank's ({ROWS}, {DIM}) float32 rows all-gathered, "
               f"@ w1 ({DIM}, {FFN // WORLD}), relu, @ w2 ({FFN // WORLD}, {DIM}), reduce-scattered; serial (k=1: the "
               "plan's whole moves) vs the plan's stream overlaps run in k chunks (`execute.stream`, each chunk's "
-              f"collective issued, waited for a chunk later). {ROUNDS} rounds, sides rotated, each step between two barriers; "
+              f"collective issued, waited for a chunk later). {ROUNDS} rounds, sides rotated, each step between two "
+              "barriers; "
               "rank 0's milliseconds, median (p25–p75); ratio = serial / streamed (> 1: faster). Every streamed "
               "output was checked equal to the serial one.")
     best = min(statistics.median(times[f"k={k}"]) for k in KS if k > 1)

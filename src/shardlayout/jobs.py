@@ -21,8 +21,8 @@ MAX_LAYERS = 4096
 def load_program(args):
     """The Program the options name (a built-in model, JSON, a torch module or an export)."""
     from .program import Program, ProgramError
-    from .program.repeat import compress
     from .program.models import MODELS
+    from .program.repeat import compress
 
     for k, example in (("hf", "llama/config.json"), ("module", "model.py:make"), ("export", "model.pt2"),
                        ("program", "program.json")):
