@@ -44,10 +44,25 @@ def load_program(args):
         raise ShardingError("--dynamic applies to --module (the model is exported with those dims dynamic); an "
                             "--export archive keeps the dynamic dims it was exported with")
     if getattr(args, "hf", None):
+        import hashlib
+        import os
+
+        from .program.cache import cached
+        from .program.hf import hf_config
         from .program.torch_import import from_torch
 
-        module, example_args, _ = hf_source(args, "meta")
-        return from_torch(module, example_args)
+        def build():
+            module, example_args, _ = hf_source(args, "meta")
+            return from_torch(module, example_args)
+
+        sizes = {"batch": 1, "seq": 128, **model_sizes("hf", getattr(args, "size", None))}
+        path = os.path.join(args.hf, "config.json") if os.path.isdir(args.hf) else args.hf
+        if os.path.isfile(path):  # the file's bytes define the model: keyed without importing transformers
+            with open(path, "rb") as f:
+                config = hashlib.sha256(f.read()).hexdigest()
+        else:  # a model id in the local cache: its config as transformers resolves it
+            config = hf_config(args.hf).to_json_string(use_diff=False)
+        return cached(("hf", config, sizes["batch"], sizes["seq"]), build)[0]
     if getattr(args, "module", None):
         from .program.torch_import import dynamic_shapes_from_text, from_torch
 
@@ -70,18 +85,26 @@ def load_program(args):
                                 "torch.export.save)")
         import torch
 
+        from .program.cache import cached
         from .program.torch_import import from_exported
 
-        quiet = logging.getLogger("torch.export")  # it logs a traceback before falling back to old archives
-        level, quiet.level = quiet.level, logging.CRITICAL
-        try:
-            ep = torch.export.load(args.export)
-        except Exception as e:  # noqa: BLE001 - a damaged or foreign archive: one line
-            raise ShardingError(f"--export {args.export}: torch.export.load failed ({type(e).__name__}): not an "
-                                "archive written by torch.export.save, or a damaged one") from None
-        finally:
-            quiet.setLevel(level)
-        return from_exported(ep)
+        def build():
+            quiet = logging.getLogger("torch.export")  # it logs a traceback before falling back to old archives
+            level, quiet.level = quiet.level, logging.CRITICAL
+            try:
+                ep = torch.export.load(args.export)
+            except Exception as e:  # noqa: BLE001 - a damaged or foreign archive: one line
+                raise ShardingError(f"--export {args.export}: torch.export.load failed ({type(e).__name__}): not an "
+                                    "archive written by torch.export.save, or a damaged one") from None
+            finally:
+                quiet.setLevel(level)
+            return from_exported(ep)
+
+        import hashlib
+
+        with open(args.export, "rb") as f:
+            digest = hashlib.sha256(f.read()).hexdigest()
+        return cached(("export", digest), build)[0]
     if args.program:
         try:
             with open(args.program, encoding="utf-8") as f:
