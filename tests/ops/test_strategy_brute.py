@@ -1,9 +1,9 @@
-"""The strategy search against brute force: for small mm and mul calls, every (input targets,
-output) triple that computes the right value (by simulation on every rank, partial sums split at
-random) is priced as the search prices it (``price``: the collectives plan_move emits), and the
-search's choice must cost no more than that minimum. This is what catches a missing candidate,
-e.g. A @ B with both operands partial on one axis, where reducing one and keeping the other
-partial (one all-reduce) beats reducing both."""
+"""The strategy search against brute force: for small mm and mul calls (and add, bmm, addmm, sum,
+softmax), every (input targets, output) triple that computes the right value (by simulation on
+every rank, partial sums split at random) is priced as the search prices it (``price``: the
+collectives plan_move emits), and the search's choice must cost no more than that minimum. This
+is what catches a missing candidate, e.g. A @ B with both operands partial on one axis, where
+reducing one and keeping the other partial (one all-reduce) beats reducing both."""
 
 from __future__ import annotations
 
@@ -110,3 +110,72 @@ def test_both_partial_operands_of_a_product_pay_one_all_reduce():
     a = b = Sharding.parse("[64, 64] +sum(tp)", m)
     p = propagate("mm", [a, b])
     assert [c.kind.value for c in p.collectives] == ["all_reduce"] and str(p.outputs[0]) == "[64, 64] +sum(tp)"
+
+
+# -- more ops: every (input targets, output) that computes the value, priced; the search's choice
+# costs no more than the cheapest
+
+MORE = {  # op: (numpy, input shapes, params, meshes, cases per mesh)
+    "add": (np.add, [(4, 4), (4, 4)], {}, ("dp=2,tp=2",), 16),
+    "bmm": (np.matmul, [(4, 4, 4), (4, 4, 4)], {}, ("tp=2", "dp=2,tp=2"), 12),
+    "addmm": (lambda b, x, y: b + x @ y, [(4,), (4, 4), (4, 4)], {}, ("tp=2",), 16),
+    "sum": (lambda x: x.sum(axis=1), [(4, 4)], {"dim": [1]}, ("dp=2,tp=2",), 12),
+    "softmax": (lambda x: np.exp(x) / np.exp(x).sum(axis=1, keepdims=True), [(4, 4)], {"dim": 1}, ("dp=2,tp=2",),
+                12),
+}
+
+
+@cache
+def valid_targets(op: str, mesh_text: str) -> tuple:
+    """``(input targets, output)`` pairs whose local op on every rank gives the right value."""
+    fn, shapes, _, _, _ = MORE[op]
+    mesh = Mesh.parse(mesh_text)
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal(shape) for shape in shapes]
+    want = fn(*xs)
+    outs = all_shardings(mesh, want.shape)
+    found = []
+    for targets in itertools.product(*(all_shardings(mesh, shape) for shape in shapes)):
+        pieces = [random_pieces(t, x, rng) for t, x in zip(targets, xs)]
+        try:
+            local = {r: fn(*[p[r] for p in pieces]) for r in mesh.ranks()}
+        except ValueError:  # the local op cannot run on these pieces
+            continue
+        if any(v.shape != local[0].shape for v in local.values()):
+            continue
+        for o in outs:
+            if o.local_shape(0) != local[0].shape:
+                continue
+            try:
+                got = o.unshard(local, tolerance=1e-9)
+            except Exception:  # replicas disagree: not this output
+                continue
+            if np.allclose(got, want, atol=1e-9):
+                found.append((targets, o))
+    return tuple(found)
+
+
+MORE_CASES = []
+for _op, (_fn, _shapes, _params, _meshes, _n) in MORE.items():
+    for _mesh_text in _meshes:
+        _combos = list(itertools.product(*(all_shardings(Mesh.parse(_mesh_text), s) for s in _shapes)))
+        _picked = random.Random(_op + _mesh_text).sample(_combos, min(_n, len(_combos)))
+        MORE_CASES += [(_op, _mesh_text, c) for c in _picked]
+
+
+@pytest.mark.parametrize("op,mesh_text,inputs", MORE_CASES,
+                         ids=[f"{o}-{m}-{'-'.join(map(str, c))}" for o, m, c in MORE_CASES])
+def test_more_ops_find_the_brute_force_minimum(op, mesh_text, inputs):
+    fn, shapes, params, _, _ = MORE[op]
+    p = propagate(op, list(inputs), **params)
+    best = min(price(list(inputs), targets, (o,), (None,), DEFAULT_COST_MODEL)
+               for targets, o in valid_targets(op, mesh_text))
+    assert p.cost <= best * (1 + 1e-9), (f"{op}({', '.join(map(str, inputs))}) on {mesh_text}: chose "
+                                         f"{[str(t) for t in p.input_targets]} -> {p.outputs[0]} at {p.cost:.3e} s; "
+                                         f"the minimum is {best:.3e} s")
+    rng = np.random.default_rng(1)  # and what it chose computes the value
+    xs = [rng.standard_normal(shape) for shape in shapes]
+    pieces = [run_moves(plan_move(s, t), s.shard(v)) for s, t, v in zip(p.inputs, p.input_targets, xs)]
+    mesh = p.outputs[0].mesh
+    got = p.outputs[0].unshard({r: fn(*[pc[r] for pc in pieces]) for r in mesh.ranks()}, tolerance=1e-9)
+    assert np.allclose(got, fn(*xs))
