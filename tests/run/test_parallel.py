@@ -207,6 +207,8 @@ def test_refusals_name_what_is_wrong_and_the_fix(fake_world):
         shardlayout.parallelize(model, "tp=4", style="megatron")
     with pytest.raises(err, match="takes an nn.Module"):
         shardlayout.parallelize(object(), "tp=4", style="megatron", example_inputs=args)
+    with pytest.raises(err, match="streams='yes': give True"):
+        shardlayout.parallelize(model, "tp=4", style="megatron", example_inputs=args, streams="yes")
     m = Mesh.parse("tp=4")
     p = make_plan(from_torch(model, args), m, {})
     with pytest.raises(err, match="either a plan or style"):

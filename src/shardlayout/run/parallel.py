@@ -192,6 +192,9 @@ def parallelize(module, mesh, plan=None, *, example_inputs=None, style=None, tp_
     if outputs not in ("dtensor", "local"):
         raise ParallelizeError(f"outputs={outputs!r}: give 'dtensor' (DTensors with the plan's placements) or "
                                "'local' (this rank's pieces)")
+    if not isinstance(streams, bool):
+        raise ParallelizeError(f"streams={streams!r}: give True (run the plan's stream choices chunk by chunk) or "
+                               "False (every move whole)")
     ours, dm = _torch_mesh(mesh)
     if example_inputs is None:
         raise ParallelizeError("parallelize needs example_inputs (a tuple of the forward's arguments, global sizes): "
