@@ -48,12 +48,11 @@ def load_program(args):
         import os
 
         from .program.cache import cached
-        from .program.hf import hf_config
-        from .program.torch_import import from_torch
+        from .program.hf import hf_config, import_hf
 
         def build():
             module, example_args, _ = hf_source(args, "meta")
-            return from_torch(module, example_args)
+            return import_hf(module, example_args, getattr(module, "config", None))
 
         sizes = {"batch": 1, "seq": 128, **model_sizes("hf", getattr(args, "size", None))}
         path = os.path.join(args.hf, "config.json") if os.path.isdir(args.hf) else args.hf

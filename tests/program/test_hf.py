@@ -72,3 +72,37 @@ def test_run_builds_the_same_class_on_the_cpu_with_weights(tiny):
     assert dynamic is None and tuple(ids.shape) == (2, 8)
     assert {p.device.type for p in module.parameters()} == {"cpu"}
     assert module(ids).logits.shape == (2, 8, 128)
+
+
+def _llama_config(d, layers):
+    transformers.LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                             num_attention_heads=4, num_key_value_heads=2,
+                             max_position_embeddings=64).save_pretrained(d)
+    return str(d)
+
+
+def test_uniform_layers_import_only_the_first_ones_and_equal_the_whole_import(tmp_path):
+    from shardlayout.program.hf import hf_model, import_hf, uniform_layers
+    from shardlayout.program.torch_import import from_torch
+
+    module, args = hf_model(_llama_config(tmp_path, 9), batch=2, seq=16)
+    assert uniform_layers(module, module.config) == ("model.layers", 9)
+    got = import_hf(module, args, module.config)
+    assert len(module.model.layers) == 9  # the module is given back whole
+    want = from_torch(module, args)  # the oracle: every layer exported and imported
+    assert got.repeated[1].count == want.repeated[1].count == 9
+    assert got == want and list(got.tensors) == list(want.tensors) and got.inputs() == want.inputs()
+
+
+def test_layers_that_differ_are_exported_whole(tmp_path):
+    from shardlayout.program.hf import hf_model, import_hf, uniform_layers
+    from shardlayout.program.torch_import import from_torch
+
+    module, args = hf_model(_llama_config(tmp_path, 7), batch=2, seq=16)
+    module.model.layers[5].self_attn.scaling = 0.5  # one layer computes otherwise
+    assert uniform_layers(module, module.config) is None
+    got = import_hf(module, args, module.config)
+    assert got == from_torch(module, args) and got.repeated is None
+    module, args = hf_model(_llama_config(tmp_path, 7), batch=2, seq=16)
+    module.config.layer_types = ["full_attention"] * 6 + ["sliding_attention"]  # a per-layer choice in the config
+    assert uniform_layers(module, module.config) is None

@@ -284,3 +284,12 @@ def test_compress_leaves_a_program_whose_layers_are_not_one_block_as_it_is(chang
     p = _odd_layer(change)
     got = compress(p)
     assert got is p and got.repeated is None  # planned op by op, as before
+
+
+@pytest.mark.parametrize("made,count", [(6, 32), (9, 7), (7, 7)])
+def test_with_count_restamps_the_block_as_the_builder_makes_that_many(made, count):
+    from shardlayout.program.repeat import with_count
+
+    got, want = with_count(llama(layers=made), count), llama(layers=count)
+    assert got.repeated[0] == want.repeated[0] and got.repeated[1] == want.repeated[1]
+    assert got == want and list(got.tensors) == list(want.tensors)

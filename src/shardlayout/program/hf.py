@@ -81,4 +81,69 @@ def hf_model(source: str, batch: int = 1, seq: int = 128, device: str = "meta"):
     return model.eval(), (ids,)
 
 
-__all__ = ["HfModelError", "hf_config", "hf_model"]
+_SKIP = {"_modules", "_parameters", "_buffers", "_non_persistent_buffers_set", "training", "layer_idx",
+         "_is_hf_initialized"}  # per-instance bookkeeping: not what a layer computes
+
+
+def _signature(layer) -> tuple:
+    """What a layer computes, as far as its module tree says: per submodule, its class, its plain
+    attributes (numbers, strings, flags, tuples of them: head counts, sliding windows, attention
+    types), its parameters' and buffers' names, shapes and dtypes."""
+    out = []
+    for name, m in layer.named_modules():
+        attrs = tuple(sorted((k, repr(v)) for k, v in vars(m).items()
+                             if k not in _SKIP and not k.startswith("_") and
+                             isinstance(v, (int, float, str, bool, type(None), tuple))))
+        tensors = tuple((k, tuple(t.shape), str(t.dtype)) for k, t in
+                        [*m._parameters.items(), *m._buffers.items()] if t is not None)
+        out.append((name, type(m).__qualname__, attrs, tensors))
+    return tuple(out)
+
+
+def uniform_layers(module, config=None) -> tuple | None:
+    """``(path, count)`` of the model's layer list (its longest ``nn.ModuleList``) when every layer
+    is the same block by ``_signature`` and no per-layer list of the config varies (``layer_types``,
+    ``mlp_only_layers``, ...); else None."""
+    import torch
+
+    lists = [(n, m) for n, m in module.named_modules() if isinstance(m, torch.nn.ModuleList) and len(m) > 1]
+    if not lists:
+        return None
+    path, layers = max(lists, key=lambda nm: len(nm[1]))
+    first = _signature(layers[0])
+    if any(_signature(layer) != first for layer in layers[1:]):
+        return None
+    for v in vars(config or {}).values():  # a per-layer choice the module tree may not show
+        if isinstance(v, (list, tuple)) and len(v) == len(layers) and len({repr(x) for x in v}) > 1:
+            return None
+    return path, len(layers)
+
+
+def import_hf(module, example_args, config=None):
+    """The Program of an HF model (``from_torch``), exported with only its first ``MIN_COUNT``
+    layers when all its layers are one block (``uniform_layers``): the import finds them to be a
+    repeated block and ``program.repeat.with_count`` stamps the rest, named as the full model names
+    them. torch.export and its decompositions then cost the same for 8 layers or 80. Anything else
+    (layers that differ, a forward that does not run them as one block) is exported whole."""
+    from .repeat import MIN_COUNT, with_count
+    from .torch_import import from_torch
+
+    found = uniform_layers(module, config)
+    if found is None or found[1] <= MIN_COUNT:
+        return from_torch(module, example_args)
+    path, count = found
+    owner, _, leaf = path.rpartition(".")
+    parent = module.get_submodule(owner) if owner else module
+    full = getattr(parent, leaf)
+    setattr(parent, leaf, type(full)(list(full)[:MIN_COUNT]))
+    try:
+        prog = from_torch(module, example_args)
+    finally:
+        setattr(parent, leaf, full)
+    rep = prog.repeated
+    if rep is None or rep[1].prefix != path or rep[1].count != MIN_COUNT:
+        return from_torch(module, example_args)  # the first layers were not one block as imported
+    return with_count(prog, count)
+
+
+__all__ = ["HfModelError", "hf_config", "hf_model", "import_hf", "uniform_layers"]

@@ -294,6 +294,32 @@ def compress(prog):
     return _repeated_program(compressed, rep)
 
 
+def with_count(prog, count: int):
+    """The repeated program ``prog`` with its block repeated ``count`` times instead (``count`` >=
+    ``MIN_COUNT``): the compressed program's last instance stamped as instance ``count - 1`` and
+    what follows the block reading it there. For a model imported with only its first layers
+    whose other layers are known to be the same block (``program.hf.import_hf``).
+    ``with_count(llama(layers=6), 32) == llama(layers=32)``"""
+    from . import Program, _new_op, _repeated_program
+
+    cp, rep = prog.repeated
+    if count < MIN_COUNT:
+        raise ValueError(f"with_count: {count} instances; a repeated block has at least {MIN_COUNT}")
+    old, new = rep.name(rep.count - 1, ""), rep.name(count - 1, "")
+    rename = renamer({old: new})
+    names = list(cp.tensors)
+    last = len(rep.suffixes)
+    specs, made = stamp(replace(rep, count=count), count - 1, 3)
+    tensors = {n: cp.tensors[n] for n in names[:rep.tensor_at]}
+    tensors.update((sp.name, sp) for sp in specs)
+    tensors.update((n, cp.tensors[n]) for n in names[rep.tensor_at + last:])
+    after = [_new_op(op.target, tuple(rename(x) for x in op.inputs), op.params, op.outputs, op.name, op.sym_params)
+             for op in cp.ops[rep.op_at + len(rep.ops):]]
+    compressed = Program(tensors, tuple(cp.ops[:rep.op_at]) + tuple(made) + tuple(after),
+                         tuple(rename(o) for o in cp.outputs), cp.symbols, cp.sym_shapes, cp.facts, cp.notes)
+    return _repeated_program(compressed, replace(rep, count=count))
+
+
 def _instance_ops(ops) -> tuple | None:
     """``(prefix, starts)``: the ops named ``{prefix}.{i}.…`` for i = 0 .. count-1 (count >=
     ``MIN_COUNT``; of the prefixes that qualify, the one with the most instances) run as one
@@ -335,4 +361,4 @@ def _carries(ops, starts: list, prefix: str, local0: set) -> tuple:
 
 
 __all__ = ["MIN_COUNT", "Repeat", "compress", "derive", "expand", "last_reads", "local", "renamer", "stamp",
-           "to_instance"]
+           "to_instance", "with_count"]
