@@ -20,7 +20,8 @@ import torch.nn.functional as F
 
 class TitanMoE(nn.Module):
     """``TitanMoE(dim, experts, ffn, top_k, counts="histc"|"bincount", gather="index"|"gather",
-    combine="scatter_add"|"index_add", scores="after"|"before", run="grouped"|"loop")``."""
+    combine="scatter_add"|"index_add"|"deterministic", scores="after"|"before", run="grouped"|"loop")``
+    (``deterministic``: torchtitan's ``deterministic_scatter_add`` custom op)."""
 
     def __init__(self, dim: int = 256, experts: int = 8, ffn: int = 512, top_k: int = 2, counts: str = "histc",
                  gather: str = "index", combine: str = "scatter_add", scores: str = "after", run: str = "grouped"):
@@ -62,7 +63,29 @@ class TitanMoE(nn.Module):
             ys = ys * weights
         if self.combine == "scatter_add":
             return torch.zeros_like(x).scatter_add(0, token.unsqueeze(1).expand(-1, d), ys)
+        if self.combine == "deterministic":  # torchtitan's own combine (its Qwen3-MoE, DeepSeek-V3)
+            return deterministic_scatter_add()(torch.zeros_like(x), token.unsqueeze(1).expand(-1, d), ys)
         return torch.zeros_like(x).index_add(0, token, ys)
+
+
+def deterministic_scatter_add():
+    """torchtitan's custom op ``torchtitan::deterministic_scatter_add(out, index, src)`` (its
+    ``torchtitan.ops.scatter_add``: ``out.scatter_add(0, index, src)`` under deterministic
+    algorithms): torchtitan's when it is imported, else registered here the same way."""
+    try:
+        return torch.ops.torchtitan.deterministic_scatter_add
+    except AttributeError:
+        pass
+
+    @torch.library.custom_op("torchtitan::deterministic_scatter_add", mutates_args=())
+    def op(out: torch.Tensor, index: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+        return out.scatter_add(dim=0, index=index, src=src)
+
+    @op.register_fake
+    def _(out, index, src):
+        return torch.empty_like(out)
+
+    return torch.ops.torchtitan.deterministic_scatter_add
 
 
 def experts_for_loop(w1, w2, w3, x, counts):

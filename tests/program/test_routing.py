@@ -296,3 +296,15 @@ def test_an_unsorting_scatter_is_left_as_it_is():
     m, x = HFStyle(combine="scatter"), torch.randn(32, 16)
     prog = from_torch(m, (x,))
     assert "route" not in targets(prog) and "sort" in targets(prog)
+
+
+def test_torchtitans_deterministic_scatter_add_combine_is_read_as_the_unroute():
+    # torchtitan's MoE combines with its custom op torchtitan::deterministic_scatter_add (out, index, src)
+    m, (x,) = titan.make(**SMALL, combine="deterministic")
+    prog = from_torch(m, (x,))
+    assert "deterministic_scatter_add" not in " ".join(targets(prog)) and targets(prog).count("unroute") == 1
+    with torch.no_grad():
+        want = m(x)
+    assert torch.equal(run_unsharded(m, x, prog), want)
+    p = plan(prog, Mesh.parse("ep=4"), style="ep")  # the experts kept on ep: the tokens move
+    assert [c.kind.value for c in p.collectives] == ["all_to_all"] * 2 and p.verify().ok

@@ -37,7 +37,9 @@ _POINTWISE_SCALARS = {"add", "sub", "mul", "div", "pow", "where", "eq", "ne", "l
 # custom ops of model libraries that are an aten op under another name (same arguments, same values)
 LIBRARY_OPS = {
     "transformers.grouped_mm_fallback.default": "aten._grouped_mm.default",  # (rows, w[E,K,N], offs): torch's
+    "torchtitan.deterministic_scatter_add.default": "aten.scatter_add.default",  # (out, index, src): dim 0
 }
+LIBRARY_PARAMS = {"torchtitan.deterministic_scatter_add.default": {"dim": 0}}  # what the library op fixes
 _ASSERTS = ("aten._assert_scalar", "aten.sym_constrain_range_for_size", "aten.sym_constrain_range")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
@@ -505,6 +507,7 @@ def from_exported(ep, decompose: bool = True, dim_names: dict | None = None) -> 
                     names[node] = got
                     continue
             inputs, kwargs = _arguments(node, short, names, syms, b)
+            kwargs.update(LIBRARY_PARAMS.get(str(node.target), {}))
             if kwargs.get("enable_gqa") and short == "scaled_dot_product_attention":
                 inputs, kwargs = _repeated_kv(label[node], inputs, kwargs, b)
             n_out = len(val) if isinstance(val, (list, tuple)) else 1
