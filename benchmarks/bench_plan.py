@@ -272,6 +272,34 @@ print(json.dumps({{"export": t1 - t0, "import": t2 - t1, "plan": t4 - t3, "every
 """
 IMPORT_LAYERS = (8, 32, 80)
 
+# Llama-3-8B's config through `plan --hf` (transformers' own class on meta), as a user runs it
+HF8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+            num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192)
+
+
+def _hf_8b() -> dict:
+    """Wall seconds of ``shardlayout plan --hf`` on Llama-3-8B's config (dp=8,tp=8, megatron, batch 8 x
+    seq 2048): a fresh process with the import cache off, then two with it on (the first fills it)."""
+    import os
+    import tempfile
+    import time
+
+    out = {}
+    with tempfile.TemporaryDirectory() as d:
+        subprocess.run([sys.executable, "-c", "import sys, json, transformers; "
+                        "transformers.LlamaConfig(**json.loads(sys.argv[1])).save_pretrained(sys.argv[2])",
+                        json.dumps(HF8B), d + "/llama3-8b"], check=True, capture_output=True)
+        argv = [sys.executable, "-m", "shardlayout", "plan", "--hf", d + "/llama3-8b", "--mesh", "dp=8,tp=8",
+                "--style", "megatron", "--size", "batch=8,seq=2048", "--json"]
+        for name, cache in (("cold", "off"), ("fill", d + "/cache"), ("warm", d + "/cache")):
+            t0 = time.perf_counter()
+            r = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "SHARDLAYOUT_CACHE_DIR": cache})
+            out[name] = time.perf_counter() - t0
+            if r.returncode != 0:
+                raise SystemExit(f"plan --hf failed:\n{r.stderr[-2000:]}")
+            out[f"{name}_collectives"] = len(json.loads(r.stdout)["collectives"])
+    return out
+
 SIDES = (("ours", OURS, False), ("dt", DTENSOR, False), ("tt", DTENSOR, True))
 
 
@@ -352,6 +380,12 @@ def main() -> int:
               f"repeated block (`program.repeat.compress` finds it), "
               f"{per(im[8]['every_op'], im[80]['every_op']):.3f} ms op by op; the plans are byte-identical. "
               "Import is torch's `run_decompositions` (re-tracing every op) almost entirely.")
+    hf = _hf_8b()
+    notes += (f" `shardlayout plan --hf` on Llama-3-8B's config (transformers' LlamaForCausalLM on meta, dp=8,tp=8, "
+              f"megatron, batch 8 x seq 2048, {hf['cold_collectives']} collectives), wall time of the whole command "
+              f"in a fresh process: {hf['cold']:.1f} s with the import cache off (export + decomposition + import), "
+              f"{hf['warm']:.2f} s once the cache holds the import (`program.cache`; the run that filled it: "
+              f"{hf['fill']:.1f} s).")
     emit("plan", method, header, rows, notes)
     return 0
 
