@@ -20,13 +20,15 @@ import torch.nn.functional as F
 
 class TitanMoE(nn.Module):
     """``TitanMoE(dim, experts, ffn, top_k, counts="histc"|"bincount", gather="index"|"gather",
-    combine="scatter_add"|"index_add"|"deterministic", scores="after"|"before", run="grouped"|"loop")``
-    (``deterministic``: torchtitan's ``deterministic_scatter_add`` custom op)."""
+    combine="scatter_add"|"index_add"|"deterministic", scores="after"|"before", run="grouped"|"loop",
+    batched=False, casts="once"|"per_matmul")`` (``deterministic``: torchtitan's ``deterministic_scatter_add``
+    custom op; ``counts="onehot"``, ``batched`` and ``casts="per_matmul"``: its Qwen3-MoE's forms)."""
 
     def __init__(self, dim: int = 256, experts: int = 8, ffn: int = 512, top_k: int = 2, counts: str = "histc",
-                 gather: str = "index", combine: str = "scatter_add", scores: str = "after", run: str = "grouped"):
+                 gather: str = "index", combine: str = "scatter_add", scores: str = "after", run: str = "grouped",
+                 batched: bool = False, casts: str = "once"):
         super().__init__()
-        self.experts, self.top_k = experts, top_k
+        self.experts, self.top_k, self.batched, self.casts = experts, top_k, batched, casts
         self.counts, self.gather, self.combine, self.scores, self.run = counts, gather, combine, scores, run
         self.router = nn.Linear(dim, experts, bias=False)
         self.w1 = nn.Parameter(torch.randn(experts, dim, ffn) / dim ** 0.5)
@@ -35,11 +37,19 @@ class TitanMoE(nn.Module):
 
     def forward(self, x):
         t, d = x.shape
-        probs = torch.softmax(self.router(x), dim=1)
-        top, idx = torch.topk(probs, self.top_k, dim=1)
+        if self.batched:  # torchtitan 0.3's Qwen3-MoE router: scores (batch, seq, E), top-k on the last dim
+            probs = torch.softmax(self.router(x.view(1, t, d)), dim=-1)
+            top_nd, idx_nd = torch.topk(probs, self.top_k, dim=-1)
+            top, idx = top_nd.view(t, self.top_k), idx_nd.view(t, self.top_k)
+        else:
+            probs = torch.softmax(self.router(x), dim=1)
+            top, idx = torch.topk(probs, self.top_k, dim=1)
+            idx_nd = idx
         flat = idx.view(-1)
         if self.counts == "histc":
             counts = torch.histc(flat.float(), bins=self.experts, min=0, max=self.experts)
+        elif self.counts == "onehot":  # each choice a one in its expert's column, summed over the tokens
+            counts = torch.zeros_like(probs).scatter(-1, idx_nd, 1).sum(dim=tuple(range(probs.dim() - 1)))
         else:
             counts = torch.bincount(flat, minlength=self.experts)
         order = torch.argsort(flat, stable=True)
@@ -56,8 +66,9 @@ class TitanMoE(nn.Module):
         else:
             offs = torch.cumsum(counts.to(torch.int32), dim=0, dtype=torch.int32)
             xb = xs.bfloat16()
+            xb3 = xs.bfloat16() if self.casts == "per_matmul" else xb  # torchtitan casts per expert matmul
             h = F.silu(torch._grouped_mm(xb, self.w1.bfloat16(), offs=offs)) * \
-                torch._grouped_mm(xb, self.w3.bfloat16(), offs=offs)
+                torch._grouped_mm(xb3, self.w3.bfloat16(), offs=offs)
             ys = torch._grouped_mm(h, self.w2.bfloat16(), offs=offs).float()
         if self.scores == "after":
             ys = ys * weights
@@ -106,6 +117,14 @@ def make(tokens: int = 1024, **kw):
     torch.manual_seed(0)
     m = TitanMoE(**kw)
     return m, (torch.randn(tokens, m.router.in_features),)
+
+
+def make_qwen3(tokens: int = 64, **kw):
+    """torchtitan 0.3's Qwen3-MoE routing: a batched router (top-k on the last dim of (1, T, E)),
+    counts as a one-hot summed over the tokens, the routed rows cast to bf16 once per expert
+    matmul, and its ``deterministic_scatter_add`` combine (small sizes)."""
+    return make(tokens=tokens, dim=32, experts=8, ffn=64, batched=True, counts="onehot", casts="per_matmul",
+                combine="deterministic", **kw)
 
 
 def make_bincount_index_add():

@@ -308,3 +308,18 @@ def test_torchtitans_deterministic_scatter_add_combine_is_read_as_the_unroute():
     assert torch.equal(run_unsharded(m, x, prog), want)
     p = plan(prog, Mesh.parse("ep=4"), style="ep")  # the experts kept on ep: the tokens move
     assert [c.kind.value for c in p.collectives] == ["all_to_all"] * 2 and p.verify().ok
+
+
+@pytest.mark.parametrize("batched", [True, False])
+def test_torchtitan_qwen3_moe_routing_batched_router_one_hot_counts_casts_per_matmul(batched):
+    # torchtitan 0.3's Qwen3-MoE: top-k on (1, T, E), counts = zeros.scatter(-1, idx, 1).sum(...), the rows
+    # cast to bf16 once per expert matmul (one cast, one move), deterministic_scatter_add back
+    m, (x,) = titan.make_qwen3() if batched else titan.make(**SMALL, counts="onehot")
+    prog = from_torch(m, (x,))
+    names = targets(prog)
+    assert not GONE & set(names) and names.count("route") == 2 and names.count("unroute") == 1
+    with torch.no_grad():
+        want = m(x)
+    assert torch.equal(run_unsharded(m, x, prog), want)
+    p = plan(prog, Mesh.parse("ep=4"), style="ep")
+    assert [c.kind.value for c in p.collectives] == ["all_to_all"] * 2 and p.verify().ok

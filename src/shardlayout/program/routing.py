@@ -54,6 +54,7 @@ def _flat_of(prog: Program, op, name: str) -> str | None:
 def _scan(prog: Program) -> dict:
     """The routing handles: topk index tensors, their flattened views, sort orders, token ids."""
     topk, flat, order, token, spread, ids, inverse = {}, {}, {}, {}, {}, {}, {}
+    batched = {}  # a top-k index of (..., k) over scores (..., E) -> its (T, k) view (torchtitan's 3-D router)
     for op in prog.ops:
         n = canonical_op_name(op.target)
         ins, outs = op.inputs, op.outputs
@@ -64,6 +65,15 @@ def _scan(prog: Program) -> dict:
             if len(src) == 2 and dim == 1:
                 t, k = prog.tensors[outs[1]].shape
                 topk[outs[1]] = {"vals": outs[0], "tokens": t, "k": k, "experts": src[1]}
+            elif len(src) > 2 and dim == len(src) - 1:
+                batched[outs[1]] = None
+        elif n in _FLATTEN and len(ins) == 1 and ins[0] in batched and batched[ins[0]] is None and \
+                len(prog.tensors[outs[0]].shape) == 2 and \
+                prog.tensors[outs[0]].shape[1] == prog.tensors[ins[0]].shape[-1]:
+            batched[ins[0]] = outs[0]  # (..., k) viewed (T, k): the routing's index from here on
+            src = next(prog.tensors[o.inputs[0]].shape for o in prog.ops if ins[0] in o.outputs)
+            t, k = prog.tensors[outs[0]].shape
+            topk[outs[0]] = {"vals": None, "tokens": t, "k": k, "experts": src[-1]}
         elif outs and _flat_of(prog, op, outs[0]) is not None:
             flat[outs[0]] = _flat_of(prog, op, outs[0])
         elif n in ("sort", "argsort") and ins and flat.get(ins[0]) in topk and not kw.get("descending"):
@@ -83,7 +93,7 @@ def _scan(prog: Program) -> dict:
         elif n == "expand" and ins and ins[0] in spread:
             spread[outs[0]] = spread[ins[0]]
     return {"topk": topk, "flat": flat, "order": order, "token": token, "spread": spread, "ids": ids,
-            "inverse": inverse}
+            "inverse": inverse, "batched": batched}
 
 
 def _is_arange(prog: Program, name: str, n: int) -> bool:
@@ -262,6 +272,8 @@ def _offsets_of_routing(prog: Program, name: str, h: dict, producer: dict, route
     if op is None:
         return False
     n, kw = canonical_op_name(op.target), dict(op.params)
+    if n == "sum":  # counts as a one-hot: zeros(..., E).scatter(-1, index, 1) summed over every other dim
+        return _one_hot_counts(prog, op, h, producer, routed_by)
     ids, _ = through(op.inputs[0])
     idx = h["flat"].get(ids, h["ids"].get(ids))  # the ids, or the ids sorted: the same counts
     if idx not in h["topk"] or idx != routed_by:
@@ -271,6 +283,22 @@ def _offsets_of_routing(prog: Program, name: str, h: dict, producer: dict, route
         return kw.get("bins") == e and kw.get("min", 0) == 0 and (kw.get("max", 0) == e or
                                                                    (e >= 2 and kw.get("max", 0) == e - 1))
     return n == "bincount" and kw.get("minlength") == e and len(op.inputs) == 1
+
+
+def _one_hot_counts(prog: Program, op, h: dict, producer: dict, routed_by: str) -> bool:
+    """Is ``op`` (a ``sum``) the rows per expert of the routing by ``routed_by``: ``sum`` over every
+    dim but the last of ``zeros(..., E).scatter(-1, idx, 1)`` with ``idx`` the top-k index
+    ``routed_by`` or the one it is a (T, k) view of (torchtitan's Qwen3-MoE counts the choices so)?"""
+    src = producer.get(op.inputs[0])
+    if src is None or canonical_op_name(src.target) != "scatter" or len(src.inputs) != 2:
+        return False
+    base, idx = src.inputs
+    shape = prog.tensors[base].shape
+    kw, skw = dict(op.params), dict(src.params)
+    dims = sorted(d % len(shape) for d in (kw.get("dim") or ()))
+    return (h["batched"].get(idx, idx) == routed_by and skw.get("dim", 0) % len(shape) == len(shape) - 1 and
+            skw.get("value") == 1 and _is_zeros(prog, base, producer) and dims == list(range(len(shape) - 1))
+            and not kw.get("keepdim"))
 
 
 def _live(prog: Program) -> Program:

@@ -443,6 +443,7 @@ def from_exported(ep, decompose: bool = True, dim_names: dict | None = None) -> 
     names: dict = {}
     input_shapes: dict = {}
     label = op_labels(ep.graph.nodes, set(params.values()) | set(buffers.values()))
+    casts: dict = {}  # (tensor, cast kwargs) -> its cast: a cast repeated per use is made once
     for node in ep.graph.nodes:
         if node.op == "placeholder":
             val = node.meta.get("val")
@@ -469,6 +470,10 @@ def from_exported(ep, decompose: bool = True, dim_names: dict | None = None) -> 
                 continue
             if node in loops.emit:
                 names[node] = _emit_stacked(node, loops.emit[node], names, syms, b, label[node])
+                continue
+            cast = _cast_key(node, names)
+            if cast is not None and cast in casts:  # the same cast of the same tensor again (one per use): one
+                names[node] = casts[cast]
                 continue
             if node.target is operator.getitem:
                 base = names[node.args[0]]
@@ -521,6 +526,8 @@ def from_exported(ep, decompose: bool = True, dim_names: dict | None = None) -> 
             except Exception as e:  # noqa: BLE001 - name the node whatever the rule raised
                 raise ProgramError(f"node {node.name!r} ({target}): {e}") from None
             names[node] = out
+            if cast is not None and isinstance(out, str):
+                casts[cast] = out
             outs = () if out is None else out if isinstance(out, tuple) else (out,)
             for o, v in zip(outs, vals):
                 if v is not None and hasattr(v, "shape") and tuple(b._tensors[o].shape) != tuple(
@@ -547,6 +554,17 @@ def from_exported(ep, decompose: bool = True, dim_names: dict | None = None) -> 
     if loops.rows:
         check_loops_routed(prog, {names[r]: split.name for split, r in loops.rows.items()})
     return compress(prog)  # a model's layers, one block: planned from its first instances
+
+
+def _cast_key(node, names: dict):
+    """``(tensor, cast kwargs)`` of a dtype cast (``_to_copy`` without a device), else None: equal
+    keys are one cast (torchtitan casts the routed rows to bf16 once per expert matmul)."""
+    import torch
+
+    if node.target is not torch.ops.aten._to_copy.default or node.kwargs.get("device") is not None or \
+            len(node.args) != 1 or not isinstance(names.get(node.args[0]), str):
+        return None
+    return names[node.args[0]], tuple(sorted((k, str(v)) for k, v in node.kwargs.items()))
 
 
 def op_labels(nodes, taken: set) -> dict:
