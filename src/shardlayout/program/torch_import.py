@@ -536,9 +536,11 @@ def from_exported(ep, decompose: bool = True, dim_names: dict | None = None) -> 
                         f"node {node.name!r} ({target}): the rule gives shape {b._tensors[o].shape}, "
                         f"torch.export says {tuple(_hint_shape(v, syms))}"
                     )
-        elif node.op == "output":
-            for o in node.args[0]:
-                if isinstance(o, torch.fx.Node):
+        elif node.op == "output":  # the forward's own outputs; a buffer it updates in place is not one
+            kinds = [spec.kind.name for spec in sig.output_specs] if len(sig.output_specs) == len(node.args[0]) \
+                else ["USER_OUTPUT"] * len(node.args[0])
+            for o, kind in zip(node.args[0], kinds):
+                if isinstance(o, torch.fx.Node) and kind == "USER_OUTPUT":
                     b.output(names[o])
     if syms.example:
         facts += _range_facts(ep, syms) + _input_guard_facts(ep, input_shapes) + syms.special
