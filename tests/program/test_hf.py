@@ -106,3 +106,20 @@ def test_layers_that_differ_are_exported_whole(tmp_path):
     module, args = hf_model(_llama_config(tmp_path, 7), batch=2, seq=16)
     module.config.layer_types = ["full_attention"] * 6 + ["sliding_attention"]  # a per-layer choice in the config
     assert uniform_layers(module, module.config) is None
+
+
+def test_a_forward_that_needs_every_layer_is_exported_whole(tmp_path):
+    from shardlayout.program.hf import hf_model, import_hf
+    from shardlayout.program.torch_import import from_torch
+
+    module, args = hf_model(_llama_config(tmp_path, 7), batch=2, seq=16)
+    inner = module.model
+    plain = type(inner).forward
+
+    def forward(self, *a, **kw):  # indexes the layers by the config's count: fails on the first 6 alone
+        assert len(self.layers) == self.config.num_hidden_layers, "every layer is needed"
+        return plain(self, *a, **kw)
+
+    inner.forward = forward.__get__(inner)
+    got = import_hf(module, args, module.config)
+    assert len(inner.layers) == 7 and got == from_torch(module, args) and got.repeated[1].count == 7

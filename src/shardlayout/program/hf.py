@@ -138,9 +138,11 @@ def import_hf(module, example_args, config=None):
     setattr(parent, leaf, type(full)(list(full)[:MIN_COUNT]))
     try:
         prog = from_torch(module, example_args)
+    except ShardingError:  # a forward that needs every layer (indexes them by the config's count): whole
+        prog = None
     finally:
         setattr(parent, leaf, full)
-    rep = prog.repeated
+    rep = None if prog is None else prog.repeated
     if rep is None or rep[1].prefix != path or rep[1].count != MIN_COUNT:
         return from_torch(module, example_args)  # the first layers were not one block as imported
     return with_count(prog, count)
