@@ -129,8 +129,9 @@ def import_hf(module, example_args, config=None):
     from .torch_import import from_torch
 
     found = uniform_layers(module, config)
-    if found is None or found[1] <= MIN_COUNT:
-        return from_torch(module, example_args)
+    routed = any(getattr(config, k, None) for k in ("num_local_experts", "num_experts", "n_routed_experts"))
+    if found is None or found[1] <= MIN_COUNT or routed:  # routed rows (MoE) are not stamped: ragged programs
+        return from_torch(module, example_args)           # are planned whole (program.repeat.compress)
     path, count = found
     owner, _, leaf = path.rpartition(".")
     parent = module.get_submodule(owner) if owner else module
