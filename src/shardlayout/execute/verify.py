@@ -333,8 +333,10 @@ def run_op(opdef, params: dict, inputs: tuple, outputs: tuple, dtypes: tuple, im
         return Run("skipped", f"op {opdef.name}: global operands exceed the budget of {budget} elements and "
                               "its index map cannot restrict them", classes=len(classes))
     ref = None
+    whole: dict = {}  # operand position -> its global values, when drawn (a local piece is cut from them)
     if small:
         args = [global_value(o, _full(o.sharding.shape)) if o is not None else x for o, x in zip(ops, inputs)]
+        whole = {i: a for i, (o, a) in enumerate(zip(ops, args)) if o is not None and not o.sharding.partial}
         ref = opdef.run_numpy(args, params, [o.shape for o in outputs])
         for k, (r_, o) in enumerate(zip(ref, outputs)):
             if tuple(np.shape(r_)) != o.shape:
@@ -350,7 +352,7 @@ def run_op(opdef, params: dict, inputs: tuple, outputs: tuple, dtypes: tuple, im
         for q in members_of[r]:
             if (q, tag) not in local:
                 here = at_rank({**params, **dict(local_params)}, mesh, q) if local_params else params
-                outs = _local_run(opdef, here, ops, inputs, outputs, imap, q, box)
+                outs = _local_run(opdef, here, ops, inputs, outputs, imap, q, box, whole)
                 if isinstance(outs, str):
                     return Run("failed", outs, classes=len(classes), simulated=runs)
                 local[(q, tag)] = outs
@@ -375,17 +377,23 @@ def run_op(opdef, params: dict, inputs: tuple, outputs: tuple, dtypes: tuple, im
     return Run("ok", "", worst, len(classes), runs)
 
 
-def _local_run(opdef, params, ops, inputs, outputs, imap, q: int, box):
+def _local_run(opdef, params, ops, inputs, outputs, imap, q: int, box, whole=None):
     """Rank ``q``'s local outputs (restricted to ``box`` when given), or a message saying why the
-    local op cannot make the pieces its outputs name."""
+    local op cannot make the pieces its outputs name. ``whole``: operand position -> its global
+    values already drawn (not partial): the piece is cut from them instead of drawn again."""
     no_map = [None] * max(len(inputs), len(outputs))
     args, shapes = [], []
-    for o, x, lt in zip(ops, inputs, imap.inputs if imap is not None else no_map):
+    for i, (o, x, lt) in enumerate(zip(ops, inputs, imap.inputs if imap is not None else no_map)):
         if o is None:
             args.append(x)
             continue
         lists = list(x.indices(q))
-        args.append(summand(o, _restrict(lists, lt, box) if box is not None and lt is not None else lists, q))
+        lists = _restrict(lists, lt, box) if box is not None and lt is not None else lists
+        if whole and i in whole:
+            g = whole[i]
+            args.append(g[np.ix_(*lists)] if lists else g)
+        else:
+            args.append(summand(o, lists, q))
     for o, lt in zip(outputs, imap.outputs if imap is not None else no_map):
         lists = list(o.indices(q))
         lists = _restrict(lists, lt, box) if box is not None and lt is not None else lists
