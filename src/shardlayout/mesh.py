@@ -210,16 +210,14 @@ def group_ranks(mesh: Mesh, rank: int, pieces) -> tuple:
     the pieces, never by scanning the mesh.
     ``group_ranks(Mesh.parse("dp=2,tp=4"), 5, (AxisPiece("tp", 2, 2),)) -> (4, 5)``"""
     coord = list(mesh.coord(rank))
+    place = [1] * mesh.ndim  # row-major: a step of one along axis i moves the rank by place[i]
+    for i in range(mesh.ndim - 2, -1, -1):
+        place[i] = place[i + 1] * mesh.shape[i + 1]
     choices = []
     for p in pieces:
         i = mesh.axis_index(p.axis)
         stride = mesh.shape[i] // (p.pre * p.size)
         coord[i] -= ((coord[i] // stride) % p.size) * stride
-        choices.append([(i, g * stride) for g in range(p.size)])
-    out = set()
-    for pick in product(*choices):
-        c = list(coord)
-        for i, delta in pick:
-            c[i] += delta
-        out.add(mesh.rank_of(tuple(c)))
-    return tuple(sorted(out))
+        choices.append([g * stride * place[i] for g in range(p.size)])
+    base = mesh.rank_of(tuple(coord))
+    return tuple(sorted({base + sum(pick) for pick in product(*choices)}))

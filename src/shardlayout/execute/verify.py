@@ -495,14 +495,22 @@ def run_collective_classes(c, seed: int = 0, rtol: float = 1e-6, atol: float = 1
         want = _sampled(full, max(budget // (16 * len(group)), 1))
         whole = all(len(w) == len(f) for w, f in zip(want, full))
         held, pieces = {}, {}
-        for q in group:
+        todo = [q for q in group if (q if whole else (q, r)) not in made]
+        kept = {q: list(c.src.indices(q)) for q in todo}
+        if not whole:
+            kept = {q: [x[np.isin(x, w)] for x, w in zip(h, want)] for q, h in kept.items()}
+        if todo and not c.src.partial and c.src.shape:  # every member's piece cut from one draw of their union
+            union = [np.unique(np.concatenate([kept[q][d] for q in todo])) for d in range(len(c.src.shape))]
+            values = global_value(src, union)
+            for q in todo:
+                at = [np.searchsorted(u, x) for u, x in zip(union, kept[q])]
+                made[q if whole else (q, r)] = (kept[q], values[np.ix_(*at)])
+        for q in todo:
             key = q if whole else (q, r)
             if key not in made:
-                h = list(c.src.indices(q))
-                if not whole:
-                    h = [x[np.isin(x, w)] for x, w in zip(h, want)]
-                made[key] = (h, summand(src, h, q))
-            held[q], pieces[q] = made[key]
+                made[key] = (kept[q], summand(src, kept[q], q))
+        for q in group:
+            held[q], pieces[q] = made[q if whole else (q, r)]
         try:
             got = collective_piece(c, r, pieces, want, held)
         except ShardingError as e:

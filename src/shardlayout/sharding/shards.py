@@ -113,7 +113,8 @@ def local_indices(s: ShardingLike, rank: int) -> tuple:
     out = []
     for d in range(s.ndim):
         rs = dim_ranges(s.shape[d], s.dims[d], _dim_digits(s, d, coord))
-        idx = np.concatenate([np.arange(lo, hi) for lo, hi in rs]) if rs else np.zeros(0, dtype=np.int64)
+        idx = np.arange(*rs[0]) if len(rs) == 1 else np.concatenate([np.arange(lo, hi) for lo, hi in rs]) if rs \
+            else np.zeros(0, dtype=np.int64)
         idx.setflags(write=False)
         out.append(idx)
     return tuple(out)
