@@ -29,6 +29,19 @@ from .classes import group_ranks
 _REDUCE = {"sum": np.sum, "avg": np.mean, "max": np.max, "min": np.min}
 
 
+
+def grid(lists) -> tuple:
+    """``np.ix_(*lists)`` for 1-D integer index arrays, without its per-call dtype checks (the
+    simulator and verify index pieces thousands of times). ``grid([[0, 1], [2]])[0].shape -> (2, 1)``"""
+    n = len(lists)
+    out = []
+    for k, x in enumerate(lists):
+        a = np.asarray(x)
+        if a.dtype.kind not in "iu":
+            a = a.astype(np.intp)
+        out.append(a.reshape((1,) * k + (-1,) + (1,) * (n - k - 1)))
+    return tuple(out)
+
 def group_of(mesh: Mesh, rank: int, pieces: tuple) -> list:
     """Ranks in ``rank``'s group for a collective over ``pieces`` (AxisPiece values): those whose
     coordinates agree with it everywhere except in the digits of the pieces (ascending;
@@ -68,8 +81,8 @@ def collective_piece(c, rank: int, pieces: dict, want=None, held=None):
         if not reduce_op and any(len(h) == 0 for h in mine):
             continue  # an empty piece gives nothing
         pos = [_positions(h, w, n) for h, w, n in zip(mine, want, src.shape)]
-        block = np.asarray(pieces[q])[np.ix_(*[k for k, _ in pos])] if pos else np.asarray(pieces[q])
-        at = np.ix_(*[j for _, j in pos]) if pos else ()
+        block = np.asarray(pieces[q])[grid([k for k, _ in pos])] if pos else np.asarray(pieces[q])
+        at = grid([j for _, j in pos]) if pos else ()
         if reduce_op:
             if any(len(j) != len(w) for (_, j), w in zip(pos, want)):
                 raise ShardMismatch(
@@ -157,4 +170,4 @@ class NumpySimulator:
         return out
 
 
-__all__ = ["NumpySimulator", "collective_piece", "group_of", "run_collective", "run_moves"]
+__all__ = ["NumpySimulator", "collective_piece", "grid", "group_of", "run_collective", "run_moves"]

@@ -54,7 +54,7 @@ from ..sharding import Sharding
 from .classes import axis_group, group_ranks, rank_classes, representatives
 from .indexmap import IndexMap, index_map
 from .proof import Check, check_collective, check_op, check_wiring
-from .simulator import collective_piece
+from .simulator import collective_piece, grid
 
 MODES = ("classes", "full")
 DEFAULT_BUDGET = 1 << 22  # elements of one generated array (32 MiB in float64)
@@ -144,7 +144,7 @@ def _slot(mesh: Mesh, axes: tuple, coord: tuple) -> int:
 def _offsets(shape: tuple, lists) -> np.ndarray:
     if not shape:
         return np.zeros(1, dtype=np.int64)
-    return np.ravel_multi_index(np.ix_(*lists), shape).reshape(-1)
+    return np.ravel_multi_index(grid(lists), shape).reshape(-1)
 
 
 def summand(op: Operand, lists, rank: int) -> np.ndarray:
@@ -362,7 +362,7 @@ def run_op(opdef, params: dict, inputs: tuple, outputs: tuple, dtypes: tuple, im
             got = _reduce_members({q: local[(q, tag)][k] for q in group}, group, mesh, o.partial)
             lists = list(o.indices(r))
             if small:
-                want = ref[k][np.ix_(*lists)] if lists else ref[k]
+                want = ref[k][grid(lists)] if lists else ref[k]
             else:
                 want = _boxed_reference(opdef, params, ops, inputs, outputs, imap,
                                         _restrict(lists, imap.outputs[k], box), k, box, budget)
@@ -391,7 +391,7 @@ def _local_run(opdef, params, ops, inputs, outputs, imap, q: int, box, whole=Non
         lists = _restrict(lists, lt, box) if box is not None and lt is not None else lists
         if whole and i in whole:
             g = whole[i]
-            args.append(g[np.ix_(*lists)] if lists else g)
+            args.append(g[grid(lists)] if lists else g)
         else:
             args.append(summand(o, lists, q))
     for o, lt in zip(outputs, imap.outputs if imap is not None else no_map):
@@ -504,7 +504,7 @@ def run_collective_classes(c, seed: int = 0, rtol: float = 1e-6, atol: float = 1
             values = global_value(src, union)
             for q in todo:
                 at = [np.searchsorted(u, x) for u, x in zip(union, kept[q])]
-                made[q if whole else (q, r)] = (kept[q], values[np.ix_(*at)])
+                made[q if whole else (q, r)] = (kept[q], values[grid(at)])
         for q in todo:
             key = q if whole else (q, r)
             if key not in made:
