@@ -112,12 +112,21 @@ def local_indices(s: ShardingLike, rank: int) -> tuple:
     coord = s.mesh.coord(rank)
     out = []
     for d in range(s.ndim):
-        rs = dim_ranges(s.shape[d], s.dims[d], _dim_digits(s, d, coord))
-        idx = np.arange(*rs[0]) if len(rs) == 1 else np.concatenate([np.arange(lo, hi) for lo, hi in rs]) if rs \
-            else np.zeros(0, dtype=np.int64)
-        idx.setflags(write=False)
-        out.append(idx)
+        digits = tuple(_dim_digits(s, d, coord))
+        try:  # ranks with the same digits on a dim hold the same indices there: made once
+            out.append(_dim_indices(s.shape[d], s.dims[d], digits))
+        except TypeError:  # a dim's factors that do not hash
+            out.append(_dim_indices.__wrapped__(s.shape[d], s.dims[d], digits))
     return tuple(out)
+
+
+@memo(1 << 16)
+def _dim_indices(n: int, factors, digits: tuple) -> np.ndarray:
+    rs = dim_ranges(n, factors, digits)
+    idx = np.arange(*rs[0]) if len(rs) == 1 else np.concatenate([np.arange(lo, hi) for lo, hi in rs]) if rs \
+        else np.zeros(0, dtype=np.int64)
+    idx.setflags(write=False)
+    return idx
 
 
 @memo(1 << 16)
