@@ -83,10 +83,9 @@ def deterministic_scatter_add():
     """torchtitan's custom op ``torchtitan::deterministic_scatter_add(out, index, src)`` (its
     ``torchtitan.ops.scatter_add``: ``out.scatter_add(0, index, src)`` under deterministic
     algorithms): torchtitan's when it is imported, else registered here the same way."""
-    try:
-        return torch.ops.torchtitan.deterministic_scatter_add
-    except AttributeError:
-        pass
+    existing = getattr(torch.ops.torchtitan, "deterministic_scatter_add", None)
+    if existing is not None:
+        return existing
 
     @torch.library.custom_op("torchtitan::deterministic_scatter_add", mutates_args=())
     def op(out: torch.Tensor, index: torch.Tensor, src: torch.Tensor) -> torch.Tensor:

@@ -45,24 +45,27 @@ def all_shardings(mesh: Mesh, shape: tuple) -> list:
     return sorted(out, key=str)
 
 
-@cache
-def valid_triples(op: str, mesh_text: str) -> tuple:
-    """``(target A, target B, output)`` triples whose local op on every rank gives the right value."""
+def _valid(fn, shapes: list, mesh_text: str, runs=None) -> tuple:
+    """``(input targets, output)`` pairs whose local op ``fn`` on every rank gives the right value
+    (inputs drawn from one seeded stream, partial sums split at random); ``runs(pieces, rank)``:
+    whether the local op can run on those pieces (else a ValueError from ``fn`` says so)."""
     mesh = Mesh.parse(mesh_text)
     rng = np.random.default_rng(0)
-    x, y = rng.standard_normal(SHAPE), rng.standard_normal(SHAPE)
-    want = OPS[op](x, y)
-    shs = all_shardings(mesh, SHAPE)
-    out = []
-    for ta, tb in itertools.product(shs, shs):
-        pa, pb = random_pieces(ta, x, rng), random_pieces(tb, y, rng)
-        if any(OPS[op] is np.matmul and pa[r].shape[1] != pb[r].shape[0] or OPS[op] is np.multiply and
-               pa[r].shape != pb[r].shape for r in mesh.ranks()):
+    xs = [rng.standard_normal(shape) for shape in shapes]
+    want = fn(*xs)
+    outs = all_shardings(mesh, want.shape)
+    found = []
+    for targets in itertools.product(*(all_shardings(mesh, shape) for shape in shapes)):
+        pieces = [random_pieces(t, x, rng) for t, x in zip(targets, xs)]
+        if runs is not None and not all(runs([p[r] for p in pieces]) for r in mesh.ranks()):
             continue  # the local op cannot run on these pieces
-        local = {r: OPS[op](pa[r], pb[r]) for r in mesh.ranks()}
+        try:
+            local = {r: fn(*[p[r] for p in pieces]) for r in mesh.ranks()}
+        except ValueError:  # the local op cannot run on these pieces
+            continue
         if any(v.shape != local[0].shape for v in local.values()):
             continue
-        for o in shs:
+        for o in outs:
             if o.local_shape(0) != local[0].shape:
                 continue
             try:
@@ -70,8 +73,21 @@ def valid_triples(op: str, mesh_text: str) -> tuple:
             except Exception:  # replicas disagree: not this output
                 continue
             if np.allclose(got, want, atol=1e-9):
-                out.append((ta, tb, o))
-    return tuple(out)
+                found.append((targets, o))
+    return tuple(found)
+
+
+def _fits(op: str):
+    """mm needs the contracted extents equal, mul equal shapes (no broadcasting of a piece)."""
+    if op == "mm":
+        return lambda p: p[0].shape[1] == p[1].shape[0]
+    return lambda p: p[0].shape == p[1].shape
+
+
+@cache
+def valid_triples(op: str, mesh_text: str) -> tuple:
+    """``(target A, target B, output)`` triples whose local op on every rank gives the right value."""
+    return tuple((ta, tb, o) for (ta, tb), o in _valid(OPS[op], [SHAPE, SHAPE], mesh_text, _fits(op)))
 
 
 def brute_minimum(op: str, mesh_text: str, a: Sharding, b: Sharding) -> float:
@@ -129,30 +145,7 @@ MORE = {  # op: (numpy, input shapes, params, meshes, cases per mesh)
 def valid_targets(op: str, mesh_text: str) -> tuple:
     """``(input targets, output)`` pairs whose local op on every rank gives the right value."""
     fn, shapes, _, _, _ = MORE[op]
-    mesh = Mesh.parse(mesh_text)
-    rng = np.random.default_rng(0)
-    xs = [rng.standard_normal(shape) for shape in shapes]
-    want = fn(*xs)
-    outs = all_shardings(mesh, want.shape)
-    found = []
-    for targets in itertools.product(*(all_shardings(mesh, shape) for shape in shapes)):
-        pieces = [random_pieces(t, x, rng) for t, x in zip(targets, xs)]
-        try:
-            local = {r: fn(*[p[r] for p in pieces]) for r in mesh.ranks()}
-        except ValueError:  # the local op cannot run on these pieces
-            continue
-        if any(v.shape != local[0].shape for v in local.values()):
-            continue
-        for o in outs:
-            if o.local_shape(0) != local[0].shape:
-                continue
-            try:
-                got = o.unshard(local, tolerance=1e-9)
-            except Exception:  # replicas disagree: not this output
-                continue
-            if np.allclose(got, want, atol=1e-9):
-                found.append((targets, o))
-    return tuple(found)
+    return _valid(fn, shapes, mesh_text)
 
 
 MORE_CASES = []

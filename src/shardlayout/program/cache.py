@@ -64,21 +64,31 @@ def cache_key(parts) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def cached(parts, build):
-    """``(program, hit)``: the program ``build()`` makes for ``parts``, read from the cache when
-    it holds one, else built and stored (unless the cache is off or cannot be written)."""
+def _read(path: Path):
+    """The program kept at ``path`` (its repeated layers found again), or None when there is none
+    or it does not read back (a damaged or foreign file: the caller rebuilds and replaces it)."""
+    from ..errors import ShardingError
     from . import Program
     from .repeat import compress
 
+    if not path.is_file():
+        return None
+    try:
+        return compress(Program.from_json(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError, ShardingError):  # ValueError: not UTF-8, not JSON
+        return None
+
+
+def cached(parts, build):
+    """``(program, hit)``: the program ``build()`` makes for ``parts``, read from the cache when
+    it holds one, else built and stored (unless the cache is off or cannot be written)."""
     where = cache_dir()
     if where is None:
         return build(), False
     path = where / f"{cache_key(parts)}.json"
-    if path.is_file():
-        try:
-            return compress(Program.from_json(path.read_text(encoding="utf-8"))), True
-        except Exception:  # noqa: BLE001 - a damaged or foreign file: rebuilt and replaced below
-            pass
+    kept = _read(path)
+    if kept is not None:
+        return kept, True
     prog = build()
     tmp = None
     try:

@@ -341,6 +341,7 @@ class Move(_module()):
         from .backward import slice_completions
 
         self.kind, self.shape = c.kind, tuple(c.dst.local_shape(rank))
+        self.split = splits(c)  # issue and finish are two steps; else issue is the whole move
         self.label = f"{c.kind.value} {c.tensor or ''} {c.src} -> {c.dst}".strip()
         buf = lambda name, a: self.register_buffer(name, _t(a), persistent=False)  # noqa: E731
         if c.kind is CollectiveKind.LOCAL:
@@ -369,11 +370,6 @@ class Move(_module()):
             self.slot, self.n_src = members.index(rank), math.prod(c.src.local_shape(rank))
             buf("index", index)
             buf("own", own_pick(c, rank) if _holds(c, rank) else np.zeros(0))  # none: not trainable
-
-    @property
-    def split(self) -> bool:
-        """Whether ``issue`` and ``finish`` are two steps (``splits``); else ``issue`` is whole."""
-        return self.kind not in (CollectiveKind.LOCAL, CollectiveKind.ALL_TO_ALL)
 
     def forward(self, x, part: str = "whole"):
         """``part``: ``"whole"`` (this rank's target piece), ``"issue"`` (the collective started:
