@@ -1,12 +1,17 @@
 """View propagation, first calls: shardlayout's public ``propagate("view", [s], shape=...)`` vs
 DTensor 2.13's view rule, ``view_groups`` + ``propagate_shape_and_sharding``, on the same cases.
 
-Cases (``make_cases``, fixed seed): distinct (mesh, shape, placements, target shape); meshes 1-3-D
-of sizes 2/4/8, tensors 2-4-D of sizes 8..256, each mesh axis ``Replicate`` or ``Shard(d)``, the
-target a random regrouping of the element count's prime factors into 1-4 dims.
+Two seeded sets of distinct (mesh, shape, placements, target shape), each mesh axis ``Replicate``
+or ``Shard(d)``, the target a random regrouping of the element count's prime factors:
 
-Per case, in rotating order (DTensor, ours sub-axes on, ours sub-axes off; the first side moves
-by one every case), each call timed once with ``perf_counter_ns``:
+* **random** (``make_cases``): meshes 1-3-D of sizes 2/4/8, tensors 2-4-D of sizes 8..256
+  (powers of 2), targets of 1-4 dims;
+* **adversarial** (``make_adversarial``): meshes 1-3-D of sizes 2/3/4/8, tensors 2-6-D of sizes
+  1/2/3/5/6/7/12/24/48/96/100/128 (size-1 dims, uneven shards, non-powers of 2), targets of 1-6
+  dims; kept only where DTensor's rule accepts the case. No test or tuning reads this set.
+
+Per case, in rotating order (the first side moves by one every case), each call timed once with
+``perf_counter_ns``:
 
 * **DTensor**: ``propagate_shape_and_sharding(placements, shape, view_groups(shape, out),
   mesh_shape)`` on placement objects built outside the timed region (that path has no cache).
@@ -14,9 +19,12 @@ by one every case), each call timed once with ``perf_counter_ns``:
 * **ours**: ``shardlayout.caches.clear_caches()`` (every memo of the package), then
   ``propagate("view", [s], shape=out)`` on a Sharding and Mesh built for this call outside the
   timed region and never used before (no cached hash). It validates the call, regroups, and
-  returns a ``Propagation``: the input target, the output, the collectives of any move (planned
-  and priced). Timed twice: sub-axes on (the default) and inside
-  ``shardlayout.config.options(subaxes=False)`` (outputs DTensor placements can say).
+  returns a ``Propagation``: the input target and the output, as DTensor's rule does; the
+  collectives of a move are planned when first read (``p.collectives``), as DTensor plans its
+  redistribution when it runs. Timed three times: sub-axes on (the default); sub-axes on with
+  ``p.collectives`` read inside the timed region (the move planned and priced: more work than
+  DTensor's rule); inside ``shardlayout.config.options(subaxes=False)`` (outputs DTensor
+  placements can say).
 
 ``gc`` is collected before and disabled during the case loop. The loop runs here and, unchanged,
 in ``PROCS`` fresh processes (``--worker``); the table gives this process's medians (p25-p75,
@@ -48,7 +56,7 @@ from report import emit, spread  # noqa: E402
 
 N_CASES = 200
 PROCS = 5
-SIDES = ("dtensor", "ours", "ours_nosub")
+SIDES = ("dtensor", "ours", "ours_moves", "ours_nosub")
 
 
 def prime_factors(n):
@@ -84,6 +92,36 @@ def make_cases(n, seed=0):
     return cases
 
 
+def make_adversarial(n, seed=7):
+    """``n`` distinct cases with size-1 dims, uneven shards and up to 6 dims (DTensor accepts each)."""
+    rng = random.Random(seed)
+    cases, seen = [], set()
+    while len(cases) < n:
+        nd = rng.randint(1, 3)
+        mesh = tuple(rng.choice([2, 3, 4, 8]) for _ in range(nd))
+        shape = tuple(rng.choice([1, 2, 3, 5, 6, 7, 12, 24, 48, 96, 100, 128]) for _ in range(rng.randint(2, 6)))
+        pl = tuple(None if rng.random() < 0.25 else rng.randrange(len(shape)) for _ in range(nd))
+        total = 1
+        for x in shape:
+            total *= x
+        dims = [1] * rng.randint(1, 6)
+        for p in prime_factors(total):
+            dims[rng.randrange(len(dims))] *= p
+        key = (mesh, shape, pl, tuple(dims))
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            propagate_shape_and_sharding(placements(pl), shape, view_groups(shape, tuple(dims)), mesh)
+        except Exception:  # noqa: BLE001 - DTensor refuses the case: it is not compared
+            continue
+        cases.append(key)
+    return cases
+
+
+SETS = {"random": make_cases, "adversarial": make_adversarial}
+
+
 def placements(pl):
     return [Replicate() if d is None else Shard(d) for d in pl]
 
@@ -97,12 +135,12 @@ def run_cases(cases) -> dict:
     """``{side: [ns per call]}`` and the count of cases that move data, timed as the module says."""
     clock = time.perf_counter_ns
     times = {k: [] for k in SIDES}
-    moves = {"ours": 0, "ours_nosub": 0, "dtensor": 0}
+    moves = {k: 0 for k in SIDES}
     gc.collect()
     gc.disable()
     try:
         for i, (mesh_shape, shape, pl, out) in enumerate(cases):
-            order = SIDES[i % 3:] + SIDES[: i % 3]
+            order = SIDES[i % len(SIDES):] + SIDES[: i % len(SIDES)]
             for side in order:
                 if side == "dtensor":
                     src = placements(pl)
@@ -117,6 +155,11 @@ def run_cases(cases) -> dict:
                         t0 = clock()
                         p = propagate("view", [s], shape=out)
                         t1 = clock()
+                    elif side == "ours_moves":
+                        t0 = clock()
+                        p = propagate("view", [s], shape=out)
+                        p.collectives[:]
+                        t1 = clock()
                     else:
                         with options(subaxes=False):
                             t0 = clock()
@@ -129,60 +172,70 @@ def run_cases(cases) -> dict:
     return {"times": times, "moves": moves}
 
 
-def worker(n: int) -> int:
-    res = run_cases(make_cases(n))
+def worker(n: int, which: str) -> int:
+    res = run_cases(SETS[which](n))
     json.dump({k: statistics.median(v) for k, v in res["times"].items()}, sys.stdout)
     return 0
 
 
-def main() -> int:
-    args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    n = int(args[0]) if args else N_CASES
-    if "--worker" in sys.argv:
-        return worker(n)
-    procs = int(args[1]) if len(args) > 1 else PROCS
-    cases = make_cases(n)
+NAMES = {
+    "dtensor": "DTensor `view_groups` + `propagate_shape_and_sharding`",
+    "ours": "shardlayout `propagate(\"view\")`, sub-axes on (default)",
+    "ours_moves": "the same, `p.collectives` read (move planned and priced)",
+    "ours_nosub": "shardlayout `propagate(\"view\")`, sub-axes off",
+}
+
+
+def set_rows(which: str, n: int, procs: int) -> list:
+    """The table rows of one case set: this process's run, then ``procs`` fresh processes."""
+    cases = SETS[which](n)
     run_cases(cases[:10])  # one-time set-up on both sides (lazy imports, first-use paths)
     here = run_cases(cases)
     fresh = []
     for _ in range(procs):
-        out = subprocess.run([sys.executable, __file__, str(n), "--worker"], capture_output=True, text=True,
-                             check=True).stdout
+        out = subprocess.run([sys.executable, __file__, str(n), which, "--worker"], capture_output=True,
+                             text=True, check=True).stdout
         fresh.append(json.loads(out))
     t, mv = here["times"], here["moves"]
     md = statistics.median(t["dtensor"])
     fd = statistics.median(f["dtensor"] for f in fresh) if fresh else None
-    names = {
-        "dtensor": "DTensor `view_groups` + `propagate_shape_and_sharding`",
-        "ours": "shardlayout `propagate(\"view\")`, sub-axes on (default)",
-        "ours_nosub": "shardlayout `propagate(\"view\")`, sub-axes off",
-    }
     rows = []
     for side in SIDES:
         m = statistics.median(t[side])
         per = sorted(f[side] for f in fresh)
         fm = statistics.median(per) if per else None
         rows.append([
-            names[side],
+            which,
+            NAMES[side],
             spread(t[side], 1e-3),
             f"{fm / 1e3:.3g} ({per[0] / 1e3:.3g}–{per[-1] / 1e3:.3g})" if per else "—",
             "—" if side == "dtensor" else f"{md / m:.2f}x",
             "—" if side == "dtensor" or not per else f"{fd / fm:.2f}x",
             mv[side],
         ])
+    return rows
+
+
+def main() -> int:
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    n = int(args[0]) if args else N_CASES
+    if "--worker" in sys.argv:
+        return worker(n, args[1])
+    procs = int(args[1]) if len(args) > 1 else PROCS
+    rows = [r for which in SETS for r in set_rows(which, n, procs)]
     method = (
-        f"## View propagation, first calls ({n} distinct cases)\n\n"
+        f"## View propagation, first calls ({n} distinct cases per set)\n\n"
         + __doc__.split("Run:")[0].strip()
     )
-    header = ["side", "µs per call, this process: median (p25–p75)",
+    header = ["set", "side", "µs per call, this process: median (p25–p75)",
               f"µs, {procs} fresh processes: median of medians (min–max)", "ratio DTensor/ours",
               "ratio, fresh processes", f"cases that move data (of {n})"]
     notes = (
-        "Ours does more per call than DTensor's rule: it validates the params against the op's signature and "
-        "plans and prices the collectives of any move (DTensor's rule only names the target placements). "
-        "Cases that move data differ between the sides: with sub-axes on, ours keeps shardings DTensor "
-        "gathers; with them off, ours gathers only the factor in the way (DTensor may replicate a whole "
-        "mesh dim)."
+        "Ours validates the params against the op's signature (DTensor's rule does not). Cases that move "
+        "data differ between the sides: with sub-axes on, ours keeps shardings DTensor gathers; with them "
+        "off, ours gathers only the factor in the way (DTensor may replicate a whole mesh dim). On the "
+        "adversarial set most cases have an uneven dim: ours then walks the factor list "
+        "(`ops.regroup.regroup_walk`) instead of its one-pass even path, and most of them move data."
     )
     emit("view", method, header, rows, notes)
     return 0

@@ -826,9 +826,9 @@ def _local_candidate(inputs, outputs, note, cm, tensor_dtype, out_pins, local):
 
 def _with(own, alt):
     """``own`` and the candidates of the Propagation ``alt`` (enumerated when first read)."""
-    from .strategy import Candidates
+    from .result import Deferred
 
-    return Candidates(lambda: (own,) + tuple(alt.candidates if alt is not None else ()))
+    return Deferred(lambda: (own,) + tuple(alt.candidates if alt is not None else ()))
 
 
 def local_lookup(w, i, start: int, rows: int, xp):

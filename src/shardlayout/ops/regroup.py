@@ -69,6 +69,9 @@ from ..sharding import Factor, Sharding
 from ..sharding.core import ChunkProgram, _product, chain_extent
 from ..sharding.shards import _program_ranges, dim_ranges
 
+_new = tuple.__new__  # Factor(...) without the Python-level NamedTuple __new__: the hot path
+_set = object.__setattr__
+
 
 class Kind(str, Enum):
     """What a piece of the flat factor list is. ``Kind.TAIL.value -> 'tail'``"""
@@ -161,13 +164,16 @@ def flat_pieces(s: Sharding) -> tuple:
                 out.append(last)
             else:
                 size = last.size * f.size
-                last = out[-1] = new(Piece, (LOCAL, (Factor(size),), size, -1, -1))
+                last = out[-1] = new(Piece, (LOCAL, (new(Factor, (size, None, 1)),), size, -1, -1))
         if j < len(fs):
-            size = n // _product(f.size for f in fs[:j])
+            q = 1
+            for f in fs[:j]:
+                q *= f.size
+            size = n // q
             if size == 1:
-                floating.append(Piece(TAIL, fs[j:], size, d, j))
+                floating.append(new(Piece, (TAIL, fs[j:], size, d, j)))
             else:
-                out.append(Piece(TAIL, fs[j:], size, d, j))
+                out.append(new(Piece, (TAIL, fs[j:], size, d, j)))
                 last = None
     return tuple(out), tuple(floating)
 
@@ -214,9 +220,10 @@ def split(f: Factor, outer: int) -> tuple:
 
     ``split(Factor(4, "tp"), 2) -> (Factor(2, 'tp', 1), Factor(2, 'tp', 2))``
     """
-    if f.axis is None:
-        return Factor(outer), Factor(f.size // outer)
-    return Factor(outer, f.axis, f.pre), Factor(f.size // outer, f.axis, f.pre * outer)
+    size, axis, pre = f
+    if axis is None:
+        return _new(Factor, (outer, None, 1)), _new(Factor, (size // outer, None, 1))
+    return _new(Factor, (outer, axis, pre)), _new(Factor, (size // outer, axis, pre * outer))
 
 
 def place_even(pieces: tuple, i: int, cur: tuple, out_shape: tuple, subaxes: bool):
@@ -352,9 +359,6 @@ def place_program(pieces: tuple, i: int, cur: tuple, out_shape: tuple, subaxes: 
     return ((k, prog),), advance(out_shape, k, 1), pieces
 
 
-PLACE = {LOCAL: place_even, AXIS: place_even, TAIL: place_tail, PROGRAM: place_program}
-
-
 def leading_locals(pieces: tuple, j: int) -> int:
     """How many pieces from ``j`` on are local. ``leading_locals((x, local(2), y), 1) -> 1``"""
     n = 0
@@ -445,9 +449,14 @@ def fit(pieces: tuple, floating: tuple, out_shape: tuple, subaxes: bool):
     i = 0
     programs = False
     while i < len(pieces):
-        kind = pieces[i].kind
-        programs = programs or kind is PROGRAM
-        step = PLACE[kind](pieces, i, cur, out_shape, subaxes)
+        kind = pieces[i].kind  # dispatched by identity (an Enum's hash is a Python call)
+        if kind is LOCAL or kind is AXIS:
+            step = place_even(pieces, i, cur, out_shape, subaxes)
+        elif kind is TAIL:
+            step = place_tail(pieces, i, cur, out_shape, subaxes)
+        else:
+            programs = True
+            step = place_program(pieces, i, cur, out_shape, subaxes)
         if type(step) is Obstacle:
             return step
         items, cur, pieces = step
@@ -534,7 +543,7 @@ def gather(s: Sharding, obstacle: Obstacle) -> Sharding:
         else:
             mid = (Factor(f.size),)
         new = fs[:i] + mid + fs[i + 1 :]
-    return Sharding._trusted(s.mesh, s.shape, s.dims[:d] + (new,) + s.dims[d + 1 :], s.partial)
+    return s._with_dim(d, new)
 
 
 def dtensor_obstacle(target: Sharding, out: Sharding):
@@ -602,8 +611,6 @@ def regroup_walk(s: Sharding, out_shape, subaxes: bool) -> tuple:
 # the fast path: an even input that regroups with nothing in the way
 # ------------------------------------------------------------------------------------------
 
-_new = tuple.__new__  # Factor(...) without the Python-level NamedTuple __new__: the hot path
-_set = object.__setattr__
 
 
 def regroup_even(s: Sharding, out_shape, subaxes: bool):

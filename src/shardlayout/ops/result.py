@@ -6,11 +6,47 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from ..caches import register_clearer
 from ..sharding.cost import DEFAULT_COST_MODEL, CostModel, cost
+
+
+class Deferred(Sequence):
+    """A tuple made when first read: ``make()`` runs once, on the first access. A search's
+    candidates (a plan reads only the winner; ``explain`` reads them all) and a view's move
+    (DTensor's rule names the target; its redistribution is planned when it runs) are made
+    so. Compares and hashes as the tuple it holds. ``list(Deferred(lambda: (1, 2)))`` -> ``[1, 2]``"""
+
+    __slots__ = ("_make", "_items")
+
+    def __init__(self, make):
+        self._make, self._items = make, None
+
+    def _all(self) -> tuple:
+        if self._items is None:
+            self._items, self._make = tuple(self._make()), None
+        return self._items
+
+    def __getitem__(self, i):
+        return self._all()[i]
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+    def __iter__(self):
+        return iter(self._all())
+
+    def __eq__(self, other) -> bool:
+        return self._all() == (tuple(other) if isinstance(other, (tuple, Deferred)) else other)
+
+    def __hash__(self) -> int:
+        return hash(self._all())
+
+    def __repr__(self) -> str:
+        return f"Deferred({len(self)})"
 
 
 @dataclass(frozen=True)

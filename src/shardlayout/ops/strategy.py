@@ -34,7 +34,6 @@ combinations are visited in bound order and the visit stops at the first that ca
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import product as cartesian
@@ -45,6 +44,7 @@ from ..sharding import Factor, Sharding
 from ..sharding.core import ChunkProgram, _product
 from ..sharding.cost import DEFAULT_COST_MODEL, CostModel
 from ..sharding.move import is_local_move, plan_move
+from .result import Deferred
 
 
 @dataclass(frozen=True)
@@ -658,7 +658,7 @@ def choose(fm: FactorMap, inputs: list, out_shapes: list | None = None, cost_mod
     chosen = _search(space, pins, cm, tensor_dtype, retarget)
     if chosen is None:  # a bound was not a bound (never seen): decide over the full list instead
         chosen = min(_all_candidates(space, pins, cm, tensor_dtype, retarget), key=lambda c: c[0])[1]
-    return Strategy(chosen, Candidates(lambda: tuple(c for _, c in _all_candidates(space, pins, cm, tensor_dtype,
+    return Strategy(chosen, Deferred(lambda: tuple(c for _, c in _all_candidates(space, pins, cm, tensor_dtype,
                                                                                    retarget, chosen))))
 
 
@@ -767,34 +767,6 @@ def _all_candidates(space: _Space, pins, cm, tensor_dtype, retarget, chosen=None
         c = Candidate(choices, targets, outputs, None, ins, pins, tensor_dtype, cm)
         out.append(((c.cost,) + tie, c) if chosen is None else ((None,) + tie, c))
     return out
-
-
-class Candidates(Sequence):
-    """Every candidate of a search, enumerated when first read (a plan reads only the winner;
-    ``explain`` and the ragged fallback read them all). Compares as the tuple it holds."""
-
-    def __init__(self, make):
-        self._make, self._items = make, None
-
-    def _all(self) -> tuple:
-        if self._items is None:
-            self._items, self._make = self._make(), None
-        return self._items
-
-    def __getitem__(self, i):
-        return self._all()[i]
-
-    def __len__(self) -> int:
-        return len(self._all())
-
-    def __eq__(self, other) -> bool:
-        return tuple(self) == (tuple(other) if isinstance(other, (tuple, Candidates)) else other)
-
-    def __hash__(self) -> int:
-        return hash(self._all())
-
-    def __repr__(self) -> str:
-        return f"Candidates({len(self)})"
 
 
 def infer_out_shape(fm: FactorMap, inputs: list) -> tuple:

@@ -29,8 +29,8 @@ from ..sharding import Sharding
 from ..sharding.core import _product
 from ..sharding.cost import DEFAULT_COST_MODEL
 from .registry import register_op
-from .regroup import infer_view_shape, regroup, regroup_even
-from .result import Propagation
+from .regroup import infer_view_shape, regroup, regroup_even, regroup_walk
+from .result import Deferred, Propagation
 from .strategy import input_moves
 
 _infer_shape = infer_view_shape  # the rules below call it by this name
@@ -41,9 +41,11 @@ gathers = input_moves  # the collectives moving input 0 (one function, in ops.st
 # ------------------------------------------------------------------------------------------
 
 
-def _view_result(name, s, out_shape, subaxes, tensor_dtype, cost_model, notes=()):
-    target, out = regroup(s, out_shape, subaxes)
-    moves = () if target is s else gathers(s, target, tensor_dtype, cost_model)  # regroup: s when nothing moves
+def _view_result(name, s, out_shape, subaxes, tensor_dtype, cost_model, notes=(), walk=False):
+    """``walk``: the caller tried ``regroup_even`` already (it returned None)."""
+    target, out = regroup_walk(s, out_shape, subaxes) if walk else regroup(s, out_shape, subaxes)
+    # regroup returns s when nothing moves; a move is planned when its collectives are first read
+    moves = () if target is s else Deferred(lambda: gathers(s, target, tensor_dtype, cost_model))
     return Propagation(name, (s,), (target,), (out,), moves, tuple(notes), (), cost_model or DEFAULT_COST_MODEL)
 
 
@@ -57,10 +59,11 @@ def view_rule(name, inputs, shape=None, size=None, subaxes=None, tensor_dtype="f
     if shape is None:
         shape = size if size is not None else s.shape
     # regroup and _view_result inlined: the hot path of propagate("view")
-    out = regroup_even(s, shape, settings.subaxes if subaxes is None else subaxes)
+    subaxes = settings.subaxes if subaxes is None else subaxes
+    out = regroup_even(s, shape, subaxes)
     if out is not None:  # nothing in the way: nothing moves
         return Propagation(name, (s,), (s,), (out,), (), (), (), cost_model or DEFAULT_COST_MODEL)
-    return _view_result(name, s, shape, subaxes, tensor_dtype, cost_model)
+    return _view_result(name, s, shape, subaxes, tensor_dtype, cost_model, walk=True)
 
 
 _SUB = "subaxes: bool? = None"

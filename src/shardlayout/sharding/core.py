@@ -108,30 +108,15 @@ class Sharding:
     def _trusted(cls, mesh: Mesh, shape: tuple, dims, partial: tuple) -> "Sharding":
         """Internal fast constructor for factors already known valid (op rules): only puts
         each dim in canonical form, no validation."""
-        obj = object.__new__(cls)
-        canon = []
-        for n, fs in zip(shape, dims):
-            if type(fs) is ChunkProgram:
-                canon.append(fs)
-                continue
-            fs = [f for f in fs if f.size != 1]
-            p = 1
-            for f in fs:
-                p *= f.size
-            if p == n:
-                canon.append(tuple(_merge_even(fs, mesh)))
-            else:
-                # uneven: local factors after the last axis factor only enumerate their range
-                while fs and fs[-1].axis is None:
-                    fs.pop()
-                canon.append(_canonical_dim(mesh, tuple(shape), len(canon), fs))
-        sa = object.__setattr__
-        sa(obj, "mesh", mesh)
-        sa(obj, "shape", tuple(shape))
-        sa(obj, "dims", tuple(canon))
-        sa(obj, "partial", partial)
-        sa(obj, "_hash", None)
-        return obj
+        shape = tuple(shape)
+        canon = tuple([_trusted_dim(mesh, shape, d, fs) for d, fs in zip(range(len(shape)), dims)])
+        return _built(cls, mesh, shape, canon, partial)
+
+    def _with_dim(self, d: int, fs) -> "Sharding":
+        """This sharding with dim ``d``'s factors replaced by ``fs`` (known valid), that dim put in
+        canonical form (the others already are). ``s._with_dim(0, (Factor(8),))``"""
+        dims = self.dims[:d] + (_trusted_dim(self.mesh, self.shape, d, fs),) + self.dims[d + 1 :]
+        return _built(Sharding, self.mesh, self.shape, dims, self.partial)
 
     def __reduce__(self):  # pickled by its fields (a hash is valid in one process only)
         return (_restore, (self.mesh, self.shape, self.dims, self.partial))
@@ -269,6 +254,35 @@ class Sharding:
 
 
 MAX_DIM = (1 << 63) - 1  # torch's int64 sizes: beyond it a shape is absurd
+
+
+def _built(cls, mesh: Mesh, shape: tuple, dims: tuple, partial: tuple) -> Sharding:
+    """A Sharding of canonical fields, set without checks (``Sharding._trusted`` and friends)."""
+    obj = object.__new__(cls)
+    sa = object.__setattr__
+    sa(obj, "mesh", mesh)
+    sa(obj, "shape", shape)
+    sa(obj, "dims", dims)
+    sa(obj, "partial", partial)
+    sa(obj, "_hash", None)
+    return obj
+
+
+def _trusted_dim(mesh: Mesh, shape: tuple, d: int, fs):
+    """Dim ``d``'s factors ``fs`` (known valid) in canonical form: size-1 factors dropped, even
+    dims merged, an uneven dim's trailing local factors re-derived."""
+    if type(fs) is ChunkProgram:
+        return fs
+    fs = [f for f in fs if f.size != 1]
+    p = 1
+    for f in fs:
+        p *= f.size
+    if p == shape[d]:
+        return tuple(_merge_even(fs, mesh))
+    # uneven: local factors after the last axis factor only enumerate their range
+    while fs and fs[-1].axis is None:
+        fs.pop()
+    return _canonical_dim(mesh, shape, d, fs)
 
 
 def _check_dim_arg(s: Sharding, dim, where: str) -> int:
