@@ -49,10 +49,16 @@ def group_of(mesh: Mesh, rank: int, pieces: tuple) -> list:
     return list(group_ranks(mesh, rank, tuple(pieces)))
 
 
-def _positions(held: np.ndarray, want: np.ndarray, n: int) -> tuple:
-    """``(k, j)``: the positions ``k`` in ``held`` whose global index is ``want[j]``."""
+def _where(want: np.ndarray, n: int) -> np.ndarray:
+    """Per global index of a dim of size ``n``, its position in ``want`` (-1: not wanted)."""
     where = np.full(n, -1, dtype=np.int64)
     where[want] = np.arange(len(want))
+    return where
+
+
+def _positions(held: np.ndarray, where: np.ndarray) -> tuple:
+    """``(k, j)``: the positions ``k`` in ``held`` whose global index is ``want[j]`` (``where``:
+    ``_where(want, n)``, made once per dim for every member of a group)."""
     j = where[held] if len(held) else np.zeros(0, dtype=np.int64)
     k = np.nonzero(j >= 0)[0]
     return k, j[k]
@@ -76,11 +82,12 @@ def collective_piece(c, rank: int, pieces: dict, want=None, held=None):
     have = np.zeros(shape, dtype=bool)
     out = np.zeros(shape, dtype=dtype)
     stacked = []
+    wheres = [_where(w, n) for w, n in zip(want, src.shape)]
     for q in group:
         mine = src.indices(q) if held is None else held[q]
         if not reduce_op and any(len(h) == 0 for h in mine):
             continue  # an empty piece gives nothing
-        pos = [_positions(h, w, n) for h, w, n in zip(mine, want, src.shape)]
+        pos = [_positions(h, wh) for h, wh in zip(mine, wheres)]
         block = np.asarray(pieces[q])[grid([k for k, _ in pos])] if pos else np.asarray(pieces[q])
         at = grid([j for _, j in pos]) if pos else ()
         if reduce_op:
