@@ -7,7 +7,8 @@ Method (printed in the header too):
 * Every measurement is a fresh Python process: imports, a warm-up plan and verify of a 1-layer
   Llama of other sizes on the same mesh (one-time set-up and lazy imports, paid untimed as in
   ``bench_plan``), ``shardlayout.caches.clear_caches()``, then ``llama(layers=32)``, ``style_pins``
-  and ``plan`` (the plan time is ``Plan.plan_seconds``: cold), then the timed call (cold too). Per mesh the
+  and ``plan`` (the plan time is ``Plan.plan_seconds`` plus the plan's stream choices,
+  ``Plan.stream_choices()``, made when first read: cold), then the timed call (cold too). Per mesh the
   processes alternate classes, full, classes, full ... ``ROUNDS`` times; medians with p25–p75.
 * **classes**: ``Plan.verify()`` (``mode="classes"``). **full**: ``Plan.verify(mode="full")``, every
   rank simulated in numpy (run only where one call stays under ``FULL_LIMIT`` seconds; issue 19
@@ -49,6 +50,8 @@ plan(warm, mesh, style_pins(warm, mesh, sys.argv[3])).verify(mode=sys.argv[4])
 clear_caches()
 prog = llama(layers=int(sys.argv[2]))
 p = plan(prog, mesh, style_pins(prog, mesh, sys.argv[3]))
+s0 = time.perf_counter()
+p.stream_choices()  # the plan's stream choices, made when first read (the plan command prints them)
 t0 = time.perf_counter()
 v = p.verify(mode=sys.argv[4])
 t1 = time.perf_counter()
@@ -59,7 +62,8 @@ if sys.argv[4] == "classes":  # tracemalloc slows Python code several times: not
     p.verify(mode=sys.argv[4])
     traced = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
-print(json.dumps({"plan": p.plan_seconds, "verify": t1 - t0, "rss": rss, "traced": traced, "ok": v.ok,
+print(json.dumps({"plan": p.plan_seconds + (t0 - s0), "streams": t0 - s0, "verify": t1 - t0, "rss": rss,
+                  "traced": traced, "ok": v.ok,
                   "proven": v.proven, "classes": v.classes, "simulated": v.simulated, "ops": v.ops,
                   "collectives": v.collectives, "checked": v.checked}))
 """
@@ -93,15 +97,18 @@ def main(rounds: int = ROUNDS) -> None:
         if full:
             full_rss.append(f"{ranks} ranks {max(r['rss'] for r in full) / 2 ** 20:.0f} MiB")
         last = fast[-1]
-        rows.append([ranks, mesh, spread(plan_s), spread(ver_s),
+        rows.append([ranks, mesh, spread(plan_s), spread([r["streams"] for r in fast]), spread(ver_s),
                      f"{statistics.median(v / p for v, p in zip(ver_s, plan_s)):.2f}",
                      f"{max(r['rss'] for r in fast) * mib:.0f}", f"{max(r['traced'] for r in fast) * mib:.1f}",
                      f"{last['ops']} / {last['collectives']}", last["classes"], last["simulated"], full_cell])
-    header = ["ranks", "mesh", "plan s", "verify s (classes)", "verify / plan", "peak RSS MiB",
+    header = ["ranks", "mesh", "plan s", "of which stream choices s", "verify s (classes)", "verify / plan",
+              "peak RSS MiB",
               "verify alloc MiB", "distinct ops / collectives", "rank classes", "local runs", "full simulation s"]
     method = (f"Verify the plan of a {LAYERS}-layer Llama ({STYLE}); each cell a fresh process (imports and a warm-up "
               "on a 1-layer model of other sizes, then every memo cleared; build and plan untimed, plan and verify "
-              f"both cold), medians (p25–p75) of {rounds} rounds, classes and full alternating. `classes`: "
+              "both cold; plan s is `Plan.plan_seconds` plus the plan's stream choices, `Plan.stream_choices()`, "
+              "made when first read and timed before verify, which checks them), medians (p25–p75) of "
+              f"{rounds} rounds, classes and full alternating. `classes`: "
               "Plan.verify() — the index-level proof for every rank plus numeric runs of two representatives per "
               "rank class; `full`: Plan.verify(mode='full') — every rank simulated in numpy, where feasible. "
               "Peak RSS: the whole process after the timed call; verify alloc: tracemalloc peak of one verify. "

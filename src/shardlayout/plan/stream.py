@@ -396,7 +396,16 @@ def stream_choices(plan, flop_rate: float | None = None) -> tuple:
 
 def _chosen(plan, rate: float) -> list:
     """``[(saving, StreamChoice)]`` in program order: the largest savings first, each op and each
-    move's side in one overlap at most."""
+    move's side in one overlap at most. Made once per plan, rate and cost model (kept on the plan:
+    ``plan``, ``verify`` and ``run`` all read them)."""
+    made = plan.__dict__.setdefault("_stream_chosen", {})
+    key = (rate, plan.cost_model)
+    if key not in made:
+        made[key] = _choose(plan, rate)
+    return list(made[key])
+
+
+def _choose(plan, rate: float) -> list:
     chosen, used = [], set()
     for saving, c in sorted(_candidates(plan, rate), key=lambda x: (-x[0], x[1].ops, x[1].tensor, x[1].dim)):
         if used & set(c.ops) or (c.tensor, c.side) in used:
