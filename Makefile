@@ -18,6 +18,10 @@ $(STAMP): pyproject.toml | $(BIN)/python
 $(DEVSTAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e '.[dev]'
 	$(BIN)/pip install -q --no-deps nvidia-cutlass==4.2.0.0
+	# torchtitan's own model classes for tests/program/test_torchtitan.py: its dependencies would replace
+	# torch 2.13 (--no-deps); it imports triton and tyro
+	$(BIN)/pip install -q --no-deps torchtitan==0.3.0 spmd_types==0.3.1 tyro==1.0.17 docstring_parser==0.18.0 \
+		shtab==1.13.0 typeguard==4.6.1 triton==3.9.0
 	touch $@ $(STAMP)
 
 demo: $(STAMP)

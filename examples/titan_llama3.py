@@ -1,4 +1,4 @@
-"""torchtitan 0.3's own Llama3 classes, for ``shardlayout plan --module examples/titan_llama3.py:debug``.
+"""torchtitan 0.3's own Llama3 and Qwen3-MoE classes, for ``shardlayout plan --module examples/titan_llama3.py:debug``.
 
 torchtitan's language models default to FlexAttention, whose block masks torch.export cannot take
 (``flex`` here shows the one-line refusal). AutoParallel runs them with the maskless
@@ -10,6 +10,7 @@ which torchtitan imports.
     gqa(layers, kv_heads, ...)    the same with grouped-query attention (4 kv groups by default)
     flavor(name, seq, batch)      a registry flavor ("8B", "70B") built on the meta device
     flex(layers, ...)             the default FlexAttention model (refused in one line)
+    qwen3_moe(layers, seq, batch) torchtitan's Qwen3-MoE debug flavor (64 experts, top-8), cut to ``layers``
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+from torchtitan.models import qwen3
 from torchtitan.models.common.attention import ScaledDotProductAttention
 from torchtitan.models.llama3 import _build_llama3_layers, model_registry
 
@@ -70,3 +72,9 @@ def flex(layers: int = 2, seq: int = 16, batch: int = 2):
     cfg = model_registry("debugmodel").model
     cfg.layers = cfg.layers[:layers]
     return _built(cfg, seq, batch)
+
+
+def qwen3_moe(layers: int = 2, seq: int = 16, batch: int = 2):
+    cfg = qwen3.model_registry("debugmodel_moe").model
+    cfg.layers = cfg.layers[:layers]
+    return _built(_maskless(cfg), seq, batch)

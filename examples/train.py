@@ -9,6 +9,7 @@ safetensors weights, each rank reading only its pieces.
 """
 
 import argparse
+import importlib
 import resource
 
 import torch
@@ -43,6 +44,9 @@ def main() -> None:
     d = args.dim
     start_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     if args.memory_limit_mb is not None:  # (MALLOC_ARENA_MAX=2 keeps glibc from reserving 64 MiB per thread)
+        # torch imports torch._dynamo on first use of the meta device, and with it triton where installed
+        # (~190 MiB of address space): part of "torch is up", not of the run
+        importlib.import_module("torch._dynamo")
         limit = vm_bytes() + args.memory_limit_mb * 2**20
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     if args.meta:
