@@ -13,7 +13,7 @@ import json
 import sys
 
 from . import jobs
-from .errors import ShardingError
+from .errors import ShardingError, ShardingSpecError
 from .sharding.ragged import ragged_text
 
 
@@ -306,8 +306,8 @@ def _parse_param(text: str):
 
 def cmd_explain(args) -> int:
     from .mesh import Mesh
-    from .plan.stream import parse_stream
     from .propagation import propagate
+    from .sharding import Sharding
 
     if args.top < 1:
         raise ShardingError(f"--top {args.top}: give 1 or more candidates to list (--all lists every one)")
@@ -315,8 +315,18 @@ def cmd_explain(args) -> int:
     inputs, streamed = [], {}
     for i, t in enumerate(args.inputs):
         if "~" in t:  # a stream factor: the input cut into k chunks computed one after another
-            s, d, k = parse_stream(t, mesh)
-            inputs.append(s)
+            s = Sharding.parse(t, mesh)
+            d, _, k = s.stream
+            try:
+                usual = s.without_stream().with_stream(d, k)
+            except ShardingSpecError:
+                usual = None
+            if usual != s:
+                raise ShardingSpecError(f"input {i} {t!r}: explain reads a stream as every rank's shard cut in k "
+                                        f"chunks, ~k right after the dim's mesh-axis factors"
+                                        + (f": write {usual}" if usual is not None else
+                                           f"; dim {d} has no local factor there that {k} divides"))
+            inputs.append(s.without_stream())
             streamed[i] = (d, k)
         else:
             inputs.append(_parse_input(t, mesh))

@@ -349,3 +349,46 @@ def test_inner_split_on_device_reads_as_a_strided_sharding():
     td = TensorDomain.create("t", (10,)).inner_split(0, 4).parallelize(1, ParallelType.device("x"))
     s = sharding_of(td, m)
     assert held(td, m) == expected_held(s)
+
+
+# ------------------------------------------------------------------------------------------
+# Stream: a Sharding's stream factor is a Stream ID of its loop domain, and back
+# ------------------------------------------------------------------------------------------
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.data())
+def test_a_stream_factor_is_a_stream_id_covering_its_chunks_and_reads_back(data):
+    """For random even shardings with a stream ``~k`` anywhere it cuts local factors only: the loop
+    domain has one Stream ID of extent k, walking the domain's index map with the Stream index at
+    ``j`` covers exactly chunk ``j``'s positions (``execute.stream.chunk_positions_global``, an
+    independent formula), and ``sharding_of`` gives the same Sharding back, stream included."""
+    from shardlayout.domain.iterdomain import Kind
+    from shardlayout.execute.stream import chunk_positions_global
+    from shardlayout.sharding.factors import stream_cut
+
+    mesh = Mesh.parse(data.draw(st.sampled_from(["x=2", "x=2,y=3", "x=4"]), label="mesh"))
+    s = data.draw(shardings(mesh, max_ndim=2, uneven=False, partial=False), label="s")
+    d = data.draw(st.integers(0, s.ndim - 1), label="d")
+    fs, n = s.dims[d], s.shape[d]
+    options = [(outer, k) for k in (2, 3, 4) for outer in range(1, n + 1)
+               if n % (outer * k) == 0 and stream_cut(fs, n, outer, k) is not None]
+    assume(options)
+    outer, k = data.draw(st.sampled_from(options), label="outer, k")
+    streamed = Sharding(mesh, s.shape, s.dims, s.partial, (d, outer, k))
+    td = loop_domain_of(streamed, "t")
+    at = [i for i, x in enumerate(td.loop) if x.ptype.kind is Kind.STREAM]
+    assert len(at) == 1 and td.loop[at[0]].extent == k
+    f = index_map(td)
+    chunks = chunk_positions_global(streamed)
+    for j in range(k):
+        covered = {f(ix)[d] for ix in loop_indices(td) if ix[at[0]] == j}
+        assert covered == set(chunks[j].tolist())
+    assert sharding_of(td, mesh) == streamed and sharding_of(td, mesh).stream == (d, outer, k)
+
+
+def test_two_stream_ids_are_refused_naming_the_fix():
+    m = Mesh.parse("x=2")
+    td = TensorDomain.create("t", (8, 4), mesh=m).outer_split(0, 2).parallelize(0, STREAM).parallelize(2, STREAM)
+    with pytest.raises(DomainError, match="one stream"):
+        sharding_of(td, m)

@@ -17,9 +17,8 @@ from hypothesis import strategies as st
 
 from shardlayout import Mesh, Sharding
 from shardlayout.execute import NumpySimulator, walk
-from shardlayout.execute.stream import carry_view, chunk_moves, chunk_positions_global, segments
+from shardlayout.execute.stream import carry_view, chunk_moves, chunk_positions_global, local_positions, segments
 from shardlayout.plan import plan
-from shardlayout.plan.stream import chunk_positions
 from shardlayout.program.models import llama, style_pins
 from shardlayout.sharding.cost import CostModel
 
@@ -90,13 +89,15 @@ def test_carry_view_matches_brute_force(data):
 def test_chunk_positions_are_each_ranks_stream_chunk(text, mesh, dim, k):
     m = Mesh.parse(mesh)
     s = Sharding.parse(text, m)
-    pos = chunk_positions_global(s, dim, k)
+    pos = chunk_positions_global(s.with_stream(dim, k))
     assert sorted(np.concatenate(pos).tolist()) == list(range(s.shape[dim]))  # a partition of the dim
     for j in range(k):
         for r in m.ranks():
             held = np.asarray(s.indices(r)[dim])
-            mine = held[chunk_positions(s, dim, k, j, r)]
+            mine = held[local_positions(s, dim, pos[j], r)]
             assert sorted(mine.tolist()) == sorted(set(held.tolist()) & set(pos[j].tolist()))
+            if any(f.axis is not None for f in s.dims[dim]):  # every rank takes part in every chunk
+                assert len(mine) == len(held) // k
 
 
 class _Counting(NumpySimulator):

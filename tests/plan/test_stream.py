@@ -171,9 +171,7 @@ def test_a_pinned_outputs_move_is_shown_from_what_the_op_made():
 
 @settings(max_examples=60, deadline=None)
 @given(st.data())
-def test_parse_stream_reads_back_what_stream_text_writes(data):
-    from shardlayout.plan.stream import parse_stream
-
+def test_a_streamed_sharding_reads_back_what_it_writes(data):
     m = Mesh.parse("dp=2,tp=4")
     n = data.draw(st.sampled_from([16, 32, 48, 64]), label="n")
     axes = data.draw(st.sampled_from(["", "tp", "dp", "dp*tp"]), label="axes")
@@ -183,23 +181,55 @@ def test_parse_stream_reads_back_what_stream_text_writes(data):
     assume(ks)
     k = data.draw(st.sampled_from(ks), label="k")
     text = stream_text(s, 0, k)
-    assert parse_stream(text, m) == (s, 0, k)
-    assert parse_stream(str(s), m) == (s, None, 1)
+    back = Sharding.parse(text, m)
+    assert back == s.with_stream(0, k) and back.stream[::2] == (0, k) and str(back) == text
+    assert back.without_stream() == s and back != s
+    assert Sharding.parse(str(s), m).stream == ()
 
 
-@pytest.mark.parametrize("text,words", [("[~4*tp*16, 32]", "after the dim's mesh-axis factors"),
-                                        ("[tp*16*~4, 32]", "not after a local factor"),
-                                        ("[tp*~4*16, ~2*(32)]", "one stream factor"),
-                                        ("[tp*~x*16, 3]", "2 or more"), ("[tp*~\u0664*16, 3]", "2 or more"),
-                                        ("[~0*(128), 3]", "no stream"), ("[tp*~1*64, 3]", "no stream"),
-                                        ("[~2*(tp*64), 3]", "no mesh axis cuts"), ("[tp*~3*5, 3]", None)])
-def test_parse_stream_refuses_a_misplaced_factor_naming_the_fix(text, words):
+@pytest.mark.parametrize("text,words", [("[tp*~4*16, ~2*32]", "more than one stream factor"),
+                                        ("[tp*~x*16, 3]", "not ~k with k an int"),
+                                        ("[tp*~\u0664*16, 3]", "non-ASCII"),
+                                        ("[~1*128, 3]", "no stream"), ("[tp*~1*64, 3]", "no stream"),
+                                        ("[tp*~2*3 of 5, 3]", "uneven"),
+                                        ("[~2*tp*3, 3]", None), ("[tp*~3*5, 3]", None), ("[4*~2*tp, 3]", None)])
+def test_a_stream_factor_reads_as_written_or_is_refused_naming_the_fix(text, words):
+    """``~k`` is a local factor of the dim run in k chunks, wherever it is written (before a mesh
+    axis: each chunk spans the ranks of that axis); one per tensor, k >= 2, in an even dim."""
     from shardlayout.errors import ShardingSpecError
-    from shardlayout.plan.stream import parse_stream
 
     m = Mesh.parse("tp=2")
-    if words is None:  # ~3*5: a local factor of 15 cut in 3 chunks of 5 — fine
-        assert parse_stream(text, m)[1:] == (0, 3)
+    if words is None:
+        s = Sharding.parse(text, m)
+        assert str(s) == text and s.stream[0] == 0
         return
     with pytest.raises(ShardingSpecError, match=words):
-        parse_stream(text, m)
+        Sharding.parse(text, m)
+
+
+def test_a_stream_that_would_cut_a_mesh_axis_is_refused_naming_the_fix():
+    from shardlayout.errors import ShardingSpecError
+
+    m = Mesh.parse("tp=2")
+    with pytest.raises(ShardingSpecError, match="local factors only"):
+        Sharding.parse("[8*tp, 3]", m).with_stream(0, 2)  # nothing local after tp
+    with pytest.raises(ShardingSpecError, match="local factors only"):
+        Sharding(m, (16, 3), [["tp", 8], []], stream=(0, 1, 4))  # the first 4 chunks would cut tp
+    assert str(Sharding(m, (16, 3), [["tp", 8], []], stream=(0, 2, 4))) == "[tp*~4*2, 3]"
+
+
+def test_megatron_sp_streams_round_trip_through_the_domain_layer():
+    """Each stream choice of a Megatron-SP layer is one Sharding with its stream (the choice's dim
+    and chunk count are read off it); its loop domain has the Stream ID nvFuser would, and the
+    domain gives the same Sharding back."""
+    from shardlayout.domain import loop_domain_of, sharding_of
+    from shardlayout.domain.iterdomain import Kind
+
+    p = _plan("megatron-sp", mesh="tp=8", layers=1, dim=4096, seq=4096, batch=1, heads=32, ffn=11008)
+    choices = stream_plan(p).choices
+    assert choices
+    for c in choices:
+        assert c.sharding.stream[::2] == (c.dim, c.chunks) and c.text == str(c.sharding)
+        td = loop_domain_of(c.sharding, c.tensor)
+        assert [x.extent for x in td.loop if x.ptype.kind is Kind.STREAM] == [c.chunks]
+        assert sharding_of(td, p.mesh) == c.sharding

@@ -41,7 +41,7 @@ from functools import cache
 from ..errors import DomainError
 from ..mesh import Mesh
 from ..sharding.core import Sharding
-from ..sharding.factors import ChunkProgram, Factor, chunk_counts
+from ..sharding.factors import ChunkProgram, Factor, chunk_counts, stream_cut
 
 # ------------------------------------------------------------------------------------------
 # extent arithmetic: the one place that knows what an extent is
@@ -607,7 +607,8 @@ def _ptype_of(f: Factor, mesh: Mesh) -> ParallelType:
 
 def loop_domain_of(sharding: Sharding, name: str = "t") -> TensorDomain:
     """The loop domain of a Sharding: dim ``d`` (id ``name.d``) outer-split into its factors,
-    outer to inner, each on its axis or sub-axis (Serial if local); a pending partial sum over an
+    outer to inner, each on its axis or sub-axis (Serial if local; the stream factor ``~k`` on
+    Stream, nvFuser's Stream ID: ``[tp*~8*64]`` is ``[o{2}@tp, o{8}@stream, i{64}]``); a pending partial sum over an
     axis becomes a partial ID on it (``p``: the per-device partials a later sum reduces, nvFuser's
     rfactor product; not ``r{DIDx}``, which is already reduced). ``loop_domain_of(Sharding.parse("[dp*4]", m))``."""
     mesh = sharding.mesh
@@ -634,13 +635,18 @@ def loop_domain_of(sharding: Sharding, name: str = "t") -> TensorDomain:
                 raise DomainError(f"{sharding}: dim {d} (size {n}) is uneven and {why}; torch.chunk (DTensor) and "
                                   "nvFuser's padded split differ here (DESIGN.md 'Uneven shards'): make it even")
         cur = f"{name}.{d}"
-        for j, f in enumerate(fs):
+        parts = [(f.size, _ptype_of(f, mesh), f.local) for f in fs]
+        if sharding.stream and sharding.stream[0] == d:  # the stream factor ~k: a Stream ID between its blocks
+            pre, post = stream_cut(fs, n, sharding.stream[1], sharding.stream[2])
+            parts = ([(f.size, _ptype_of(f, mesh), f.local) for f in pre] + [(sharding.stream[2], STREAM, True)]
+                     + [(f.size, _ptype_of(f, mesh), f.local) for f in post])
+        for j, (size, ptype, local) in enumerate(parts):
             pos = td.position(cur)
-            last = j == len(fs) - 1
-            if last and (even or f.local or equal(td.loop[pos].extent, f.size)):
-                td = td.parallelize(pos, _ptype_of(f, mesh))
+            last = j == len(parts) - 1
+            if last and (even or local or equal(td.loop[pos].extent, size)):
+                td = td.parallelize(pos, ptype)
                 break
-            td = td.outer_split(pos, f.size).parallelize(pos, _ptype_of(f, mesh))
+            td = td.outer_split(pos, size).parallelize(pos, ptype)
             cur = td.loop[pos + 1].id
     return td
 
@@ -693,9 +699,11 @@ def sharding_of(domain: TensorDomain, mesh: Mesh) -> Sharding:
     """The Sharding a loop domain expresses (the inverse of ``loop_domain_of``); raises
     DomainError when there is none. A reduction ID is reduced whatever runs it: ``r{DIDx}`` (the
     output of an allreduce or a reduce-scatter) is replicated on its axis, as nvFuser's
-    ``isSharded`` reads it; a partial ID is a pending sum. ``sharding_of(loop_domain_of(s), s.mesh) == s``."""
+    ``isSharded`` reads it; a partial ID is a pending sum; a Stream ID is the Sharding's stream
+    (one per tensor, on an even dim). ``sharding_of(loop_domain_of(s), s.mesh) == s``."""
     kids = _children(domain)
     dims, shape, partial, seen = [], [], [], {}
+    stream, stream_id = (), None
     for lid in domain.logical:
         if lid.is_reduction:
             continue
@@ -724,14 +732,23 @@ def sharding_of(domain: TensorDomain, mesh: Mesh) -> Sharding:
         n = _as_int(lid.extent, str(lid))
         factors = [Factor(_as_int(x.extent, str(x)), x.ptype.axis, x.ptype.pre) if x.ptype.is_device
                    else Factor(_as_int(x.extent, str(x))) for x in leaves]
+        for j, x in enumerate(leaves):  # a Stream ID: the Sharding's stream factor ~k (a local factor run in turn)
+            if x.ptype.kind is Kind.STREAM and factors[j].size > 1:  # (a Stream of one chunk is none)
+                if stream:
+                    raise DomainError(f"{domain.name}: Stream IDs {stream_id} and {x}; a Sharding holds one stream: "
+                                      "parallelize one ID on Stream")
+                stream, stream_id = (len(dims), _prod(f.size for f in factors[:j]), factors[j].size), x
         if _prod(f.size for f in factors) != n:
+            if stream and stream[0] == len(dims):
+                raise DomainError(f"{domain.name}: Stream ID {stream_id} splits {lid} (size {n}) unevenly; a "
+                                  "Sharding's stream cuts an even dim: split by a divisor")
             _check_uneven_chain(domain, lid, path, n)
             if factors[-1].local:
                 factors = factors[:-1]  # the innermost local factor is the torch.chunk extent: canonical form fills it
         dims.append(factors)
         shape.append(n)
     try:
-        return Sharding(mesh, tuple(shape), dims, partial)
+        return Sharding(mesh, tuple(shape), dims, partial, stream)
     except DomainError:
         raise
     except Exception as e:  # ShardingSpecError (overlapping sub-axes, ...): same cause, our vocabulary

@@ -125,15 +125,13 @@ def _through_of(target: str, params: tuple, d: int, in_shape: tuple, out_shape: 
     return d + lead if lead >= 0 and out_shape[d + lead] == in_shape[d] else None
 
 
-def chunk_positions_global(s: Sharding, dim: int, k: int) -> tuple | None:
-    """The global positions along ``dim`` of each of the ``k`` stream chunks of ``s`` (its
-    ``chunk_layout``: chunk ``j`` is the ``j``-th part of every rank's shard), ascending.
-    ``chunk_positions_global(Sharding.parse("[tp*4]", Mesh.parse("tp=2")), 0, 2)[1].tolist() -> [2, 3, 6, 7]``"""
-    lay = chunk_layout(s.dims[dim], s.shape[dim], k)
-    if lay is None:
-        return None
-    pre, post = lay
-    outer, inner = math.prod(f.size for f in pre), math.prod(f.size for f in post)
+def chunk_positions_global(s: Sharding) -> tuple:
+    """The global positions along the stream's dim of each of the ``k`` stream chunks of ``s``
+    (``Sharding.stream`` ``(dim, outer, k)``: chunk ``j`` is the ``j``-th part of each of the dim's
+    ``outer`` blocks), ascending.
+    ``chunk_positions_global(Sharding.parse("[tp*~2*2]", Mesh.parse("tp=2")))[1].tolist() -> [2, 3, 6, 7]``"""
+    dim, outer, k = s.stream
+    inner = s.shape[dim] // (outer * k)
     base = np.arange(outer, dtype=np.int64)[:, None] * (k * inner) + np.arange(inner, dtype=np.int64)[None, :]
     return tuple((base + j * inner).reshape(-1) for j in range(k))
 
@@ -254,11 +252,17 @@ def segments(plan, flop_rate: float | None = None, chunks: int | None = None) ->
     number (a benchmark's sweep; a choice whose dim does not cut so is skipped)."""
     from dataclasses import replace
 
+    from ..errors import ShardingSpecError
+
     out, skipped = [], []
     for choice in plan.stream_choices(flop_rate):
-        if chunks is not None:
-            choice = replace(choice, chunks=int(chunks))
-        seg = _segment(plan, choice)
+        seg = None
+        try:
+            if chunks is not None:
+                choice = replace(choice, sharding=choice.sharding.without_stream().with_stream(choice.dim, int(chunks)))
+            seg = _segment(plan, choice)
+        except ShardingSpecError:  # the dim does not cut in that many chunks: it runs whole
+            pass
         (out.append(seg) if seg is not None else skipped.append(choice.tensor))
     used: set = set()
     final = []
@@ -280,9 +284,7 @@ def _segment(plan, choice) -> Segment | None:
     prog = plan.program
     index = {op.name: i for i, op in enumerate(prog.ops)}
     sites = {index[n] for n in choice.ops}
-    base = chunk_positions_global(choice.sharding, choice.dim, choice.chunks)
-    if base is None:
-        return None
+    base = chunk_positions_global(choice.sharding)
     ops_of: dict = {}
     for i, op in enumerate(prog.ops):
         for x in op.inputs:

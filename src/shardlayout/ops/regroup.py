@@ -704,6 +704,7 @@ def regroup_even(s: Sharding, out_shape, subaxes: bool):
     _set(obj, "shape", out_shape)
     _set(obj, "dims", tuple(map(tuple, out)))
     _set(obj, "partial", s.partial)
+    _set(obj, "stream", ())
     _set(obj, "_hash", None)
     return obj
 

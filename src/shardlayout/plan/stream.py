@@ -3,11 +3,12 @@ after another, so each chunk's collective runs while the matmul works on another
 
 A **stream** is a parallel type of its own (nvFuser's ``Stream``): a dim cut into ``k`` chunks
 computed in turn on every rank — it adds no ranks and moves no data, it only orders the work.
-Text form: ``~k`` as a factor of the dim, right after its mesh-axis factors: ``[1, tp*~8*64,
-4096]`` is every rank's 512 rows in 8 chunks of 64, chunk ``j`` of every rank moved together
-(``stream_text``, ``chunk_layout``); a dim without mesh-axis factors is cut outermost,
-``[~4*1024, 4096] +sum(tp)``. ``run_streamed_move`` runs a move chunk by chunk on the numpy
-simulator.
+It is a factor of the Sharding (``Sharding.stream``, text ``~k``); a choice puts it right after
+the dim's mesh-axis factors: ``[1, tp*~8*64, 4096]`` is every rank's 512 rows in 8 chunks of 64,
+chunk ``j`` of every rank moved together (``Sharding.with_stream``, ``chunk_layout``); a dim
+without mesh-axis factors is cut outermost, ``[~4*1024, 4096] +sum(tp)``. A choice's dim and
+chunk count are read off its sharding. ``run_streamed_move`` runs a move chunk by chunk on the
+numpy simulator.
 
 Where it pays: a matmul whose input is gathered along a dim the matmul passes through (Megatron
 -SP's all_gather of the sequence before the column-parallel projections: collective matmul /
@@ -40,7 +41,7 @@ from dataclasses import dataclass
 
 from ..execute.stream import _letters, _through, chunk_layout, chunk_sharding
 from ..ops.families import MATMULS
-from ..sharding import Factor, Sharding
+from ..sharding import Sharding
 from ..sharding.core import format_dim
 from .estimate import check_flop_rate, compute_seconds, op_flops
 
@@ -55,15 +56,13 @@ has costs the model does not price: kernel launches, smaller matmuls)."""
 @dataclass(frozen=True)
 class StreamChoice:
     """One overlap: the matmuls ``ops`` and the collectives of ``tensor``'s move ``side`` them
-    (``"before"``: they feed them; ``"after"``: they take the output), cut into ``chunks`` along
-    dim ``dim`` of ``tensor`` (``sharding``: gathered, or partial before its reduction), with
-    the serial and the pipelined seconds."""
+    (``"before"``: they feed them; ``"after"``: they take the output), the tensor run in stream
+    chunks as ``sharding`` says (its ``Sharding.stream``: gathered, or partial before its
+    reduction, with the dim and the chunk count), with the serial and the pipelined seconds."""
 
     ops: tuple
     tensor: str
     side: str
-    dim: int
-    chunks: int
     sharding: Sharding
     collective_seconds: float
     compute_seconds: float
@@ -73,9 +72,19 @@ class StreamChoice:
     kinds: tuple = ()  # the collective kinds of the move, e.g. ("all_gather",)
 
     @property
+    def dim(self) -> int:
+        """The dim the stream cuts (``sharding.stream``)."""
+        return self.sharding.stream[0]
+
+    @property
+    def chunks(self) -> int:
+        """How many stream chunks (``sharding.stream``)."""
+        return self.sharding.stream[2]
+
+    @property
     def text(self) -> str:
         """The chunked tensor in our notation. ``StreamChoice(...).text -> '[~4*16, 64]'``"""
-        return stream_text(self.sharding, self.dim, self.chunks)
+        return str(self.sharding)
 
     def to_json(self) -> dict:
         """JSON-able form."""
@@ -104,105 +113,29 @@ class StreamPlan:
 
 
 def stream_text(s: Sharding, dim: int, k: int) -> str:
-    """``s`` with dim ``dim`` written with its stream factor ``~k`` (``chunk_layout``).
+    """``s`` with dim ``dim`` in ``k`` stream chunks, as text (``Sharding.with_stream``); a dim no
+    stream can cut that way is shown whole inside ``~k*(...)``.
     ``stream_text(Sharding.parse("[tp*512, 32]", m), 0, 8) -> '[tp*~8*64, 32]'``"""
-    lay = chunk_layout(s.dims[dim], s.shape[dim], k)
-    parts = []
-    for d in range(s.ndim):
-        text = format_dim(s, d)
-        if d == dim and lay is not None:
-            pre, post = lay
-            text = "*".join([_factor_text(f, s) for f in pre] + [f"~{k}"] + [_factor_text(f, s) for f in post])
-        elif d == dim:
-            text = f"~{k}*({text})"
-        parts.append(text)
-    body = "[" + ", ".join(parts) + "]"
-    if s.partial:
-        body += " " + " ".join(f"+{op}({a})" for a, op in s.partial)
-    return body
-
-
-def parse_stream(text: str, mesh) -> tuple:
-    """``(sharding, dim, k)`` of a sharding written with a stream factor (``stream_text``'s form:
-    ``~k`` right after the dim's mesh-axis factors, before its local factor; ``~k*(...)`` on a dim
-    without any); ``(sharding, None, 1)`` when the text has none. Raises ShardingSpecError naming
-    the fix for a stream factor elsewhere, twice, or not dividing its local factor.
-    ``parse_stream("[tp*~4*16, 32]", Mesh.parse("tp=2"))`` -> ``([tp*64, 32], 0, 4)``"""
-    import re
-
     from ..errors import ShardingSpecError
-    from ..sharding.core import split_top_level
 
-    text = text.strip()
-    if "~" not in text:
-        return Sharding.parse(text, mesh), None, 1
-    close = text.find("]")
-    if not text.startswith("[") or close < 0:
-        return Sharding.parse(text, mesh), None, 1  # its own error
-    parts = split_top_level(text[1:close])
-    marked = [d for d, part in enumerate(parts) if "~" in part]
-    if len(marked) != 1 or text[close:].count("~") or parts[marked[0]].count("~") != 1:
-        raise ShardingSpecError(f"{text!r}: one stream factor ~k in one dim, e.g. '[tp*~4*16, 32]'")
-    d = marked[0]
-    whole = re.fullmatch(r"~([0-9]+)\*\((.*)\)", parts[d].strip())
-    if whole:  # a dim without mesh-axis factors, cut outermost
-        k, parts[d] = int(whole.group(1)), whole.group(2)
-        if not re.fullmatch(r"[0-9]+", parts[d].strip()):
-            raise ShardingSpecError(f"{text!r}: '~k*(n)' is for a dim no mesh axis cuts; write a sharded dim's stream "
-                                    "factor after its mesh axes, e.g. 'tp*~4*16'")
-    else:
-        tokens = [t.strip() for t in parts[d].split("*")]
-        at = next(i for i, t in enumerate(tokens) if t.startswith("~"))
-        if not re.fullmatch(r"~[0-9]+", tokens[at]):
-            raise ShardingSpecError(f"{text!r}: write a stream factor as ~k with k an int of 2 or more, e.g. ~4")
-        k = int(tokens[at][1:])
-        after, before = tokens[at + 1:], tokens[:at]
-        if any(not re.fullmatch(r"[0-9]+", t) for t in after) or any(re.fullmatch(r"[0-9]+", t) for t in before):
-            wrong = next((t for t in after if not re.fullmatch(r"[0-9]+", t)), None)
-            raise ShardingSpecError(f"{text!r}: the stream factor ~{k} comes right after the dim's mesh-axis factors "
-                                    f"and before its local factor (e.g. 'tp*~{k}*16')"
-                                    + (f", not before {wrong!r}" if wrong else ", not after a local factor"))
-        local = k * math.prod(int(t) for t in after)
-        parts[d] = "*".join(before + [str(local)])
-    if k < 2:
-        raise ShardingSpecError(f"{text!r}: a stream of {k} chunk(s) is no stream; give ~k with k >= 2, or drop it")
-    s = Sharding.parse("[" + ", ".join(parts) + "]" + text[close + 1:], mesh)
-    if chunk_layout(s.dims[d], s.shape[d], k) is None:
-        raise ShardingSpecError(f"{text!r}: dim {d} of {s} cannot be cut into {k} stream chunks (its local factor "
-                                f"after the mesh axes must be a multiple of {k})")
-    return s, d, k
-
-
-def _factor_text(f: Factor, s: Sharding) -> str:
-    from ..sharding.core import _fmt_factor
-
-    return _fmt_factor(f, s.mesh)
-
-
-def chunk_positions(s: Sharding, dim: int, k: int, j: int, rank: int, like: Sharding | None = None):
-    """Local positions along ``dim`` of stream chunk ``j`` of ``s`` on ``rank``. ``like``: the
-    sharded side whose ``chunk_layout`` the chunks follow when ``s`` holds the dim whole.
-    ``chunk_positions(Sharding.parse("[tp*8]", m), 0, 2, 1, 0).tolist() -> [4, 5, 6, 7]``"""
-    import numpy as np
-
-    from ..ops.resize import local_slice
-
-    ref = like if like is not None else s
-    pre, _ = chunk_layout(ref.dims[dim], ref.shape[dim], k)
-    own = any(f.axis is not None for f in s.dims[dim])
-    groups = math.prod(f.size for f in pre if f.axis is None or not own) * k
-    n = s.local_shape(rank)[dim]
-    return local_slice(np.arange(n), 0, groups, j, groups, k)
+    try:
+        return str(s.with_stream(dim, k))
+    except ShardingSpecError:
+        parts = [f"~{k}*({format_dim(s, d)})" if d == dim else format_dim(s, d) for d in range(s.ndim)]
+        return "[" + ", ".join(parts) + "]" + "".join(f" +{op}({a})" for a, op in s.partial)
 
 
 def run_streamed_move(src: Sharding, dst: Sharding, dim: int, k: int, pieces: dict) -> dict:
     """Move ``{rank: piece}`` from ``src`` to ``dst`` as ``k`` stream chunks along ``dim``, in
     order, each by ``plan_move`` between the chunks' shardings on the numpy simulator: what a
-    streamed plan runs. Equal to the whole move on every rank (``tests/plan/test_stream.py``).
-    ``run_streamed_move(src, dst, 0, 4, src.shard(x))``"""
+    streamed plan runs. The chunks follow the side that cuts ``dim`` on mesh axes (``with_stream``
+    there; the other side holds the same chunks). Equal to the whole move on every rank
+    (``tests/plan/test_stream.py``). ``run_streamed_move(src, dst, 0, 4, src.shard(x))``"""
     import numpy as np
 
+    from ..errors import ShardingSpecError
     from ..execute.simulator import run_moves
+    from ..execute.stream import chunk_positions_global, local_positions
     from ..sharding.move import plan_move
 
     if any(f.axis is not None for f in src.dims[dim]) and any(f.axis is not None for f in dst.dims[dim]):
@@ -211,16 +144,21 @@ def run_streamed_move(src: Sharding, dst: Sharding, dim: int, k: int, pieces: di
     sharded = src if any(f.axis is not None for f in src.dims[dim]) else dst
     if chunk_layout(sharded.dims[dim], sharded.shape[dim], k) is None:
         raise ValueError(f"dim {dim} of {sharded} has no local factor after its mesh axes divisible by {k}")
+    outer = sharded.with_stream(dim, k).stream[1]
+    try:
+        chunks = chunk_positions_global(src.with_stream(dim, k, outer))
+    except ShardingSpecError as e:
+        raise ValueError(f"{src} cannot run in the stream chunks of {sharded}: {e}") from None
     n = sharded.shape[dim] // k
     a, b = chunk_sharding(src, dim, n, k), chunk_sharding(dst, dim, n, k)
     ranks = list(src.mesh.ranks())
     out = {r: np.zeros(dst.local_shape(r), dtype=np.result_type(pieces[r], np.float64)) for r in ranks}
-    for j in range(k):
-        part = {r: np.take(pieces[r], chunk_positions(src, dim, k, j, r, sharded), axis=dim) for r in ranks}
+    for want in chunks:
+        part = {r: np.take(pieces[r], local_positions(src, dim, want, r), axis=dim) for r in ranks}
         got = run_moves(plan_move(a, b), part)
         for r in ranks:
             idx = [slice(None)] * out[r].ndim
-            idx[dim] = chunk_positions(dst, dim, k, j, r, sharded)
+            idx[dim] = local_positions(dst, dim, want, r)
             out[r][tuple(idx)] = got[r]
     return out
 
@@ -333,8 +271,8 @@ def _candidates(plan, rate: float):
             if best is None or best[0] > (whole + comp) * (1 - MIN_SAVING):
                 continue
             names = tuple(prog.ops[i].name for i in sites)
-            yield (whole + comp - best[0], StreamChoice(names, name, side, d, best[1], shown, whole, comp,
-                                                        whole + comp, best[0], best[2],
+            yield (whole + comp - best[0], StreamChoice(names, name, side, shown.with_stream(d, best[1]), whole,
+                                                        comp, whole + comp, best[0], best[2],
                                                         tuple(sorted({c.kind.value for c in cs}))))
             break  # the outermost dim that works
 
@@ -417,5 +355,5 @@ def _choose(plan, rate: float) -> list:
     return chosen
 
 
-__all__ = ["CHUNKS", "MIN_SAVING", "StreamChoice", "StreamPlan", "chunk_layout", "chunk_positions", "parse_stream",
+__all__ = ["CHUNKS", "MIN_SAVING", "StreamChoice", "StreamPlan", "chunk_layout",
            "pipelined", "run_streamed_move", "stream_choices", "stream_plan", "stream_text"]

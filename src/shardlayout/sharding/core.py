@@ -36,6 +36,7 @@ from .factors import (
     _product,
     chain_extent,
     parse_factor,
+    stream_cut,
 )
 from .placements import (
     MAX_SPLIT_FACTOR,
@@ -66,16 +67,24 @@ __all__ = [
 
 
 class Sharding:
-    """How one tensor is laid out on a mesh: global shape, factors per dim, partial axes.
+    """How one tensor is laid out on a mesh: global shape, factors per dim, partial axes, and a
+    stream, if any.
 
     Immutable and hashable; equal when they mean the same layout. Build it with
-    ``Sharding(mesh, shape, dims, partial)``, ``Sharding.parse``, ``Sharding.from_placements``
+    ``Sharding(mesh, shape, dims, partial, stream)``, ``Sharding.parse``, ``Sharding.from_placements``
     or ``Sharding.from_partition_spec``.
+
+    ``stream``: ``()`` or ``(dim, outer, k)`` — nvFuser's Stream parallel type, a factor ``~k`` of
+    ``dim`` that adds no devices and moves no data: the dim's work runs in ``k`` chunks one after
+    another, chunk ``j`` the ``j``-th part of each of the dim's ``outer`` outer blocks (``[tp*~8*64]``:
+    every rank's 512 rows in 8 chunks of 64; ``[2*~8*64]``, the same rows gathered, chunk ``j``
+    still the ``j``-th 64 of each half). Shards, moves and prices read the other fields only; a
+    stream is what a move cut into chunks and the domain layer's Stream IDs are made of.
     """
 
-    __slots__ = ("mesh", "shape", "dims", "partial", "_hash")
+    __slots__ = ("mesh", "shape", "dims", "partial", "stream", "_hash")
 
-    def __init__(self, mesh: Mesh, shape, dims=None, partial=()):
+    def __init__(self, mesh: Mesh, shape, dims=None, partial=(), stream=()):
         if not isinstance(mesh, Mesh):
             mesh = as_mesh(mesh, "Sharding")
         shape = _check_shape(shape)
@@ -95,10 +104,12 @@ class Sharding:
         )
         partial = _check_partial(mesh, partial)
         _check_axis_use(mesh, canon, partial)
+        stream = _check_stream(mesh, shape, canon, stream)
         object.__setattr__(self, "mesh", mesh)
         object.__setattr__(self, "shape", shape)
         object.__setattr__(self, "dims", canon)
         object.__setattr__(self, "partial", partial)
+        object.__setattr__(self, "stream", stream)
         object.__setattr__(self, "_hash", None)
 
     def __setattr__(self, name, value):
@@ -119,11 +130,11 @@ class Sharding:
         return _built(Sharding, self.mesh, self.shape, dims, self.partial)
 
     def __reduce__(self):  # pickled by its fields (a hash is valid in one process only)
-        return (_restore, (self.mesh, self.shape, self.dims, self.partial))
+        return (_restore, (self.mesh, self.shape, self.dims, self.partial, self.stream))
 
     # -- identity -------------------------------------------------------------------------
     def _key(self):
-        return (self.mesh, self.shape, self.dims, self.partial)
+        return (self.mesh, self.shape, self.dims, self.partial, self.stream)
 
     def __eq__(self, other) -> bool:
         if other is self:
@@ -186,7 +197,26 @@ class Sharding:
 
     def with_partial(self, partial) -> "Sharding":
         """Same factors, other partial axes. ``s.with_partial({"tp": "sum"})``."""
-        return Sharding(self.mesh, self.shape, self.dims, partial)
+        return Sharding(self.mesh, self.shape, self.dims, partial, self.stream)
+
+    def with_stream(self, dim: int, k: int, outer: int | None = None) -> "Sharding":
+        """This sharding with dim ``dim`` run in ``k`` stream chunks (``stream``): chunk ``j`` the
+        ``j``-th part of each of the dim's ``outer`` outer blocks — by default the blocks of its
+        mesh-axis factors (every rank's shard cut in ``k``: each chunk's collective spans every
+        rank). Raises ShardingSpecError when a mesh axis factor lies inside the chunks or the sizes
+        do not divide. ``Sharding.parse("[tp*512, 32]", m).with_stream(0, 8) -> [tp*~8*64, 32]``"""
+        d = _check_dim_arg(self, dim, "with_stream")
+        if outer is None:
+            fs = self.dims[d] if not isinstance(self.dims[d], ChunkProgram) else ()
+            last = max((i for i, f in enumerate(fs) if f.axis is not None), default=-1)
+            outer = _product(f.size for f in fs[: last + 1])
+        return Sharding(self.mesh, self.shape, self.dims, self.partial, (d, outer, k))
+
+    def without_stream(self) -> "Sharding":
+        """The same layout, no stream. ``Sharding.parse("[tp*~8*64]", m).without_stream() -> [tp*512]``"""
+        if not self.stream:
+            return self
+        return _built(Sharding, self.mesh, self.shape, self.dims, self.partial)
 
     # -- conversions and shards (placements.py, shards.py) ----------------------------------
     @staticmethod
@@ -256,7 +286,7 @@ class Sharding:
 MAX_DIM = (1 << 63) - 1  # torch's int64 sizes: beyond it a shape is absurd
 
 
-def _built(cls, mesh: Mesh, shape: tuple, dims: tuple, partial: tuple) -> Sharding:
+def _built(cls, mesh: Mesh, shape: tuple, dims: tuple, partial: tuple, stream: tuple = ()) -> Sharding:
     """A Sharding of canonical fields, set without checks (``Sharding._trusted`` and friends)."""
     obj = object.__new__(cls)
     sa = object.__setattr__
@@ -264,8 +294,35 @@ def _built(cls, mesh: Mesh, shape: tuple, dims: tuple, partial: tuple) -> Shardi
     sa(obj, "shape", shape)
     sa(obj, "dims", dims)
     sa(obj, "partial", partial)
+    sa(obj, "stream", stream)
     sa(obj, "_hash", None)
     return obj
+
+
+def _check_stream(mesh: Mesh, shape: tuple, dims: tuple, stream) -> tuple:
+    """``stream`` as ``()`` or ``(dim, outer, k)``, checked: an even dim whose ``outer`` outer
+    blocks are each cut in ``k`` chunks of local factors only (``factors.stream_cut``)."""
+    if stream is None or stream == ():
+        return ()
+    if not (isinstance(stream, tuple) and len(stream) == 3 and all(type(x) is int for x in stream)):
+        raise ShardingSpecError(f"Sharding: stream {reprlib.repr(stream)} is not (dim, outer, k); e.g. (0, 2, 8) for "
+                                "'[tp*~8*64]', or () for none")
+    d, outer, k = stream
+    if not 0 <= d < len(shape):
+        raise ShardingSpecError(f"Sharding: stream dim {d} is out of range for a tensor of {len(shape)} dims")
+    if k < 2:
+        raise ShardingSpecError(f"Sharding: a stream of {k} chunk(s) is no stream; give k >= 2, or no stream")
+    fs = dims[d]
+    if isinstance(fs, ChunkProgram) or _product(f.size for f in fs) != shape[d]:
+        raise ShardingSpecError(f"Sharding: stream ~{k} on dim {d} (size {shape[d]}), which is cut unevenly; stream "
+                                "chunks cut an even dim")
+    if stream_cut(fs, shape[d], outer, k) is None:
+        shown = "*".join(_fmt_factor(f, mesh) for f in fs) or "1"
+        raise ShardingSpecError(
+            f"Sharding: dim {d} ({shown}, size {shape[d]}) cannot run in {k} stream chunks of each of its {outer} "
+            f"outer block(s): the chunks must cut local factors only, right after the outer blocks, and divide "
+            f"them (e.g. write ~{k} right after the dim's mesh axes: 'tp*~{k}*...')")
+    return (d, outer, k)
 
 
 def _trusted_dim(mesh: Mesh, shape: tuple, d: int, fs):
@@ -398,8 +455,13 @@ def _check_axis_use(mesh: Mesh, dims: tuple, partial: tuple) -> None:
 
 
 def format_dim(s: Sharding, d: int) -> str:
-    """Text of one dim: ``dp*4``, ``2*tp*2``, ``dp*tp*3 of 9`` (uneven). ``format_dim(s, 0)``."""
+    """Text of one dim: ``dp*4``, ``2*tp*2``, ``dp*tp*3 of 9`` (uneven), ``tp*~8*64`` (a stream).
+    ``format_dim(s, 0)``."""
     fs = s.dims[d]
+    if s.stream and s.stream[0] == d:
+        pre, post = stream_cut(fs, s.shape[d], s.stream[1], s.stream[2])
+        return "*".join([_fmt_factor(f, s.mesh) for f in pre] + [f"~{s.stream[2]}"]
+                        + [_fmt_factor(f, s.mesh) for f in post])
     if isinstance(fs, ChunkProgram):
         steps = ", ".join(st.axis + (f"/{st.sf}" if st.sf != 1 else "") for st in fs)
         return f"chunks({steps}) of {s.shape[d]}"
@@ -454,7 +516,7 @@ def parse_sharding(text: str, mesh: Mesh) -> Sharding:
         )
     close = text.index("]")
     inner, rest = text[1:close], text[close + 1 :].strip()
-    dims, shape = [], []
+    dims, shape, stream = [], [], ()
     parts = split_top_level(inner)
     for d, part in enumerate(parts):
         if not part:
@@ -487,7 +549,21 @@ def parse_sharding(text: str, mesh: Mesh) -> Sharding:
             dims.append(ChunkProgram(steps))
             shape.append(size)
             continue
-        fs = [parse_factor(x, mesh) for x in part.split("*")]
+        tokens = part.split("*")
+        marks = [i for i, x in enumerate(tokens) if x.strip().startswith("~")]
+        if marks:  # a stream factor ~k: the dim's index range in k chunks (Sharding.stream)
+            if len(marks) > 1 or stream or size is not None:
+                raise ShardingSpecError(f"Sharding.parse: {src!r} has more than one stream factor ~k, or one in an "
+                                        "uneven dim; give one ~k, in an even dim, e.g. '[tp*~4*16, 32]'")
+            k_text = tokens[marks[0]].strip()[1:]
+            if not k_text.isdigit() or len(k_text) > 18:
+                raise ShardingSpecError(f"Sharding.parse: stream factor {tokens[marks[0]].strip()!r} in {src!r} is "
+                                        "not ~k with k an int, e.g. ~4")
+            before = [parse_factor(x, mesh) for x in tokens[: marks[0]]]
+            stream = (d, _product(f.size for f in before), int(k_text))
+            fs = before + [Factor(int(k_text))] + [parse_factor(x, mesh) for x in tokens[marks[0] + 1:]]
+        else:
+            fs = [parse_factor(x, mesh) for x in tokens]
         dims.append(fs)
         shape.append(size if size is not None else _product(f.size for f in fs))
     partial = []
@@ -504,12 +580,9 @@ def parse_sharding(text: str, mesh: Mesh) -> Sharding:
         raise ShardingSpecError(
             f"Sharding.parse: unexpected {leftover!r} after the dims in {src!r}; partial axes read '+sum(tp)'"
         )
-    return Sharding(mesh, tuple(shape), dims, partial)
+    return Sharding(mesh, tuple(shape), dims, partial, stream)
 
 
-def _restore(mesh, shape, dims, partial) -> Sharding:
+def _restore(mesh, shape, dims, partial, stream=()) -> Sharding:
     """A pickled Sharding (its fields were canonical when it was pickled)."""
-    obj = object.__new__(Sharding)
-    for k, v in (("mesh", mesh), ("shape", shape), ("dims", dims), ("partial", partial), ("_hash", None)):
-        object.__setattr__(obj, k, v)
-    return obj
+    return _built(Sharding, mesh, shape, dims, partial, stream)

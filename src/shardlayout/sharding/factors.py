@@ -268,6 +268,46 @@ def _merge_even(fs: list, mesh: Mesh) -> list:
     return out
 
 
+def stream_cut(fs, n: int, outer: int, k: int) -> tuple | None:
+    """``(pre, post)``: an even dim's factors ``fs`` (of ``n``) read as ``pre + [~k] + post``, where
+    ``pre`` covers the outer ``outer`` of the dim's index range and the stream's ``k`` chunks cut
+    only local factors (a local factor is split where the cut falls inside it); None when a mesh
+    axis factor lies in the way or the sizes do not divide. Chunk ``j`` of the stream is the
+    ``j``-th part of each of the ``outer`` blocks.
+    ``stream_cut((Factor(2, "tp"), Factor(512)), 1024, 2, 8) -> ((Factor(2, 'tp'),), (Factor(64),))``"""
+    if outer < 1 or k < 2 or n % (outer * k) or _product(f.size for f in fs) != n:
+        return None
+    pre, rest, c = [], list(fs), 1
+    while rest and c < outer:  # the factors of the outer blocks
+        f = rest.pop(0)
+        if c * f.size <= outer:
+            pre.append(f)
+            c *= f.size
+        elif f.axis is None and outer % c == 0 and f.size % (outer // c) == 0:
+            pre.append(Factor(outer // c))
+            rest.insert(0, Factor(f.size // (outer // c)))
+            c = outer
+        else:
+            return None
+    if c != outer:
+        return None
+    need = k  # the stream's extent, from local factors only
+    while need > 1:
+        if not rest or rest[0].axis is not None:
+            return None
+        f = rest.pop(0)
+        if f.size <= need:
+            if need % f.size:
+                return None
+            need //= f.size
+        elif f.size % need == 0:
+            rest.insert(0, Factor(f.size // need))
+            need = 1
+        else:
+            return None
+    return tuple(pre), tuple(rest)
+
+
 # ------------------------------------------------------------------------------------------
 # text form of one factor
 # ------------------------------------------------------------------------------------------
