@@ -205,3 +205,27 @@ def test_plan_move_bad_arguments(call, needle):
 
 def test_plan_move_reads_a_target_text_on_the_source_mesh():
     assert plan_move(_S, "[dp*4, 12]") == plan_move(_S, Sharding.parse("[dp*4, 12]", _M))
+
+
+@pytest.mark.parametrize("src,dst,k", [("[tp*~4*16, 8]", "[2*~4*16, 8]", 4),  # a gather in 4 chunks
+                                       ("[2*~2*8, 8] +sum(tp)", "[tp*~2*8, 8]", 2),  # a reduce-scatter in 2
+                                       ("[~2*16, 8] +sum(tp)", "[~2*16, 8]", 2)])  # an all-reduce in 2
+def test_a_move_inside_one_stream_is_the_chunks_moves_one_after_another(src, dst, k):
+    """Both sides in the same stream: the move is each chunk's move (``plan_move`` between the
+    chunks' own shardings, ``execute.stream.chunk_sharding``), k times; the chunks, moved one by
+    one on every rank, give what the whole move gives (``plan.stream.run_streamed_move``)."""
+    from shardlayout.execute.stream import chunk_sharding
+    from shardlayout.plan.stream import run_streamed_move
+
+    m = Mesh.parse("tp=2")
+    a, b = Sharding.parse(src, m), Sharding.parse(dst, m)
+    assert a.stream == b.stream and a.stream[2] == k
+    got = plan_move(a, b)
+    pa, pb = a.without_stream(), b.without_stream()
+    n = pa.shape[0] // k
+    chunk = plan_move(chunk_sharding(pa, 0, n, k), chunk_sharding(pb, 0, n, k))
+    assert [(c.kind, c.axes, c.bytes) for c in got] == [(c.kind, c.axes, c.bytes) for c in chunk] * k
+    pieces = pa.shard(np.random.default_rng(0).standard_normal(pa.shape))
+    whole, streamed = run_moves(plan_move(pa, pb), pieces), run_streamed_move(pa, pb, 0, k, pieces)
+    assert all(np.allclose(streamed[r], whole[r]) for r in m.ranks())
+    assert plan_move(a, pb) == plan_move(pa, pb) == plan_move(pa, b)  # a stream on one side: the whole move

@@ -38,6 +38,11 @@ def plan_move(src: Sharding, dst: Sharding, dtype: str = "float32", cost_model=N
     cheaper under ``cost_model`` (default: DTensor's) is returned, so the price the search sees
     is that of the cheaper order. Memoised (shardings and cost models are immutable). Raises
     ``ShardingSpecError`` when the two are not shardings of the same tensor on the same mesh.
+
+    Both sides in the same stream (``Sharding.stream``: ``[tp*~4*16] -> [2*~4*16]``) move chunk
+    by chunk: each collective of the whole move ``k`` times, at a ``k``-th of its bytes, chunk
+    after chunk. A stream on one side only, or different streams, orders the work and moves
+    what the plain shardings move.
     """
     if type(src) is not Sharding or type(dst) is not Sharding:
         src, dst = _as_shardings(src, dst)
@@ -53,6 +58,12 @@ def plan_move(src: Sharding, dst: Sharding, dtype: str = "float32", cost_model=N
         )
     if src == dst:
         return ()
+    if src.stream or dst.stream:  # a stream orders the work: only one both sides share cuts the move
+        whole = plan_move(src.without_stream(), dst.without_stream(), dtype, cost_model)
+        if src.stream != dst.stream:
+            return whole
+        k = src.stream[2]
+        return tuple(c.with_bytes(-(-c.bytes // k)) for _ in range(k) for c in whole)
     return _plan_move(src, dst, size, cost_model or DEFAULT_COST_MODEL)
 
 
