@@ -90,7 +90,7 @@ def test_qwen3_moe_keeps_experts_on_ep_and_moves_tokens():
     """torchtitan's Qwen3-MoE (64 experts, top-8, grouped mm): under ``ep`` every expert weight stays
     cut on ``ep`` by experts, the only collectives are the tokens' all_to_alls (dispatch and combine),
     and the plan verifies (ragged pieces simulated with real routing)."""
-    model, args = _example().qwen3_moe(1)
+    model, args = _example().qwen3_moe(1, seq=8, batch=2)
     prog = from_torch(model, args)
     m = Mesh.parse("ep=2")
     p = plan(prog, m, style_pins(prog, m, "ep"))
