@@ -97,11 +97,14 @@ def main(rounds: int = ROUNDS) -> None:
         if full:
             full_rss.append(f"{ranks} ranks {max(r['rss'] for r in full) / 2 ** 20:.0f} MiB")
         last = fast[-1]
+        alone = [r["plan"] - r["streams"] for r in fast]
         rows.append([ranks, mesh, spread(plan_s), spread([r["streams"] for r in fast]), spread(ver_s),
                      f"{statistics.median(v / p for v, p in zip(ver_s, plan_s)):.2f}",
+                     f"{statistics.median(v / p for v, p in zip(ver_s, alone)):.2f}",
                      f"{max(r['rss'] for r in fast) * mib:.0f}", f"{max(r['traced'] for r in fast) * mib:.1f}",
                      f"{last['ops']} / {last['collectives']}", last["classes"], last["simulated"], full_cell])
     header = ["ranks", "mesh", "plan s", "of which stream choices s", "verify s (classes)", "verify / plan",
+              "verify / plan() alone",
               "peak RSS MiB",
               "verify alloc MiB", "distinct ops / collectives", "rank classes", "local runs", "full simulation s"]
     method = (f"Verify the plan of a {LAYERS}-layer Llama ({STYLE}); each cell a fresh process (imports and a warm-up "
