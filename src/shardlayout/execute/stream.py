@@ -256,13 +256,13 @@ def segments(plan, flop_rate: float | None = None, chunks: int | None = None) ->
 
     out, skipped = [], []
     for choice in plan.stream_choices(flop_rate):
-        seg = None
-        try:
-            if chunks is not None:
+        if chunks is not None:
+            try:
                 choice = replace(choice, sharding=choice.sharding.without_stream().with_stream(choice.dim, int(chunks)))
-            seg = _segment(plan, choice)
-        except ShardingSpecError:  # the dim does not cut in that many chunks: it runs whole
-            pass
+            except ShardingSpecError:  # the dim does not cut in that many chunks: it runs whole
+                skipped.append(choice.tensor)
+                continue
+        seg = _segment(plan, choice)
         (out.append(seg) if seg is not None else skipped.append(choice.tensor))
     used: set = set()
     final = []
