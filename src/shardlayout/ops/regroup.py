@@ -40,13 +40,16 @@ dim, room left in it); ``place_even``, ``place_tail`` and ``place_program`` each
 piece or return the ``Obstacle`` in the way (a value: the piece, and how much of its axis
 may stay as an outer sub-axis). ``regroup`` gathers the obstacle (``gather``) and fits
 again, so only the piece in the way moves. With sub-axes off, an output that DTensor
-placements cannot say is one more obstacle (``dtensor_obstacle``).
+placements cannot say is one more obstacle (``dtensor_obstacle``). ``output`` puts the dims
+``fit`` built in canonical form.
 
 ``regroup`` first tries ``regroup_even``: the same walk in one pass over plain factors, for an
 even input with nothing in the way (most views). It builds the output's canonical dims as it
 goes and returns None on anything else (an uneven dim, a chunk program, a boundary that fits
 no factor, a cut axis with sub-axes off), which the walk then handles
-(``tests/ops/test_regroup_even.py`` checks the two agree).
+(``tests/ops/test_regroup_even.py`` checks the two agree). The walk asks it again after a
+gather that leaves the input even (no tail, no program left); a gather that leaves nothing
+sharded leaves every dim local (``gather_last``), with no walk left to do.
 
 Worked examples: ``tests/ops/test_regroup.py`` has one per step (``test_place_even_design_example``
 and ``test_regroup_design_example`` are the picture above; ``test_place_tail_*`` and
@@ -66,7 +69,8 @@ from ..caches import memo
 from ..config import settings
 from ..errors import NotRepresentable, ShardingSpecError
 from ..sharding import Factor, Sharding
-from ..sharding.core import ChunkProgram, _product, chain_extent
+from ..sharding.core import ChunkProgram, _built, _product, _trusted_dim, chain_extent
+from ..sharding.factors import chunk_counts
 from ..sharding.shards import _program_ranges, dim_ranges
 
 _new = tuple.__new__  # Factor(...) without the Python-level NamedTuple __new__: the hot path
@@ -318,9 +322,9 @@ def place_tail(pieces: tuple, i: int, cur: tuple, out_shape: tuple, subaxes: boo
             return Obstacle(head, 1, "the inner part of an uneven dim straddles a boundary")
         return placed + ((k2, Factor(rest)),), advance(out_shape, k2, room2 // rest), pieces
     q = need // size if need % size == 0 else 0
-    if q > 1:
+    if q > 1 and same_chunks(body, size, size * q, q, 1):
         shrunk = take_inner(pieces, i, q)
-        if shrunk is not None and same_chunks(body, size, size * q, q, 1):
+        if shrunk is not None:
             return placed, advance(out_shape, k, 1), shrunk
     nf = leading_locals(pieces, i + 1)
     follow = pieces[i + 1 : i + 1 + nf]
@@ -479,8 +483,14 @@ def same_chunks(body: tuple, n_in: int, n_out: int, q_in: int, q_out: int) -> bo
     """Do ``body`` cutting ``n_in`` (each element a block of ``q_in``) and ``body`` cutting
     ``n_out`` (blocks of ``q_out``) hold the same elements on every device?
 
+    A body of axis factors only (a tail's, as a rule) is answered per chunk length
+    (``same_axis_chunks``); one with local factors device by device.
+
     ``same_chunks((Factor(4, "a"),), 9, 3, 1, 3) -> True``: ``[0,3) [3,6) [6,9) []`` either way
     """
+    sizes = tuple([f.size for f in body if f.axis is not None])
+    if len(sizes) == len(body) and min(n_in, n_out, q_in, q_out) >= 1:
+        return same_axis_chunks(sizes, n_in, n_out, q_in, q_out)
     axes = [j for j, f in enumerate(body) if f.axis is not None]
     for combo in cartesian(*(range(body[j].size) for j in axes)):
         digits = [None] * len(body)
@@ -491,6 +501,29 @@ def same_chunks(body: tuple, n_in: int, n_out: int, q_in: int, q_out: int) -> bo
         if merge_ranges(a) != merge_ranges(b):
             return False
     return True
+
+
+def same_axis_chunks(sizes: tuple, n_in: int, n_out: int, q_in: int, q_out: int) -> bool:
+    """``same_chunks`` for a body of axis factors of these ``sizes`` (``n`` and ``q`` positive).
+
+    Each device holds one chunk of the chunk tree: the first factor cuts the dim into equal
+    chunks and a last, shorter one (``chunk_counts``), the next cuts each of those, and so
+    on. The devices hold the same elements either way when the first cut makes as many
+    chunks, of the same lengths in elements (so at the same places), and the rest of the
+    body cuts a full chunk alike and the last one alike.
+
+    ``same_axis_chunks((4,), 9, 3, 1, 3) -> True``: 3 chunks of 3 elements either way
+    """
+    if not sizes:
+        return n_in * q_in == n_out * q_out  # the whole range
+    c_in, full_in, r_in = chunk_counts(n_in, sizes[0])
+    c_out, full_out, r_out = chunk_counts(n_out, sizes[0])
+    if (c_in * q_in, full_in, r_in * q_in) != (c_out * q_out, full_out, r_out * q_out):
+        return False
+    rest = sizes[1:]
+    return same_axis_chunks(rest, c_in, c_out, q_in, q_out) and (
+        not r_in or same_axis_chunks(rest, r_in, r_out, q_in, q_out)
+    )
 
 
 @memo(4096)
@@ -529,21 +562,74 @@ def gather(s: Sharding, obstacle: Obstacle) -> Sharding:
 
     ``[x*3] (x=4)`` with obstacle ``x`` keep 2 -> ``[x:(1)2*6]``
     """
-    piece, keep = obstacle.piece, obstacle.keep
-    d, i = piece.dim, piece.index
+    (kind, factors, size, d, i), keep, _ = obstacle
     fs = s.dims[d]
-    if piece.kind == PROGRAM:
+    if kind is PROGRAM:
         new: tuple = ()
-    elif piece.kind == TAIL:
-        new = fs[:i] + (Factor(piece.size),)
+    elif kind is TAIL:
+        new = fs[:i] + (_new(Factor, (size, None, 1)),)
     else:
-        f = piece.factors[0]
+        _, axis, pre = factors[0]
         if keep > 1:
-            mid = (Factor(keep, f.axis, f.pre), Factor(f.size // keep))
+            mid = (_new(Factor, (keep, axis, pre)), _new(Factor, (size // keep, None, 1)))
         else:
-            mid = (Factor(f.size),)
+            mid = (_new(Factor, (size, None, 1)),)
         new = fs[:i] + mid + fs[i + 1 :]
     return s._with_dim(d, new)
+
+
+def output(s: Sharding, out_shape: tuple, dims: tuple) -> Sharding:
+    """The view's output: ``fit``'s ``dims`` in canonical form, as ``Sharding._trusted`` puts
+    them, without its work on the dims that already are (most that ``fit`` builds): none on
+    a dim of size 1, or one factor the size of its dim.
+
+    ``output(s, (16, 6), ((dp, 4, tp:(1)2), (tp:(2)2, 3)))`` -> ``[dp*4*tp:(1)2, tp:(2)2*3]``
+    """
+    mesh = s.mesh
+    canon = []
+    for k, fs in enumerate(dims):
+        n = out_shape[k]
+        if type(fs) is tuple and (fs[0].size == n != 1 if len(fs) == 1 else not fs and n == 1):
+            canon.append(fs)
+        else:
+            canon.append(_trusted_dim(mesh, out_shape, k, fs))
+    return _built(Sharding, mesh, out_shape, tuple(canon), s.partial)
+
+
+def left_after(obstacle: Obstacle, pieces: tuple) -> tuple:
+    """``(sharded, uneven)``: once the obstacle is gathered, does some piece of the input stay
+    sharded, or uneven (a tail or a program)? ``pieces``: all of them, floating ones too.
+
+    ``left_after(Obstacle(x, 1, why), (local(3), x)) -> (False, False)``; keep 2: ``(True, False)``
+    """
+    sharded, uneven = obstacle.keep != 1, False  # keep > 1: a sub-axis stays
+    for p in pieces:
+        if p.sharded and p != obstacle.piece:
+            sharded = True
+            uneven = uneven or p.kind is not AXIS
+    return sharded, uneven
+
+
+def gather_last(s: Sharding, obstacle: Obstacle, out_shape: tuple) -> tuple:
+    """``(gather(s, obstacle), output)`` when the obstacle is the last sharded piece
+    (``left_after``): every dim is local then. The gathered dim is even with local
+    factors only, one factor in canonical form (``_trusted_dim`` merges them); ``fit`` cuts
+    the one local piece at every output boundary, one factor per output dim.
+
+    ``[3, x*4] (x=2) -> (4, 6)``: x is in the way, ``([3, 8], [4, 6])``
+    """
+    d = obstacle.piece.dim
+    mesh, partial = s.mesh, s.partial
+    target = _built(Sharding, mesh, s.shape, s.dims[:d] + local_dims(s.shape[d : d + 1]) + s.dims[d + 1 :], partial)
+    return target, _built(Sharding, mesh, out_shape, local_dims(out_shape), partial)
+
+
+def local_dims(shape: tuple) -> tuple:
+    """Each dim of ``shape`` local, in canonical form: one factor, none on a dim of size 1.
+
+    ``local_dims((10, 1)) -> ((Factor(size=10, axis=None, pre=1),), ())``
+    """
+    return tuple([(_new(Factor, (n, None, 1)),) if n != 1 else () for n in shape])
 
 
 def dtensor_obstacle(target: Sharding, out: Sharding):
@@ -591,6 +677,11 @@ def regroup(s: Sharding, out_shape, subaxes: bool | None = None) -> tuple:
 def regroup_walk(s: Sharding, out_shape, subaxes: bool) -> tuple:
     """``regroup`` by the walk alone: ``fit``, gather the obstacle, fit again; with sub-axes
     off, an output DTensor placements cannot say is one more obstacle.
+
+    It stops early when it can (``left_after``): a gather that leaves nothing sharded leaves
+    every dim local (``gather_last``); one that leaves no tail nor program lets
+    ``regroup_even`` answer in one pass when nothing else is in the way (the walk's answer:
+    ``tests/ops/test_regroup_even.py``).
     ``regroup_walk(s, (16, 6), True) == regroup(s, (16, 6), True)``"""
     out_shape = infer_view_shape(s.shape, out_shape)
     target = s
@@ -598,13 +689,20 @@ def regroup_walk(s: Sharding, out_shape, subaxes: bool) -> tuple:
         pieces, floating = flat_pieces(target)
         dims = fit(pieces, floating, out_shape, subaxes)
         if type(dims) is Obstacle:
-            target = gather(target, dims)
-            continue
-        out = Sharding._trusted(s.mesh, out_shape, dims, s.partial)
-        obstacle = None if subaxes else dtensor_obstacle(target, out)
-        if obstacle is None:
-            return target, out
+            obstacle = dims
+        else:
+            out = output(s, out_shape, dims)
+            obstacle = None if subaxes else dtensor_obstacle(target, out)
+            if obstacle is None:
+                return target, out
+        sharded, uneven = left_after(obstacle, pieces + floating)
+        if not sharded:
+            return gather_last(target, obstacle, out_shape)
         target = gather(target, obstacle)
+        if not uneven:
+            out = regroup_even(target, out_shape, subaxes)
+            if out is not None:
+                return target, out
 
 
 # ------------------------------------------------------------------------------------------
