@@ -69,54 +69,44 @@ def prime_factors(n):
     return out
 
 
-def make_cases(n, seed=0):
-    """``n`` distinct ``(mesh_shape, shape, placements as text, out_shape)``."""
+def draw_cases(n, seed, mesh_sizes, dim_sizes, max_dims, max_out_dims, dtensor_accepts=False):
+    """``n`` distinct ``(mesh_shape, shape, placements as text, out_shape)``: meshes of 1-3 axes of
+    ``mesh_sizes``, tensors of 2-``max_dims`` dims of ``dim_sizes``, targets regrouping the prime
+    factors into 1-``max_out_dims`` dims; with ``dtensor_accepts``, only cases DTensor's rule takes."""
     rng = random.Random(seed)
     cases, seen = [], set()
     while len(cases) < n:
         nd = rng.randint(1, 3)
-        mesh = tuple(rng.choice([2, 4, 8]) for _ in range(nd))
-        shape = tuple(rng.choice([8, 16, 32, 64, 128, 256]) for _ in range(rng.randint(2, 4)))
+        mesh = tuple(rng.choice(mesh_sizes) for _ in range(nd))
+        shape = tuple(rng.choice(dim_sizes) for _ in range(rng.randint(2, max_dims)))
         pl = tuple(None if rng.random() < 0.25 else rng.randrange(len(shape)) for _ in range(nd))
         total = 1
         for x in shape:
             total *= x
-        dims = [1] * rng.randint(1, 4)
+        dims = [1] * rng.randint(1, max_out_dims)
         for p in prime_factors(total):
             dims[rng.randrange(len(dims))] *= p
         key = (mesh, shape, pl, tuple(dims))
         if key in seen:
             continue
         seen.add(key)
+        if dtensor_accepts:
+            try:
+                propagate_shape_and_sharding(placements(pl), shape, view_groups(shape, tuple(dims)), mesh)
+            except Exception:  # noqa: BLE001 - DTensor refuses the case: it is not compared
+                continue
         cases.append(key)
     return cases
+
+
+def make_cases(n, seed=0):
+    """The random set: powers of 2 (module docstring)."""
+    return draw_cases(n, seed, [2, 4, 8], [8, 16, 32, 64, 128, 256], 4, 4)
 
 
 def make_adversarial(n, seed=7):
-    """``n`` distinct cases with size-1 dims, uneven shards and up to 6 dims (DTensor accepts each)."""
-    rng = random.Random(seed)
-    cases, seen = [], set()
-    while len(cases) < n:
-        nd = rng.randint(1, 3)
-        mesh = tuple(rng.choice([2, 3, 4, 8]) for _ in range(nd))
-        shape = tuple(rng.choice([1, 2, 3, 5, 6, 7, 12, 24, 48, 96, 100, 128]) for _ in range(rng.randint(2, 6)))
-        pl = tuple(None if rng.random() < 0.25 else rng.randrange(len(shape)) for _ in range(nd))
-        total = 1
-        for x in shape:
-            total *= x
-        dims = [1] * rng.randint(1, 6)
-        for p in prime_factors(total):
-            dims[rng.randrange(len(dims))] *= p
-        key = (mesh, shape, pl, tuple(dims))
-        if key in seen:
-            continue
-        seen.add(key)
-        try:
-            propagate_shape_and_sharding(placements(pl), shape, view_groups(shape, tuple(dims)), mesh)
-        except Exception:  # noqa: BLE001 - DTensor refuses the case: it is not compared
-            continue
-        cases.append(key)
-    return cases
+    """The adversarial set: size-1 dims, uneven shards, up to 6 dims (DTensor accepts each)."""
+    return draw_cases(n, seed, [2, 3, 4, 8], [1, 2, 3, 5, 6, 7, 12, 24, 48, 96, 100, 128], 6, 6, True)
 
 
 SETS = {"random": make_cases, "adversarial": make_adversarial}
