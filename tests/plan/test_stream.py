@@ -233,3 +233,11 @@ def test_megatron_sp_streams_round_trip_through_the_domain_layer():
         td = loop_domain_of(c.sharding, c.tensor)
         assert [x.extent for x in td.loop if x.ptype.kind is Kind.STREAM] == [c.chunks]
         assert sharding_of(td, p.mesh) == c.sharding
+
+
+def test_a_pin_with_a_stream_factor_is_refused_naming_the_fix():
+    from shardlayout.errors import ShardingSpecError
+
+    prog, m = llama(layers=1), Mesh.parse("tp=2")
+    with pytest.raises(ShardingSpecError, match=r"plan chooses its streams: pin \[2, 8, 16\]"):
+        plan(prog, m, {"x": "[~2*1, 8, 16]"})

@@ -541,6 +541,9 @@ def pin_shardings(program: Program, mesh: Mesh, pins, where: str = "plan") -> di
         if v.mesh != mesh:
             raise MeshError(f"{where}: pin {k!r} ({v}) is on mesh {v.mesh}, the plan is on mesh {mesh}; make the pin "
                             "on the plan's mesh (or pass its text)")
+        if v.stream:
+            raise ShardingSpecError(f"{where}: pin {k!r} ({v}) has a stream factor ~{v.stream[2]}; a pin places a "
+                                    f"tensor and the plan chooses its streams: pin {v.without_stream()}")
         out[k] = v
     return out
 
