@@ -651,10 +651,10 @@ def cmd_run(args) -> int:
     if args.steps:
         return _cmd_train(args, opts, mesh)
     from .run import rank_main
-    from .run.launch import check_trainable
+    from .run.launch import check_trainable, rank_plan
 
     report, code = _on_ranks(args, opts, mesh, lambda rank, world: rank_main(
-        rank, world, lambda: jobs.build_plan(args), opts), lambda: check_trainable(jobs.build_plan(args), args.train),
+        rank, world, lambda: rank_plan(args), opts), lambda: check_trainable(jobs.build_plan(args), args.train),
         "running")
     if report is None:
         return code

@@ -146,7 +146,17 @@ def output_structure(ep):
     return ep.call_spec.out_spec, leaves
 
 
-TENSOR = object()  # output_structure's marker of a tensor leaf
+class _TensorLeaf:
+    """output_structure's marker of a tensor leaf: one object, also after a pickle round trip."""
+
+    def __reduce__(self):
+        return "TENSOR"
+
+    def __repr__(self) -> str:
+        return "TENSOR"
+
+
+TENSOR = _TensorLeaf()
 
 
 def lifted_constants(module, example_args) -> dict:

@@ -17,6 +17,7 @@ from ..errors import RunError, ShardingError
 from ..execute import walk
 from ..jobs import build_plan
 from .backward import grad_tensors, gradient_reductions, training_pieces
+from .once import PeerFailed
 
 
 def _free_port() -> int:
@@ -349,6 +350,17 @@ def _ix(idx):
     return tuple(torch.from_numpy(np.asarray(i, dtype=np.int64)) for i in np.ix_(*idx))
 
 
+def rank_plan(ns):
+    """The plan a rank runs (``jobs.build_plan``), a model that ``torch.export`` imports (``--module``,
+    ``--hf``, ``--export``) imported by rank 0 alone (``once.made_once``). Collective."""
+    from ..jobs import load_program
+    from .once import made_once
+
+    if any(getattr(ns, k, None) for k in ("module", "hf", "export")):
+        return build_plan(ns, program=made_once(lambda: load_program(ns)))
+    return build_plan(ns)
+
+
 def _child(rank, world, args_dict, init_method, result_path, job=None):
     """Entry point of a rank (module level: picklable); ``job``: another rank function with
     ``rank_main``'s call (``run.train.train_rank``), else ``rank_main`` on the options' plan."""
@@ -359,7 +371,9 @@ def _child(rank, world, args_dict, init_method, result_path, job=None):
         if job is not None:
             job(rank, world, args_dict, init_method, result_path)
         else:
-            rank_main(rank, world, lambda: build_plan(ns), args_dict, init_method, result_path)
+            rank_main(rank, world, lambda: rank_plan(ns), args_dict, init_method, result_path)
+    except PeerFailed:
+        sys.exit(_PEER_LOST)
     except ShardingError as e:
         print(f"shardlayout: error: rank {rank}: {e}", file=sys.stderr)
         sys.exit(2)
@@ -384,8 +398,10 @@ def launch(args_dict: dict, nproc: int, job=None) -> dict:
     import multiprocessing as mp
 
     ctx = mp.get_context("forkserver")  # ranks fork from one server that imported torch once
-    ctx.set_forkserver_preload(["torch", "torch.distributed", "shardlayout.run.executor", "shardlayout.run.launch",
-                               "shardlayout.run.train"])
+    # what most jobs import (DTensor for parallelize; torch.export and dynamo for a module's import), once
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "torch.distributed.tensor", "torch.export",
+                                "torch._dynamo", "shardlayout.run.executor", "shardlayout.run.launch",
+                                "shardlayout.run.train"])
     with tempfile.TemporaryDirectory(prefix="shardlayout-run-") as tmp:
         init = f"tcp://127.0.0.1:{_free_port()}"
         result = os.path.join(tmp, "rank0.json")
@@ -436,4 +452,4 @@ def launch(args_dict: dict, nproc: int, job=None) -> dict:
             return json.load(f)
 
 
-__all__ = ["RunError", "launch", "rank_main"]
+__all__ = ["RunError", "launch", "rank_main", "rank_plan"]

@@ -92,6 +92,14 @@ def _export(module, example_inputs):
     return export_module(module, _meta_args(example_inputs) if _on_meta(module) else example_inputs)
 
 
+def _imported(module, example_inputs) -> tuple:
+    """``(program, output structure, lifted constants)`` of the module's ``torch.export``."""
+    from ..program.torch_import import constants_of, from_exported, output_structure
+
+    ep = _export(module, example_inputs)
+    return from_exported(ep), output_structure(ep), constants_of(ep)
+
+
 def _plan_module(prog, mesh, style, tp_plan, pins, allow_unmatched):
     """The plan of ``prog`` on ``mesh`` from a style / tp-plan / pins (``auto``: the search)."""
     from ..plan import plan as make_plan
@@ -185,6 +193,7 @@ def parallelize(module, mesh, plan=None, *, example_inputs=None, style=None, tp_
     from ..plan import Plan
     from .backward import gradient_reductions, training_pieces
     from .moves import process_groups
+    from .once import made_once
     from .program import InterpretedProgram, ragged_tensors, rank_program, stream_pieces, stream_segments
 
     if not isinstance(module, torch.nn.Module):
@@ -200,13 +209,11 @@ def parallelize(module, mesh, plan=None, *, example_inputs=None, style=None, tp_
         raise ParallelizeError("parallelize needs example_inputs (a tuple of the forward's arguments, global sizes): "
                                "the module is exported with them to plan it and to know its inputs")
     example_inputs = tuple(example_inputs) if isinstance(example_inputs, (list, tuple)) else (example_inputs,)
-    ep = structure = None
-    if plan is None:
-        from ..program.torch_import import from_exported, output_structure
-
-        ep = _export(module, example_inputs)
-        structure = output_structure(ep)
-        plan = _plan_module(from_exported(ep), ours, style, tp_plan, pins, allow_unmatched)
+    imported = structure = None
+    if plan is None:  # exported by rank 0 alone: N ranks pay one torch.export
+        imported = made_once(lambda: _imported(module, example_inputs))
+        structure = imported[1]
+        plan = _plan_module(imported[0], ours, style, tp_plan, pins, allow_unmatched)
     elif not isinstance(plan, Plan):
         raise ParallelizeError(f"plan: give a shardlayout Plan (or None to plan with style=...), not "
                                f"{type(plan).__name__}")
@@ -236,7 +243,7 @@ def parallelize(module, mesh, plan=None, *, example_inputs=None, style=None, tp_
                                    "build the module on a real device")
         from ..program.torch_import import constants_of  # a tensor made in forward, lifted by export
 
-        constants = constants_of(ep if ep is not None else _export(module, example_inputs))
+        constants = imported[2] if imported else made_once(lambda: constants_of(_export(module, example_inputs)))
         state.update(constants)
     user = prog.inputs("input")
     examples = _flat_tensors(example_inputs)

@@ -83,6 +83,7 @@ def _model(options: dict, dtype):
 
     from ..jobs import _call_factory, build_plan, hf_source
     from .launch import _global_inputs
+    from .once import made_once
 
     ns = argparse.Namespace(**options)
     if options.get("module") or options.get("hf"):
@@ -95,7 +96,7 @@ def _model(options: dict, dtype):
                      for a in example_args)
         from ..program.torch_import import from_torch
 
-        plan = build_plan(ns, program=from_torch(module, args))
+        plan = build_plan(ns, program=made_once(lambda: from_torch(module, args)))
         return plan, module, args
     plan = build_plan(ns)
     values = _global_inputs(plan, options.get("seed", 0), str(dtype).replace("torch.", ""))
