@@ -10,6 +10,7 @@ import pytest
 pytest.importorskip("torch")
 
 JOB = '''
+import json
 from datetime import timedelta
 
 import torch.distributed as dist
