@@ -281,23 +281,28 @@ def user_pins(args, mesh) -> dict:
 
 def build_auto(args, program=None):
     """The ``AutoPlan`` of ``--style auto``: the minimum-step-time plan within ``--memory``
-    (``--flop-rate``, ``--training``), keeping the pins of ``--tp-plan`` and ``--pin``."""
+    (``--flop-rate``, ``--training``), keeping the pins of ``--tp-plan`` and ``--pin``; the
+    TP plan's colwise/rowwise weights are its promise: no collective moves them."""
     from .mesh import Mesh
+    from .plan import pin_shardings
     from .plan.auto import auto_plan, parse_memory
+    from .program.styles import kept_pins
 
     mesh = Mesh.parse(args.mesh)
     prog = load_program(args) if program is None else program
     _check_uneven(args, prog)
-    pins = {}
+    pins, applied = {}, []
     if getattr(args, "tp_plan", None) is not None:  # '' is refused by read_tp_plan, never skipped
         from .program.tp_plan import apply_tp_plan, read_tp_plan
 
-        pins.update(apply_tp_plan(prog, mesh, read_tp_plan(args.tp_plan),
-                                  bool(getattr(args, "allow_unmatched", False))).pins)
+        applied.append(apply_tp_plan(prog, mesh, read_tp_plan(args.tp_plan),
+                                     bool(getattr(args, "allow_unmatched", False))))
+        pins.update(applied[0].pins)
     pins.update(user_pins(args, mesh))
     memory = getattr(args, "memory", None)
     a = auto_plan(prog, mesh, pins, None if memory is None else parse_memory(memory),
-                  flop_rate=getattr(args, "flop_rate", None), training=getattr(args, "training", None) or "adam")
+                  flop_rate=getattr(args, "flop_rate", None), training=getattr(args, "training", None) or "adam",
+                  keep=kept_pins(pin_shardings(prog, mesh, pins), *applied))
     if prog.symbols:  # the guards of the plan the search found (verify re-plans with every tensor pinned)
         from .plan.guards import plan_guards
 

@@ -230,3 +230,57 @@ def test_a_value_crossing_two_cuts_is_priced_once_by_the_chain():
     assert all(a != b for a, b in zip(made, made[1:]))
     a = auto_plan(prog, Mesh.parse("dp=2,tp=2"))
     assert a.estimate.seconds == a.predicted
+
+
+# ------------------------------------------------------------------------------------------
+# a style's promise (keep) and the whole-program search under it
+# ------------------------------------------------------------------------------------------
+
+STYLE_CASES = [  # (label, program, mesh, style); the llamas: a real MLP width, and one so narrow that
+    # gathering its weights is cheaper than reducing the activation (the promise then binds)
+    ("llama", lambda: llama(layers=2, dim=256, ffn=1024, heads=4, seq=64, batch=4), "tp=2", "megatron"),
+    ("llama", lambda: llama(layers=2, dim=256, ffn=1024, heads=4, seq=64, batch=4), "dp=2,tp=2", "megatron-sp"),
+    ("llama", lambda: llama(layers=2, dim=256, ffn=1024, heads=4, seq=64, batch=4), "dp=2,tp=2", "fsdp"),
+    ("narrow-mlp", lambda: llama(layers=2, dim=1024, seq=512, batch=4), "dp=2,tp=2", "megatron"),
+    ("narrow-mlp", lambda: llama(layers=2, dim=1024, seq=512, batch=4), "tp=4", "megatron-sp"),
+    ("moe", moe, "ep=2", "ep"),
+    ("moe", moe, "dp=2,ep=2", "ep"),
+]
+
+
+def _style(label, make, mesh, style):
+    from shardlayout.plan import pin_shardings
+    from shardlayout.program.styles import apply_style, kept_pins
+
+    prog, m = make(), Mesh.parse(mesh)
+    got = apply_style(prog, m, style)
+    pins = pin_shardings(prog, m, got.pins)
+    return prog, m, pins, kept_pins(pins, got)
+
+
+@pytest.mark.parametrize("training", ["adam", "inference"])
+@pytest.mark.parametrize("label,make,mesh,style", STYLE_CASES)
+def test_a_styles_plan_is_the_whole_program_optimum_under_its_promise(label, make, mesh, style, training):
+    # the style's per-op choices price forward moves one op at a time; the ILP prices the whole
+    # program (forward, planned backward, memory) over every seed's shardings with the style's pins
+    # and promise held: it proves (gap 0) that nothing under the promise is cheaper
+    prog, m, pins, kept = _style(label, make, mesh, style)
+    a = auto_plan(prog, m, pins, training=training, keep=kept)
+    assert a.gap == 0
+    ours = estimate(plan(prog, m, style=style), training)
+    assert ours.seconds == pytest.approx(a.estimate.seconds, rel=1e-12, abs=0)
+
+
+def test_auto_moves_no_tensor_a_style_or_tp_plan_keeps():
+    prog, m, pins, kept = _style(*STYLE_CASES[3])
+    assert {"layers.0.w_gate", "layers.0.w_down"} <= kept
+
+    def moved(p):
+        return {c.tensor for c in p.collectives} & kept
+
+    free = auto_plan(prog, m, pins, training="adam")
+    assert moved(free.plan)  # at this width the search would gather the column weights...
+    held = auto_plan(prog, m, pins, training="adam", keep=kept)
+    assert not moved(held.plan) and held.gap == 0  # ...which the promise forbids
+    assert held.estimate.seconds >= free.estimate.seconds
+    assert held.plan.verify().ok

@@ -329,6 +329,21 @@ def _check_keep(keep, pins: dict) -> frozenset:
     return frozenset(keep)
 
 
+def kept_views(program: Program, keep) -> frozenset:
+    """``keep`` and the views made of kept tensors, transitively (a transposed expert weight is still
+    the expert weight): what no collective may move once every view is made where its kept input
+    is, as ``plan(..., keep=)`` holds them. ``kept_views(prog, ()) -> frozenset()``"""
+    from ..program.blocks import VIEWS
+
+    out = set(keep)
+    if out:
+        for op in program.ops:
+            if (len(op.outputs) == 1 and op.inputs and type(op.inputs[0]) is str and op.inputs[0] in out
+                    and canonical_op_name(op.target) in VIEWS):
+                out.add(op.outputs[0])
+    return frozenset(out)
+
+
 def _moves_kept(op, args, targets, keep) -> list:
     """The kept inputs a strategy moves with a collective."""
     return [i for i, a, t in zip(op.inputs, args, targets) if type(i) is str and i in keep and type(a) is Sharding
@@ -784,4 +799,4 @@ def _forward(program: Program, mesh: Mesh, pins: dict, cm: CostModel, wanted: di
     return Plan(program, mesh, shard, planned, collectives, time.perf_counter() - t0, moves, cm)
 
 
-__all__ = ["Plan", "PlannedOp", "Verification", "plan"]
+__all__ = ["Plan", "PlannedOp", "Verification", "kept_views", "plan"]

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, replace
 from ..errors import ShardingError
 from ..mesh import Mesh, as_mesh
 from ..sharding.cost import DEFAULT_COST_MODEL, CostModel
-from . import Plan, pin_shardings, plan
+from . import Plan, _check_keep, kept_views, pin_shardings, plan
 from .chain import segments, shared_inputs, slot_groups, solve_chain
 from .estimate import StepEstimate, check_flop_rate, check_training, estimate
 from .space import Context, _order, domains, evaluate, memory_of, op_table, seed_plans, unify
@@ -292,12 +292,14 @@ class Found:
 
 def auto_plan(program, mesh: Mesh, pins: dict | None = None, memory_per_device=None,
               cost_model: CostModel | None = None, flop_rate: float | None = None, training: str = "adam",
-              method: str = "auto", time_limit: float = 60.0) -> AutoPlan:
+              method: str = "auto", time_limit: float = 60.0, keep=()) -> AutoPlan:
     """The minimum-step-time plan of ``program`` on ``mesh`` within ``memory_per_device`` (bytes
     or a size like ``"80GiB"``; None: no budget), with ``pins`` kept. ``method``: "chain"
     (repeated blocks), "full" (one ILP) or "auto" (the chain when the program has cuts, the
-    full ILP when a budget binds a chain of at most ``SMALL_CHAIN`` blocks). Raises
-    :class:`NoPlanFits` with the smallest budget that works when nothing fits.
+    full ILP when a budget binds a chain of at most ``SMALL_CHAIN`` blocks). ``keep``: pinned
+    tensors no collective may move, nor the views made of them in place (a style's or TP plan's
+    promise, as ``plan(..., keep=)``). Raises :class:`NoPlanFits` with the smallest budget that
+    works when nothing fits.
     ``auto_plan(llama(layers=8), Mesh.parse("dp=2,tp=4"), memory_per_device="64KiB").plan``"""
     t0 = time.perf_counter()
     mesh = as_mesh(mesh, "auto_plan")
@@ -308,10 +310,11 @@ def auto_plan(program, mesh: Mesh, pins: dict | None = None, memory_per_device=N
     if method not in ("auto", "chain", "full"):
         raise ShardingError(f"auto_plan: method {method!r}: choose auto, chain or full")
     pins = _check_pins(program, mesh, pins)
-    seeds = seed_plans(program, mesh, pins, cm)
+    keep = _check_keep(keep, pins)
+    seeds = seed_plans(program, mesh, pins, cm, keep)
     segs = segments(program, training)
     shared = shared_inputs(program, [(s.lo, s.hi) for s in segs]) if len(segs) > 1 else frozenset()
-    ctx = Context.of(program, mesh, cm, training, rate, shared)
+    ctx = Context.of(program, mesh, cm, training, rate, shared, kept_views(program, keep))
     doms = unify(domains(program, seeds, pins), slot_groups(segs))
     idle, idle_mem = _idle(program, doms, training)
     try:
@@ -323,7 +326,7 @@ def auto_plan(program, mesh: Mesh, pins: dict | None = None, memory_per_device=N
         _no_fit(budget, e.smallest + idle_mem)  # the budgets the user gave and needs, idle inputs counted
     found = replace(found, assignment={**found.assignment, **idle}, memory=found.memory + idle_mem,
                     fastest_memory=found.fastest_memory + idle_mem)
-    final = plan(program, mesh, found.assignment, cm)
+    final = plan(program, mesh, found.assignment, cm, keep=keep)
     est = estimate(final, training, rate)
     predicted = math.fsum(found.terms[0] + found.terms[1] + found.terms[2])
     if est.seconds != predicted or est.memory != found.memory:

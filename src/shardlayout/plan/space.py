@@ -39,7 +39,7 @@ from ..errors import ShardingError
 from ..mesh import Mesh
 from ..sharding import Sharding
 from ..sharding.cost import DEFAULT_COST_MODEL, CostModel
-from ..sharding.move import plan_move
+from ..sharding.move import is_local_move, plan_move
 from .backward import op_reductions
 from .estimate import (
     check_flop_rate,
@@ -57,8 +57,9 @@ from .estimate import (
 @dataclass(frozen=True)
 class Context:
     """What prices a combination besides the shardings: mesh, cost model, training mode, FLOP
-    rate, the tensors that carry gradients, and ``shared``: tensors several blocks read, which
-    may be sliced locally but not moved with communication inside a block (``plan.chain``)."""
+    rate, the tensors that carry gradients, ``shared``: tensors several blocks read, which may be
+    sliced locally but not moved with communication inside a block (``plan.chain``), and ``kept``:
+    pinned tensors no collective may move (a style's promise, ``plan(..., keep=)``)."""
 
     mesh: Mesh
     cost_model: CostModel
@@ -66,15 +67,16 @@ class Context:
     flop_rate: float
     grads: frozenset
     shared: frozenset = frozenset()
+    kept: frozenset = frozenset()
 
     @staticmethod
     def of(program, mesh: Mesh, cost_model: CostModel | None = None, training: str = "adam",
-           flop_rate: float | None = None, shared: frozenset = frozenset()) -> "Context":
+           flop_rate: float | None = None, shared: frozenset = frozenset(), kept: frozenset = frozenset()) -> "Context":
         """The context of ``program`` on ``mesh``. ``Context.of(prog, mesh).training -> 'adam'``"""
         check_training(training)
         grads = grads_of(program) if training != "inference" else frozenset()
         return Context(mesh, cost_model or DEFAULT_COST_MODEL, training, check_flop_rate(flop_rate), grads,
-                       frozenset(shared))
+                       frozenset(shared), frozenset(kept))
 
 
 @dataclass(frozen=True)
@@ -113,14 +115,15 @@ class NoCandidates(ShardingError):
 # ------------------------------------------------------------------------------------------
 
 
-def seed_plans(program, mesh: Mesh, pins: dict, cost_model: CostModel | None = None) -> tuple:
-    """``((label, Plan), ...)``: the plan with only ``pins``, then with each built-in style's pins
-    (``pins`` override them); a style that does not apply to the program is left out.
+def seed_plans(program, mesh: Mesh, pins: dict, cost_model: CostModel | None = None, keep=frozenset()) -> tuple:
+    """``((label, Plan), ...)``: the plan with only ``pins`` (``keep``: those no collective moves),
+    then with each built-in style's pins (``pins`` override them); a style that does not apply to
+    the program is left out.
     ``[label for label, _ in seed_plans(llama(layers=1), mesh, {})] -> ['none', 'dp', ...]``"""
     from ..program.models import STYLES, style_pins
     from . import plan
 
-    out = [("pins" if pins else "none", plan(program, mesh, dict(pins), cost_model))]
+    out = [("pins" if pins else "none", plan(program, mesh, dict(pins), cost_model, keep=keep))]
     for style in STYLES:
         try:
             got = plan(program, mesh, {**style_pins(program, mesh, style), **pins}, cost_model)
@@ -220,6 +223,8 @@ def _combo(op, opdef, kw, typed, dtypes, creation, pin, tspec, ctx, cm):
         if tgt is not a and type(a) is Sharding and tgt != a:
             if i in ctx.shared and priced_move(a, tgt, tspec[i].dtype, False, cm)[0]:
                 return None  # a shared tensor is not moved with communication inside a block
+            if i in ctx.kept and not is_local_move(a, tgt):
+                return None  # nor a kept one anywhere (plan() with keep takes another strategy or refuses)
             moves.append((i, a, tgt))
     reductions = op_reductions(op.inputs, p.input_targets, p.outputs, ctx.grads) if ctx.grads else ()
     comp = compute_seconds(op_flops(op.target, params, p.input_targets, p.outputs), ctx.training, ctx.flop_rate)

@@ -107,12 +107,17 @@ def _plan_module(prog, mesh, style, tp_plan, pins, allow_unmatched):
     given = dict(pins or {})
     if style == "auto":
         from ..plan.auto import auto_plan
+        from ..program.styles import kept_pins
 
+        applied = []
         if tp_plan:
             from ..program.tp_plan import apply_tp_plan, read_tp_plan
 
-            given = {**apply_tp_plan(prog, mesh, read_tp_plan(tp_plan), allow_unmatched).pins, **given}
-        return auto_plan(prog, mesh, _pins(given, mesh)).plan
+            applied.append(apply_tp_plan(prog, mesh, read_tp_plan(tp_plan) if isinstance(tp_plan, str) else tp_plan,
+                                         allow_unmatched))
+            given = {**applied[0].pins, **given}
+        given = _pins(given, mesh)
+        return auto_plan(prog, mesh, given, keep=kept_pins(given, *applied)).plan
     from ..program.styles import apply_style, kept_pins
 
     got, applied = {}, []
