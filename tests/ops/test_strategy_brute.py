@@ -1,9 +1,10 @@
-"""The strategy search against brute force: for small mm and mul calls (and add, bmm, addmm, sum,
-softmax), every (input targets, output) triple that computes the right value (by simulation on
-every rank, partial sums split at random) is priced as the search prices it (``price``: the
-collectives plan_move emits), and the search's choice must cost no more than that minimum. This
-is what catches a missing candidate, e.g. A @ B with both operands partial on one axis, where
-reducing one and keeping the other partial (one all-reduce) beats reducing both."""
+"""The strategy search against brute force: for small mm and mul calls (and add, sub, neg, exp,
+bmm, matmul, einsum, addmm, linear, sum, mean, amax, softmax, log_softmax), every (input targets,
+output) triple that computes the right value (by simulation on every rank, partial sums split at
+random) is priced as the search prices it (``price``: the collectives plan_move emits), and the
+search's choice must cost no more than that minimum. This is what catches a missing candidate,
+e.g. A @ B with both operands partial on one axis, where reducing one and keeping the other
+partial (one all-reduce) beats reducing both."""
 
 from __future__ import annotations
 
@@ -138,6 +139,17 @@ MORE = {  # op: (numpy, input shapes, params, meshes, cases per mesh)
     "sum": (lambda x: x.sum(axis=1), [(4, 4)], {"dim": [1]}, ("dp=2,tp=2",), 12),
     "softmax": (lambda x: np.exp(x) / np.exp(x).sum(axis=1, keepdims=True), [(4, 4)], {"dim": 1}, ("dp=2,tp=2",),
                 12),
+    "sub": (np.subtract, [(4, 4), (4, 4)], {}, ("dp=2,tp=2",), 12),
+    "neg": (np.negative, [(4, 4)], {}, ("dp=2,tp=2",), 8),  # linear: a partial sum stays one
+    "exp": (np.exp, [(4, 4)], {}, ("dp=2,tp=2",), 8),
+    "mean": (lambda x: x.mean(axis=1), [(4, 4)], {"dim": [1]}, ("dp=2,tp=2",), 8),
+    "amax": (lambda x: x.max(axis=1), [(4, 4)], {"dim": [1]}, ("dp=2,tp=2",), 8),
+    "log_softmax": (lambda x: x - x.max(1, keepdims=True) - np.log(np.exp(x - x.max(1, keepdims=True)).sum(
+        1, keepdims=True)), [(4, 4)], {"dim": 1}, ("dp=2,tp=2",), 8),
+    "linear": (lambda x, w, b: x @ w.T + b, [(4, 4), (4, 4), (4,)], {}, ("tp=2",), 12),
+    "matmul": (np.matmul, [(4, 4), (4, 4)], {}, ("dp=2,tp=2",), 12),
+    "einsum": (lambda a, b: np.einsum("bij,bkj->bik", a, b), [(4, 4, 4), (4, 4, 4)], {"equation": "bij,bkj->bik"},
+               ("tp=2",), 12),
 }
 
 
