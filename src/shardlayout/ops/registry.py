@@ -86,10 +86,12 @@ class Signature:
     # facts bind reads on every call, computed once
     names: frozenset = field(init=False, repr=False, compare=False)
     plain: bool = field(init=False, repr=False, compare=False)  # every tensor required, a Sharding
+    fields: tuple = field(init=False, repr=False, compare=False)  # per param (name, type, default, nullable, Param)
 
     def __post_init__(self):
         object.__setattr__(self, "names", frozenset(p.name for p in self.params))
         object.__setattr__(self, "plain", all(not (t.optional or t.variadic or t.scalar) for t in self.tensors))
+        object.__setattr__(self, "fields", tuple((p.name, p.type, p.default, p.nullable, p) for p in self.params))
 
     def param(self, name: str) -> Param | None:
         """The param called ``name``, or None."""
@@ -290,20 +292,21 @@ def bind(op: str, sig: Signature, inputs: tuple, params: dict) -> dict:
         mesh = x.mesh
     ndim = len(inputs[0].shape) if inputs else None
     out = {}
-    for p in sig.params:
-        name = p.name
-        if name in params:
-            v = params[name]
-        else:
-            v = p.default
-            if v is REQUIRED:
-                return _bind_checked(op, sig, inputs, params)
-        if v is None and p.nullable:
+    for name, typ, default, nullable, p in sig.fields:
+        v = params.get(name, default)
+        if v is REQUIRED:
+            return _bind_checked(op, sig, inputs, params)
+        if v is None and nullable:
             out[name] = None
-        elif p.type == "shape" and type(v) is tuple and all(type(x) is int and x >= 1 for x in v):
-            out[name] = v
-        else:
-            out[name] = _check_value(op, p, v, ndim)
+            continue
+        if typ == "shape" and type(v) is tuple:  # a shape of positive ints is valid as it is
+            for x in v:
+                if type(x) is not int or x < 1:
+                    break
+            else:
+                out[name] = v
+                continue
+        out[name] = _check_value(op, p, v, ndim)
     return out
 
 
@@ -422,8 +425,6 @@ def _typed(v):
     """A memo key of a call's arguments that tells ``1``, ``1.0`` and ``True`` apart (equal and
     equally hashed in Python, but not the same input to validate)."""
     t = type(v)
-    if t is int or t is str or v is None or t is Sharding:
-        return v
     if t is tuple or t is list:
         for x in v:
             if type(x) is not int:
@@ -436,6 +437,8 @@ def _typed(v):
                     return (t, *(_typed(x) for x in v))
             return v  # the inputs: Shardings only
         return (t, *(_typed(x) for x in v))
+    if t is int or t is str or v is None or t is Sharding:
+        return v
     if t is dict:
         if len(v) == 1:
             for k, x in v.items():

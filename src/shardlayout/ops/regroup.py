@@ -145,8 +145,11 @@ def flat_pieces(s: Sharding) -> tuple:
     out: list = []
     floating: list = []
     last = None  # the last piece, when local
-    for d, fs in enumerate(s.dims):
-        n = s.shape[d]
+    shape = s.shape
+    d = -1
+    for fs in s.dims:
+        d += 1
+        n = shape[d]
         if type(fs) is ChunkProgram:
             if n == 1:
                 floating.append(Piece(PROGRAM, (fs,), n, d, 0))  # the local pieces around still merge
@@ -156,23 +159,25 @@ def flat_pieces(s: Sharding) -> tuple:
             continue
         p = 1
         for f in fs:
-            p *= f.size
+            p *= f[0]
         j = len(fs) if p == n else even_prefix(n, fs)  # even dim: every factor is a digit
-        for i in range(j):
-            f = fs[i]
-            if f.axis is not None:
-                out.append(new(Piece, (AXIS, (f,), f.size, d, i)))
+        i = 0
+        for f in fs if p == n else fs[:j]:
+            size, axis, _ = f
+            if axis is not None:
+                out.append(new(Piece, (AXIS, (f,), size, d, i)))
                 last = None
             elif last is None:
-                last = new(Piece, (LOCAL, (f,), f.size, d, i))
+                last = new(Piece, (LOCAL, (f,), size, d, i))
                 out.append(last)
             else:
-                size = last.size * f.size
+                size *= last[2]
                 last = out[-1] = new(Piece, (LOCAL, (new(Factor, (size, None, 1)),), size, -1, -1))
+            i += 1
         if j < len(fs):
             q = 1
             for f in fs[:j]:
-                q *= f.size
+                q *= f[0]
             size = n // q
             if size == 1:
                 floating.append(new(Piece, (TAIL, fs[j:], size, d, j)))
@@ -603,10 +608,12 @@ def left_after(obstacle: Obstacle, pieces: tuple) -> tuple:
     ``left_after(Obstacle(x, 1, why), (local(3), x)) -> (False, False)``; keep 2: ``(True, False)``
     """
     sharded, uneven = obstacle.keep != 1, False  # keep > 1: a sub-axis stays
+    piece = obstacle.piece
     for p in pieces:
-        if p.sharded and p != obstacle.piece:
+        kind = p[0]  # p.kind; is it sharded (not LOCAL)?
+        if kind is not LOCAL and p != piece:
             sharded = True
-            uneven = uneven or p.kind is not AXIS
+            uneven = uneven or kind is not AXIS
     return sharded, uneven
 
 
@@ -638,11 +645,32 @@ def dtensor_obstacle(target: Sharding, out: Sharding):
 
     ``[x*3 of 5] -> (5,)`` has placements: None.
     """
-    if has_placements(out):
+    if even_whole_axes(out) or has_placements(out):
         return None
     pieces, floating = flat_pieces(target)
     last = max((p for p in pieces + floating if p.sharded), key=lambda p: (p.dim, p.index))
     return Obstacle(last, 1, f"DTensor placements cannot say {out}")
+
+
+def even_whole_axes(s: Sharding) -> bool:
+    """Is every dim of ``s`` even and every axis factor a whole mesh axis? Such a sharding has
+    DTensor placements (``to_placements`` reads each split factor off the factors in front;
+    ``tests/ops/test_regroup_even.py`` checks the claim), so ``dtensor_obstacle`` need not ask.
+
+    ``even_whole_axes(Sharding.parse("[dp*4, tp*3]", m)) -> True``; ``[tp:(1)2*6]``: False
+    """
+    mesh = s.mesh
+    for n, fs in zip(s.shape, s.dims):
+        if type(fs) is ChunkProgram:
+            return False
+        p = 1
+        for size, axis, pre in fs:
+            p *= size
+            if axis is not None and (pre != 1 or size != mesh.shape[mesh.names.index(axis)]):
+                return False
+        if p != n:
+            return False
+    return True
 
 
 def has_placements(s: Sharding) -> bool:
@@ -819,7 +847,10 @@ def infer_view_shape(shape: tuple, out_shape) -> tuple:
                 break
             p *= x
         else:
-            if p == _product(shape):
+            q = 1
+            for x in shape:
+                q *= x
+            if p == q:
                 return out_shape
     if isinstance(out_shape, int):
         out_shape = (out_shape,)

@@ -72,6 +72,18 @@ class Propagation:
     cost_model: CostModel = field(default=DEFAULT_COST_MODEL, repr=False)
     local: tuple = field(default=())
 
+    @classmethod
+    def _trusted(cls, op: str, inputs: tuple, input_targets: tuple, outputs: tuple, collectives=(),
+                 cost_model: CostModel = DEFAULT_COST_MODEL) -> "Propagation":
+        """Internal fast constructor (a rule's hot path): the same record as
+        ``Propagation(op, inputs, input_targets, outputs, collectives, cost_model=cost_model)``, its
+        fields set at once. ``Propagation._trusted("view", (s,), (s,), (out,))``"""
+        p = object.__new__(cls)
+        p.__dict__.update({"op": op, "inputs": inputs, "input_targets": input_targets, "outputs": outputs,
+                           "collectives": collectives, "notes": (), "candidates": (), "cost_model": cost_model,
+                           "local": ()})
+        return p
+
     @property
     def cost(self) -> float:
         """Estimated seconds of all collectives, priced by ``sharding.cost.cost``."""

@@ -41,12 +41,12 @@ gathers = input_moves  # the collectives moving input 0 (one function, in ops.st
 # ------------------------------------------------------------------------------------------
 
 
-def _view_result(name, s, out_shape, subaxes, tensor_dtype, cost_model, notes=(), walk=False):
+def _view_result(name, s, out_shape, subaxes, tensor_dtype, cost_model, walk=False):
     """``walk``: the caller tried ``regroup_even`` already (it returned None)."""
     target, out = regroup_walk(s, out_shape, subaxes) if walk else regroup(s, out_shape, subaxes)
     # regroup returns s when nothing moves; a move is planned when its collectives are first read
     moves = () if target is s else Deferred(lambda: gathers(s, target, tensor_dtype, cost_model))
-    return Propagation(name, (s,), (target,), (out,), moves, tuple(notes), (), cost_model or DEFAULT_COST_MODEL)
+    return Propagation._trusted(name, (s,), (target,), (out,), moves, cost_model or DEFAULT_COST_MODEL)
 
 
 def _np_reshape(x, out_shapes, **_):
@@ -62,7 +62,7 @@ def view_rule(name, inputs, shape=None, size=None, subaxes=None, tensor_dtype="f
     subaxes = settings.subaxes if subaxes is None else subaxes
     out = regroup_even(s, shape, subaxes)
     if out is not None:  # nothing in the way: nothing moves
-        return Propagation(name, (s,), (s,), (out,), (), (), (), cost_model or DEFAULT_COST_MODEL)
+        return Propagation._trusted(name, (s,), (s,), (out,), (), cost_model or DEFAULT_COST_MODEL)
     return _view_result(name, s, shape, subaxes, tensor_dtype, cost_model, walk=True)
 
 
