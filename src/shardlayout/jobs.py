@@ -54,7 +54,7 @@ def load_program(args):
             module, example_args, _ = hf_source(args, "meta")
             return import_hf(module, example_args, getattr(module, "config", None))
 
-        sizes = {"batch": 1, "seq": 128, **model_sizes("hf", getattr(args, "size", None))}
+        sizes = hf_sizes(args)
         path = os.path.join(args.hf, "config.json") if os.path.isdir(args.hf) else args.hf
         if os.path.isfile(path):  # the file's bytes define the model: keyed without importing transformers
             with open(path, "rb") as f:
@@ -135,12 +135,27 @@ def _check_layers(args) -> None:
 
 def hf_source(args, device: str):
     """``(module, example_args, None)`` of ``--hf SOURCE [--size batch=B,seq=S]`` built on
-    ``device`` (``program.hf``; batch 1 and seq 128 unless given)."""
+    ``device`` (``program.hf``; sizes by :func:`hf_sizes`)."""
     from .program.hf import hf_model
 
-    sizes = {"batch": 1, "seq": 128, **model_sizes("hf", getattr(args, "size", None))}
+    sizes = hf_sizes(args)
     module, example_args = hf_model(args.hf, sizes["batch"], sizes["seq"], device)
     return module, example_args, None
+
+
+def hf_sizes(args) -> dict:
+    """``--hf``'s example sizes: ``--size batch=B,seq=S`` where given; else a batch of one sequence
+    per data-parallel rank (the product of the mesh's ``dp`` and ``ep`` sizes, the axes a style
+    splits the batch on; 1 without them) and seq None (``hf_model``: 128, or the model's
+    ``max_position_embeddings`` when shorter).
+    ``hf_sizes(Namespace(size=None, mesh="dp=2,tp=2")) -> {"batch": 2, "seq": None}``"""
+    from .mesh import Mesh
+
+    mesh = Mesh.parse(getattr(args, "mesh", None) or "")
+    batch = 1
+    for axis in ("dp", "ep"):
+        batch *= mesh.axis_size(axis) if axis in mesh.names else 1
+    return {"batch": batch, "seq": None, **model_sizes("hf", getattr(args, "size", None))}
 
 
 def model_sizes(model: str, text: str | None) -> dict:

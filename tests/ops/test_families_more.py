@@ -98,6 +98,31 @@ def test_sort_topk():
         simulate_all(propagate("topk", [s], dim=d, k=k), [x], topk)
 
 
+def test_max_min_argmax_argmin():
+    """Over a dim: (values, indices) with that dim whole; without: the whole tensor's (max and
+    min combine a partial max / min; argmax / argmin the flat index)."""
+    for rng, _mesh, shape, s in cases(11, partial=True):
+        d = rng.randrange(len(shape))
+        keep = rng.random() < 0.5
+        x = np.random.default_rng(0).standard_normal(shape)
+
+        def with_index(value, index, d=d, keep=keep):
+            return lambda a: (value(a, axis=d, keepdims=keep),
+                              (np.expand_dims(index(a, axis=d), d) if keep else index(a, axis=d)))
+
+        for op, value, index in (("max", np.max, np.argmax), ("min", np.min, np.argmin)):
+            p = propagate(op, [s], dim=d, keepdim=keep)
+            if s.partial:  # a partial sum has no max until it is summed
+                assert not p.input_targets[0].partial
+            both = with_index(value, index)
+            simulate_all(p, [x], both)
+            simulate_all(propagate("arg" + op, [s], dim=d, keepdim=keep), [x], lambda a, f=both: f(a)[1])
+            simulate_all(propagate("arg" + op, [s]), [x], lambda a, i=index: np.asarray(float(i(a))))
+        if not s.partial:
+            simulate_all(propagate("max", [s]), [x], lambda a: np.asarray(a.max()))
+            simulate_all(propagate("min", [s]), [x], lambda a: np.asarray(a.min()))
+
+
 def test_index_ops_and_embedding():
     for rng, mesh, shape, s in cases(4, dims=(2, 3)):
         d = rng.randrange(len(shape))
@@ -135,6 +160,30 @@ def test_attention():
         p = propagate("scaled_dot_product_attention", ins, is_causal=True)
         assert all(f.axis is None for f in p.outputs[0].dims[2])
         simulate_all(p, arrs, lambda q, k, v: sdpa(q, k, v, True))
+
+
+def test_attention_broadcasts_one_kv_head_to_every_query_head():
+    """Multi-query attention as Falcon calls it: k and v with one head for q's four (torch's math
+    path broadcasts them); q's heads shard, the single k/v head is read whole by every rank."""
+    rng = random.Random(12)
+    for _ in range(20):
+        mesh = rand_mesh(rng)
+        shapes = [(2, 4, 8, 4), (2, 1, 8, 4), (2, 1, 8, 4)]
+        ins = [rand_sharding(rng, mesh, sh, allow_partial=False) for sh in shapes]
+        arrs = [np.random.default_rng(i).standard_normal(sh) for i, sh in enumerate(shapes)]
+        p = propagate("scaled_dot_product_attention", ins)
+        assert p.outputs[0].shape == (2, 4, 8, 4)
+        simulate_all(p, arrs, lambda q, k, v: _np_attention(q, k, v))
+    m = Mesh.parse("tp=2")
+    with pytest.raises(ShardingError, match="do not fit"):
+        propagate("scaled_dot_product_attention", [Sharding(m, (2, 4, 8, 4)), Sharding(m, (2, 2, 8, 4)),
+                                                   Sharding(m, (2, 2, 8, 4))])
+
+
+def _np_attention(q, k, v):
+    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    e = np.exp(s - s.max(-1, keepdims=True))
+    return (e / e.sum(-1, keepdims=True)) @ v
 
 
 def test_grouped_mm():

@@ -153,10 +153,22 @@ def test_two_d_mesh_and_steps():
     m = Mesh.parse("dp=2,tp=2")
     x = Sharding.parse("[dp*3, 2*tp*6]", m)
     xs = np.arange(6 * 24.0).reshape(6, 24)
-    for a, b, s in [(12, 24, 1), (0, 24, 2), (0, 24, 3), (12, 24, 2)]:
+    for a, b, s in [(12, 24, 1), (0, 24, 2), (0, 24, 3), (12, 24, 2), (1, 24, 2), (13, 24, 2), (2, 24, 3)]:
         p = propagate("slice", [x], dim=1, start=a, end=b, step=s)
         assert not p.collectives, (a, b, s, p.notes)
         assert_exact(p, [xs], {"dim": 1, "start": a, "end": b, "step": s}, [xs[:, a:b:s]])
+
+
+def test_the_odd_half_of_interleaved_pairs_stays_sharded():
+    """GPT-OSS's experts split their fused gate|up by interleaving, ``x[..., ::2]`` and
+    ``x[..., 1::2]``: both halves of a column-parallel ``[E, dim, tp*2f]`` stay on tp."""
+    m = Mesh.parse("tp=2")
+    x = Sharding.parse("[4, 8, tp*16]", m)
+    xs = np.arange(4 * 8 * 32.0).reshape(4, 8, 32)
+    for a in (0, 1):
+        p = propagate("slice", [x], dim=2, start=a, end=32, step=2)
+        assert not p.collectives and str(p.outputs[0]) == "[4, 8, tp*8]", p.notes
+        assert_exact(p, [xs], {"dim": 2, "start": a, "end": 32, "step": 2}, [xs[:, :, a::2]])
 
 
 def test_needs_communication_says_why():

@@ -40,6 +40,15 @@ def test_plan_hf_megatron_counts_and_sizes(tiny, capsys):
     assert out["shapes"]["input_ids"] == [2, 16]
 
 
+def test_default_sizes_give_each_data_parallel_rank_a_sequence(tiny, capsys):
+    """Without --size, the batch is one sequence per rank of dp (and ep) and seq is 128 or the
+    model's max_position_embeddings (64 here): dp=2,tp=2 plans Megatron's 4 all-reduces, no gather."""
+    assert main(["plan", "--hf", str(tiny), "--mesh", "dp=2,tp=2", "--style", "megatron", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["shapes"]["input_ids"] == [2, 64]
+    assert [(c["kind"], c["axes_text"]) for c in out["collectives"]] == [("all_reduce", "tp")] * 4
+
+
 @pytest.mark.parametrize("argv,match", [
     (["--hf", "/no/such/config.json"], "no such file or directory"),
     (["--hf", "{tiny}", "--size", "seq=65"], "longer than the model's max_position_embeddings 64"),

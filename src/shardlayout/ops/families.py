@@ -120,7 +120,10 @@ _UNARY = {
     "sigmoid": lambda a: 1 / (1 + np.exp(-a)), "silu": lambda a: a / (1 + np.exp(-a)),
     "relu": lambda a: np.maximum(a, 0), "tanh": np.tanh, "cos": np.cos, "sin": np.sin, "erf": _erf,
     "reciprocal": lambda a: 1 / a, "sign": np.sign, "floor": np.floor, "ceil": np.ceil,
-    "logical_not": lambda a: (a == 0).astype(float),
+    "logical_not": lambda a: (a == 0).astype(float), "log1p": np.log1p, "expm1": np.expm1, "log2": np.log2,
+    "exp2": np.exp2, "log10": np.log10, "trunc": np.trunc, "tan": np.tan, "atan": np.arctan, "asin": np.arcsin,
+    "acos": np.arccos, "sinh": np.sinh, "cosh": np.cosh, "asinh": np.arcsinh, "acosh": np.arccosh,
+    "atanh": np.arctanh, "isnan": lambda a: np.isnan(a) * 1.0, "isinf": lambda a: np.isinf(a) * 1.0,
 }
 for _n, _fn in _UNARY.items():
     pointwise(_n, "x", (lambda g: lambda a: g(_f(a)))(_fn))
@@ -664,6 +667,40 @@ def _sort_rule(name, inputs, dim=-1, k=None, cost_model=None, tensor_dtype="floa
                   n_out=1 if name == "argsort" else 2)
 
 
+def _max_min_rule(name, inputs, dim=None, keepdim=False, cost_model=None, tensor_dtype="float32", out_pins=(),
+                  **_):
+    """max / min / argmax / argmin. max and min without ``dim``: the whole tensor's (amax's rule,
+    a partial max combines); over ``dim``: (values, indices) — argmax / argmin the indices alone
+    (without ``dim``: the flat index) — with that dim whole, as an index names one of all candidates."""
+    s = inputs[0]
+    lattice = "amax" if name in ("max", "argmax") else "amin"
+    if dim is None and name in ("max", "min"):
+        fm, shape = reduction_map(lattice, s, None, False)
+        return factor_map_result(name, (s,), fm, [shape], cost_model, tensor_dtype, out_pins)
+    fm, shape = reduction_map(lattice, s, dim, keepdim and dim is not None)
+    lx = fm.inputs[0]
+    return _whole(name, [s], [lx], fm.output, set(lx) if dim is None else {lx[dim]}, [shape], cost_model,
+                  tensor_dtype, out_pins, n_out=2 if name in ("max", "min") else 1)
+
+
+def _np_max_min(name: str):
+    value, index = (np.max, np.argmax) if name in ("max", "argmax") else (np.min, np.argmin)
+
+    def run(a, dim=None, keepdim=False):
+        a = np.asarray(a, dtype=float)
+        if dim is None:
+            return np.asarray(value(a)) if name in ("max", "min") else np.asarray(float(index(a)))
+        i = index(a, axis=dim)
+        i = (np.expand_dims(i, dim) if keepdim else i).astype(float)
+        return (value(a, axis=dim, keepdims=keepdim), i) if name in ("max", "min") else i
+
+    return run
+
+
+for _n in ("max", "min", "argmax", "argmin"):
+    register_op(_n, "x ; dim: dim? = None, keepdim: bool = False", _max_min_rule, _np_max_min(_n))
+
+
 def _np_topk(a, k, dim=-1, largest=True, sorted=True):
     order = np.argsort(a, axis=dim, kind="stable")
     idx = np.take(np.flip(order, axis=dim) if largest else order, range(k), axis=dim)
@@ -946,12 +983,15 @@ def sdpa_map(inputs, is_causal=False) -> FactorMap:
     if mask is not None:
         letters.append("bhst"[4 - mask.ndim:])
     letters += ["" for _ in inputs[len(letters):]]
-    return FactorMap(tuple(letters), "bhse", whole=frozenset(whole),
-                     broadcast=frozenset("bhst") if mask is not None else frozenset())
+    broadcast = set("bhst") if mask is not None else set()
+    if any(x.shape[i] == 1 != inputs[0].shape[i] for x in inputs[1:3] for i in (0, 1)):
+        broadcast |= {"b", "h"}  # one k/v head (or batch) for all of q's: multi-query attention broadcasts it
+    return FactorMap(tuple(letters), "bhse", whole=frozenset(whole), broadcast=frozenset(broadcast))
 
 
 def _sdpa_rule(name, inputs, is_causal=False, cost_model=None, tensor_dtype="float32", out_pins=(), **_):
-    """q [b,h,s,d], k [b,h,t,d], v [b,h,t,e] -> [b,h,s,e]. Batch and heads shard freely; the
+    """q [b,h,s,d], k [b,h,t,d], v [b,h,t,e] -> [b,h,s,e] (k and v may have one head, or one batch
+    row, for all of q's: broadcast, as torch's math path does). Batch and heads shard freely; the
     query sequence shards exactly (each rank attends its queries to all keys) unless causal
     (the local mask would use local positions); keys/values sequence and d stay whole."""
     q, v = inputs[0], inputs[2]
@@ -979,7 +1019,8 @@ def _np_sdpa(q, k, v, attn_mask=None, is_causal=False, scale=None, **_):
 def _check_sdpa(name, inputs, params):
     _check_ranks(name, inputs, params, (4, 4, 4))
     q, k, v = inputs[:3]
-    if q.shape[:2] != k.shape[:2] or k.shape[:3] != v.shape[:3] or q.shape[3] != k.shape[3]:
+    fits = all(x.shape[i] in (1, q.shape[i]) for x in (k, v) for i in (0, 1)) and k.shape[:2] == v.shape[:2]
+    if not fits or k.shape[2] != v.shape[2] or q.shape[3] != k.shape[3]:
         raise OpError(f"op {name}: q {q.shape}, k {k.shape}, v {v.shape} do not fit [b,h,s,d], [b,h,t,d], [b,h,t,e]")
     if params.get("dropout_p"):
         raise OpError(f"op {name}: dropout_p = {params['dropout_p']} makes values random; plan with dropout_p=0")

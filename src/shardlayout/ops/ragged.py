@@ -183,7 +183,8 @@ when the cut dim comes after the ragged one."""
 ROWWISE = frozenset({
     "rsqrt", "sqrt", "exp", "log", "abs", "sigmoid", "silu", "relu", "tanh", "cos", "sin", "erf", "reciprocal",
     "sign", "floor", "ceil", "neg", "detach", "_to_copy", "gelu", "round", "add", "sub", "mul", "div", "pow",
-    "maximum", "minimum", "clamp", "where", "clone",
+    "maximum", "minimum", "clamp", "where", "clone", "log1p", "expm1", "log2", "exp2", "log10", "trunc", "tan",
+    "atan", "asin", "acos", "sinh", "cosh", "asinh", "acosh", "atanh",
 })
 
 

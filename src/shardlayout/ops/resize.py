@@ -165,8 +165,9 @@ def _cut(fs, n: int, start: int, stop: int, step: int = 1) -> Cut | str:
             short = _short(f, rest, c, lo // c, count, groups, prefix)
             if short is not None:
                 return short
-        if lo % c == 0 and span % c == 0:  # whole chunks j0..j1 of f
-            j0, j1 = lo // c, lo // c + span // c
+        o = lo % c if lo % c < step else 0  # a stepped slice may start o < step into its first chunk
+        if (lo - o) % c == 0 and span % c == 0:  # whole chunks j0..j1 of f (every step-th element from o)
+            j0, j1 = (lo - o) // c, (lo - o) // c + span // c
             if f.axis is not None and (j0, j1) != (0, f.size):
                 return (f"the slice [{start}:{start + span}] takes chunks {j0}..{j1 - 1} of mesh axis "
                         f"{_describe(f)}'s {f.size} shards (size {c}): only some ranks hold it")
@@ -174,7 +175,7 @@ def _cut(fs, n: int, start: int, stop: int, step: int = 1) -> Cut | str:
                 m = j1 - j0
                 return Cut(((Factor(m),) if m > 1 else ()) + fs[i + 1:], groups * f.size,
                            prefix * f.size + j0, prefix * f.size + j1)
-            return _stepped(f, fs[i + 1:], c, j0, j1, step, groups, prefix)
+            return _stepped(f, fs[i + 1:], c, j0, j1, step, groups, prefix, o)
         if lo // c == (lo + (count - 1) * step) // c:  # inside one chunk of f
             if f.axis is not None:
                 return (f"the slice [{start}:{start + span}] lies inside one shard of mesh axis {_describe(f)} "
@@ -285,20 +286,23 @@ def local_run(c: Cut) -> str:
     return f"each rank keeps {keep}, no data moves"
 
 
-def _stepped(f: Factor, rest, c: int, j0: int, j1: int, step: int, groups: int, prefix: int) -> Cut | str:
+def _stepped(f: Factor, rest, c: int, j0: int, j1: int, step: int, groups: int, prefix: int,
+             o: int = 0) -> Cut | str:
     """Chunks ``j0..j1`` of ``f`` (``c`` elements each, factors ``rest``), every ``step``-th
-    element: the factors stay when ``rest`` is even and ``step`` divides its innermost local
-    factor; the local run takes every ``step``-th element of those chunks."""
+    element from the ``o``-th (``o < step``: ``x[..., 1::2]``, the odd half of an interleaved
+    pair): the factors stay when ``rest`` is even and ``step`` divides its innermost local factor,
+    so an element's place modulo ``step`` is the same in the shard as in the whole; the local run
+    takes every ``step``-th element of those chunks, from the ``o``-th."""
     if not rest or rest[-1].axis is not None or rest[-1].size % step or _product(g.size for g in rest) != c:
         return f"a step of {step} needs even chunks and an innermost local factor divisible by {step}"
     last = rest[-1].size // step
     inner = tuple(rest[:-1]) + ((Factor(last),) if last > 1 else ())
     per = _product(g.size for g in rest if g.axis is None)  # local elements per chunk
     if f.axis is not None:  # every chunk of f: one per rank
-        return Cut((f,) + inner, groups * per, prefix * per, (prefix + 1) * per, step)
+        return Cut((f,) + inner, groups * per, prefix * per + o, (prefix + 1) * per, step)
     m = j1 - j0
     first = (prefix * f.size + j0) * per
-    return Cut(((Factor(m),) if m > 1 else ()) + inner, groups * f.size * per, first, first + m * per, step)
+    return Cut(((Factor(m),) if m > 1 else ()) + inner, groups * f.size * per, first + o, first + m * per, step)
 
 
 def _strip(fs) -> tuple:

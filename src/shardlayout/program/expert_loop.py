@@ -86,9 +86,16 @@ def _shape(node) -> tuple | None:
     return tuple(val.shape) if hasattr(val, "shape") else None
 
 
-def _where(node) -> str:
+def node_where(node) -> str:
+    """Where an exported node comes from, for an error: its name, the innermost module's path and
+    class, and the source line. ``node 'log1p' in model.layers.0.mlp.act_fn (XIELUActivation), File
+    "activations.py", line 321, in forward``"""
+    stack = node.meta.get("nn_module_stack") or {}
+    path, cls = list(stack.values())[-1] if stack else ("", None)
+    cls = getattr(cls, "__name__", None) or (str(cls).rpartition(".")[2].rstrip("'>") if cls else "")
+    module = f" in {path} ({cls})" if isinstance(path, str) and path else ""
     lines = (node.meta.get("stack_trace") or "").strip().splitlines()
-    return f"node {node.name!r}" + (f" ({lines[-2].strip()})" if len(lines) >= 2 else "")
+    return f"node {node.name!r}{module}" + (f", {lines[-2].strip()}" if len(lines) >= 2 else "")
 
 
 def _element(node):
@@ -153,7 +160,7 @@ def expert_loops(nodes) -> LoopRewrite:
 
 def _loop(split, order: dict) -> dict:
     """One loop at its split node (``expert_loops``)."""
-    what = f"per-expert loop at {_where(split)}"
+    what = f"per-expert loop at {node_where(split)}"
     if _arg(split, 2, "dim", 0) not in (0, -len(_shape(split.args[0]) or (1,))):
         raise ProgramError(f"{what}: the rows are split along dim {_arg(split, 2, 'dim')}; a per-expert loop "
                            "splits the sorted rows along dim 0")
@@ -220,7 +227,7 @@ def _loop(split, order: dict) -> dict:
             emit[node] = ("grouped_mm", split)
             grouped.append(node)
         elif w_in:
-            raise ProgramError(f"{what}: {_where(node)} ({_short(node)}) uses the per-expert tensor "
+            raise ProgramError(f"{what}: {node_where(node)} ({_short(node)}) uses the per-expert tensor "
                                f"{w_in[0].name!r} other than as the right operand of a matmul (rows @ w[e]); "
                                "only per-expert matmul weights are supported (a per-expert bias or scale is not)")
         else:
@@ -269,7 +276,7 @@ def _the_cat(regions: list, heads: dict, what: str):
         for n in r:
             leak = [u for u in n.users if u not in r and u is not cat]
             if leak or (n is out and len(n.users) != 1):
-                raise ProgramError(f"{what}: expert {e}'s {_where(n)} is used outside the loop "
+                raise ProgramError(f"{what}: expert {e}'s {node_where(n)} is used outside the loop "
                                    f"({(leak or list(n.users))[0].name!r}); an expert's values may only reach "
                                    "the cat of the outputs")
     return cat
@@ -289,7 +296,7 @@ def _weights(region: set, head, e: int, experts: int, what: str) -> set:
             if _short(cur) == "select" and _arg(cur, 1, "dim") == 0:
                 idx = _arg(cur, 2, "index")
                 if idx not in (e, e - experts):
-                    raise ProgramError(f"{what}: expert {e} reads {_where(cur)}, row {idx} of "
+                    raise ProgramError(f"{what}: expert {e} reads {node_where(cur)}, row {idx} of "
                                        f"{cur.args[0].name!r}; expert e must read w[e]")
                 out |= set(chain) | {cur}
     return out
@@ -323,7 +330,7 @@ def _same(seq0: list, seq: list, head0, head, w0: set, w: set, what: str, e: int
         ok = ok and n0.kwargs.keys() == n.kwargs.keys() and all(same(n0.kwargs[k], n.kwargs[k], False)
                                                                 for k in n0.kwargs)
         if not ok:
-            raise ProgramError(f"{what}: expert {e}'s {_where(n)} differs from expert 0's {n0.name!r} in its "
+            raise ProgramError(f"{what}: expert {e}'s {node_where(n)} differs from expert 0's {n0.name!r} in its "
                                "arguments; every expert must run the same computation on its own rows and w[e]")
 
 
@@ -345,7 +352,7 @@ def _padding(cat, symbols: frozenset, rows: int, what: str):
         n = val.shape[0] if hasattr(val, "shape") and len(val.shape) else None
         expr = getattr(getattr(n, "node", None), "expr", n)
         if not _zero_when_summed(expr, symbols, rows):
-            raise ProgramError(f"{what}: the rows padded after the cat ({_where(z)}) are not rows - sum(counts)")
+            raise ProgramError(f"{what}: the rows padded after the cat ({node_where(z)}) are not rows - sum(counts)")
         zeros.add(z)
     return pad, zeros
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import contextmanager
 
 from ..errors import ShardingError
 from .torch_import import _first_line
@@ -20,6 +21,20 @@ from .torch_import import _first_line
 
 class HfModelError(ShardingError):
     """A ``--hf`` source that is not a readable transformers config, and what to give instead."""
+
+
+@contextmanager
+def quiet_transformers():
+    """transformers' own warnings (a kernel it falls back from, a config value it corrects) held to
+    errors while a model is built and exported: the CLI's answer is the plan or one line."""
+    from transformers.utils import logging
+
+    level = logging.get_verbosity()
+    logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(level)
 
 
 def hf_config(source: str):
@@ -34,18 +49,8 @@ def hf_config(source: str):
         raise HfModelError(f"--hf {source}: the directory holds no config.json; give the directory of a transformers "
                            "checkpoint (config.json beside the weights) or the config.json itself")
     try:
-        if os.path.isfile(path):
-            with open(path) as f:
-                data = json.load(f)
-            kind = data.get("model_type") if isinstance(data, dict) else None
-            if not kind:
-                raise HfModelError(f"--hf {source}: {path} has no \"model_type\"; give a transformers config.json "
-                                   "(as saved by config.save_pretrained)")
-            return transformers.AutoConfig.for_model(**data)
-        if os.path.sep in source or source.endswith(".json"):
-            raise HfModelError(f"--hf {source}: no such file or directory; give a config.json, a directory with "
-                               "one, or a model id in the local Hugging Face cache")
-        return transformers.AutoConfig.from_pretrained(source, local_files_only=True)
+        with quiet_transformers():
+            return _read_config(transformers, source, path)
     except HfModelError:
         raise
     except (OSError, ValueError, KeyError, TypeError) as e:
@@ -54,23 +59,42 @@ def hf_config(source: str):
             from None
 
 
-def hf_model(source: str, batch: int = 1, seq: int = 128, device: str = "meta"):
+def _read_config(transformers, source: str, path: str):
+    """The config of a file ``path`` (its ``model_type`` names the class) or a cached model id."""
+    if os.path.isfile(path):
+        with open(path) as f:
+            data = json.load(f)
+        kind = data.get("model_type") if isinstance(data, dict) else None
+        if not kind:
+            raise HfModelError(f"--hf {source}: {path} has no \"model_type\"; give a transformers config.json "
+                               "(as saved by config.save_pretrained)")
+        return transformers.AutoConfig.for_model(**data)
+    if os.path.sep in source or source.endswith(".json"):
+        raise HfModelError(f"--hf {source}: no such file or directory; give a config.json, a directory with "
+                           "one, or a model id in the local Hugging Face cache")
+    return transformers.AutoConfig.from_pretrained(source, local_files_only=True)
+
+
+def hf_model(source: str, batch: int = 1, seq: int | None = None, device: str = "meta"):
     """``(module, (input_ids,))``: the causal-LM class ``source``'s config names, built on
     ``device`` (``"meta"``: no memory for weights; ``"cpu"``: randomly initialised, seed 0), in eval mode,
-    and example token ids ``[batch, seq]``. ``hf_model("config.json", 8, 2048)``"""
+    and example token ids ``[batch, seq]`` (``seq`` None: 128, or the model's
+    ``max_position_embeddings`` when shorter). ``hf_model("config.json", 8, 2048)``"""
     import torch
     import transformers
 
+    cfg = hf_config(source)
+    limit = getattr(cfg, "max_position_embeddings", None)
+    if seq is None:
+        seq = min(128, limit) if isinstance(limit, int) and limit >= 1 else 128
     for name, v in (("batch", batch), ("seq", seq)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise HfModelError(f"--hf: {name} {v!r} must be an int >= 1 (e.g. --size batch=8,seq=2048)")
-    cfg = hf_config(source)
-    limit = getattr(cfg, "max_position_embeddings", None)
     if isinstance(limit, int) and seq > limit:
         raise HfModelError(f"--hf {source}: seq {seq} is longer than the model's max_position_embeddings {limit}; "
                            f"give --size seq={limit} or less")
     try:  # seeded: every rank (and every run) builds the same random weights
-        with torch.random.fork_rng(devices=[]), torch.device(device):
+        with torch.random.fork_rng(devices=[]), torch.device(device), quiet_transformers():
             torch.manual_seed(0)
             model = transformers.AutoModelForCausalLM.from_config(cfg)
     except ValueError as e:
@@ -125,6 +149,11 @@ def import_hf(module, example_args, config=None):
     repeated block and ``program.repeat.with_count`` stamps the rest, named as the full model names
     them. torch.export and its decompositions then cost the same for 8 layers or 80. Anything else
     (layers that differ, a forward that does not run them as one block) is exported whole."""
+    with quiet_transformers():
+        return _import_hf(module, example_args, config)
+
+
+def _import_hf(module, example_args, config):
     from .repeat import MIN_COUNT, with_count
     from .torch_import import from_torch
 
@@ -149,4 +178,4 @@ def import_hf(module, example_args, config=None):
     return with_count(prog, count)
 
 
-__all__ = ["HfModelError", "hf_config", "hf_model", "import_hf", "uniform_layers"]
+__all__ = ["HfModelError", "hf_config", "hf_model", "import_hf", "quiet_transformers", "uniform_layers"]

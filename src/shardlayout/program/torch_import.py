@@ -28,7 +28,7 @@ import re
 from ..errors import SymbolError, UnsupportedOp
 from ..symbolic import Expr, Guard, as_extent, parse, sym
 from . import Program, ProgramBuilder, ProgramError
-from .expert_loop import check_loops_routed, expert_loops
+from .expert_loop import check_loops_routed, expert_loops, node_where
 from .repeat import compress
 
 # scalar arguments of these ops are operands (add(x, 1e-6)), not parameters
@@ -413,14 +413,17 @@ def _sympy_guard(text: str):
 
 
 def _decomposed(ep):
-    """``ep`` in core ATen, attention kept whole: ``scaled_dot_product_attention`` has a rule, and
-    one op is what the per-rank program should run (torch's fused kernel, not its math path of
-    bmm + softmax + a mask rebuilt every step — and torch's decomposition of it can fail: GPT-2
-    under sdpa returns other strides than the traced graph). A failure is one ``ProgramError``."""
+    """``ep`` in core ATen (``repeat`` too, as expand + view), attention kept whole:
+    ``scaled_dot_product_attention`` has a rule, and one op is what the per-rank program should run
+    (torch's fused kernel, not its math path of bmm + softmax + a mask rebuilt every step — and
+    torch's decomposition of it can fail: GPT-2 under sdpa returns other strides than the traced
+    graph). A failure is one ``ProgramError``."""
     import torch
+    from torch._decomp import get_decompositions
 
     table = torch.export.default_decompositions()
     table.pop(torch.ops.aten.scaled_dot_product_attention.default, None)
+    table.update(get_decompositions([torch.ops.aten.repeat.default]))  # a tile is expand + view: views' rules
     try:
         return ep.run_decompositions(table)
     except (ValueError, RuntimeError) as e:
@@ -500,16 +503,14 @@ def from_exported(ep, decompose: bool = True, dim_names: dict | None = None) -> 
                 continue
             short = canonical_op_name(target)
             if short not in known:
-                where = (node.meta.get("stack_trace") or "").strip().splitlines()
-                line = where[-2].strip() if len(where) >= 2 else "(no source line)"
                 if short == "_local_scalar_dense":
                     raise UnsupportedOp(
-                        f"node {node.name!r} ({line}) reads a tensor's value as a Python number (.item(), "
+                        f"{node_where(node)} reads a tensor's value as a Python number (.item(), "
                         ".tolist(), int(t)): what follows has sizes known at run time only, which shardlayout plans "
                         "only as the rows of a per-expert loop (torch.split(rows, counts.tolist()) after top-k "
                         "routing; docs/expert-parallelism.md); compute the size from shapes, or make it a constant")
                 raise UnsupportedOp(
-                    f"{target} at node {node.name!r} ({line}) has no sharding rule; declare it with "
+                    f"{target} at {node_where(node)} has no sharding rule; declare it with "
                     f"shardlayout.register_op({short!r}, signature, rule, numpy)"
                 )
             empties = [a for a in node.all_input_nodes if isinstance(names.get(a), _Empty)]
@@ -534,7 +535,7 @@ def from_exported(ep, decompose: bool = True, dim_names: dict | None = None) -> 
             try:
                 out = b._op(target, inputs, label[node], n_out, dtypes, kwargs, sym_outs)
             except Exception as e:  # noqa: BLE001 - name the node whatever the rule raised
-                raise ProgramError(f"node {node.name!r} ({target}): {e}") from None
+                raise ProgramError(f"{node_where(node)} ({target}): {e}") from None
             names[node] = out
             if cast is not None and isinstance(out, str):
                 casts[cast] = out
@@ -650,9 +651,7 @@ def _without_empties(node, short: str, names: dict, empties: list):
         if len(parts) == 1:
             return parts[0]
         return None  # several left: ``_arguments`` skips the empties (see there)
-    where = (node.meta.get("stack_trace") or "").strip().splitlines()
-    line = where[-2].strip() if len(where) >= 2 else "(no source line)"
-    raise UnsupportedOp(f"node {node.name!r} ({node.target}, {line}) reads the zero-size value of node "
+    raise UnsupportedOp(f"{node_where(node)} ({node.target}) reads the zero-size value of node "
                         f"{empties[0].name!r} and makes a non-empty one; shardlayout plans zero-size values only "
                         "where a cat drops them (a partial rotary's empty part): make the size non-zero or drop "
                         "the op")
