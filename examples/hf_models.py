@@ -76,6 +76,30 @@ def mixtral():
 
 
 
+def gptj():
+    """GPT-J: attention and MLP read the same input (parallel residual), rotary on the first 4 dims of
+    each head as interleaved pairs (``repeat`` of the sin/cos tables)."""
+    torch.manual_seed(0)
+    cfg = hf.GPTJConfig(vocab_size=VOCAB, n_embd=HIDDEN, n_layer=LAYERS, n_head=HEADS, rotary_dim=4, n_positions=64,
+                        bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    return hf.GPTJForCausalLM(cfg).eval(), (_ids(),)
+
+
+def apertus():
+    """Apertus: the xIELU activation (``log1p``, ``expm1``) and q/k RMSNorm per head."""
+    return _build(hf.ApertusConfig, hf.ApertusForCausalLM, num_key_value_heads=2, pad_token_id=0, bos_token_id=0,
+                  eos_token_id=0)
+
+
+def gpt_oss():
+    """GPT-OSS: attention sinks, sliding and full layers, 4 experts top-2 whose fused gate|up is split
+    by interleaving (``x[..., ::2]``, ``x[..., 1::2]``), a router of ``topk`` then ``max``."""
+    return _build(hf.GptOssConfig, hf.GptOssForCausalLM, num_key_value_heads=2, head_dim=HIDDEN // HEADS,
+                  num_local_experts=4, num_experts_per_tok=2, sliding_window=4,
+                  layer_types=["sliding_attention", "full_attention"], pad_token_id=0, bos_token_id=0,
+                  eos_token_id=0)
+
+
 def qwen3():
     """Qwen3: RMSNorm on each head's q and k."""
     return _build(hf.Qwen3Config, hf.Qwen3ForCausalLM, num_key_value_heads=2, head_dim=HIDDEN // HEADS)

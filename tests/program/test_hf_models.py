@@ -84,6 +84,34 @@ def test_megatron_cuts_every_layer_weight_and_verifies(name):
     assert p.verify().ok
 
 
+@pytest.mark.parametrize("name,per_layer", [("gptj", 1), ("apertus", 2), ("gpt_oss", 2)])
+def test_more_classes_plan_megatrons_counts(name, per_layer):
+    """Classes whose ops once had no rule: GPT-J (``repeat``; one all-reduce per layer: attention and
+    MLP read the same input), Apertus (``log1p``/``expm1``), GPT-OSS (``max`` over a dim, gate|up split
+    by interleaving: both halves stay on tp). Column weights on tp in their out dim, row in their in
+    dim, grouped experts cut in their ffn dim; verified."""
+    model, prog = program(name)
+    p = plan(prog, TP2, style_pins(prog, TP2, "megatron"))
+    assert p.counts() == {("all_reduce", ("tp",)): 2 * per_layer}
+    hidden = model.config.hidden_size if hasattr(model.config, "hidden_size") else model.config.n_embd
+    checked = 0
+    for t in prog.inputs("param"):
+        shape, leaf = prog.tensors[t].shape, t.split(".")[-2 if t.endswith(("weight", "bias")) else -1]
+        if ".layers." not in t and ".h." not in t:
+            continue
+        if len(shape) == 3:  # grouped experts [E, in, out]: cut in the ffn dim (the one that is not hidden)
+            assert _cut_dim(p.shardings[t]) == [d for d in (1, 2) if shape[d] != hidden], (t, str(p.shardings[t]))
+        elif len(shape) == 2 and t.endswith("weight") and leaf in COLUMN + ("fc_in", "q_proj"):
+            assert _cut_dim(p.shardings[t]) == [0], (t, str(p.shardings[t]))
+        elif len(shape) == 2 and t.endswith("weight") and leaf in ROW + ("fc_out", "out_proj"):
+            assert _cut_dim(p.shardings[t]) == [1], (t, str(p.shardings[t]))
+        else:
+            continue
+        checked += 1
+    assert checked >= 8
+    assert p.verify().ok
+
+
 @pytest.mark.parametrize("name", ["llama", "gpt2"])
 def test_megatron_sp_and_auto_on_dp_tp(name):
     _, prog = program(name)
