@@ -823,7 +823,8 @@ def _add_model_args(pl) -> None:
     pl.add_argument("--export", help="a torch.export .pt2 file")
     pl.add_argument("--hf", metavar="CONFIG", help="a Hugging Face transformers config.json (or a directory holding "
                     "one, or a cached model id): its causal-LM class built on the meta device, no weights; example "
-                    "input_ids of --size batch=B,seq=S (default 1, 128)")
+                    "input_ids of --size batch=B,seq=S (default: one sequence per dp x ep rank, 128 tokens or "
+                    "the model's max_position_embeddings)")
     pl.add_argument("--layers", type=int, default=None, help="the built-in llama's layers (default 2)")
     pl.add_argument("--size", metavar="KEY=N,...", help="a built-in model's sizes, e.g. dim=4096,seq=4096,batch=1,"
                     "heads=32,ffn=11008 (llama) or tokens=...,experts=... (moe)")

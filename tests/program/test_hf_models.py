@@ -159,6 +159,31 @@ def test_hf_moe_under_ep_moves_tokens_not_experts(name):
     assert p.verify().ok
 
 
+def test_gpt_oss_biased_experts_are_routed_and_keep_megatrons_counts():
+    """GPT-OSS's experts add a per-expert bias to their rows (``bias[sorted expert ids]``, read as the
+    bias broadcast over each expert's rows): the routing is still route / einsum / unroute, the
+    gate|up bias is cut with its weight, the down bias added once. Megatron on dp=2,tp=2 is one
+    all-reduce per block and megatron-sp one gather and one reduce-scatter; under ep the experts and
+    their biases stay on ep and only rows move: the dispatch and combine of every layer, plus each
+    layer's routing weights (2 floats per token)."""
+    _, prog = program("gpt_oss")
+    assert {"route", "unroute"} <= {op.target for op in prog.ops}
+    p = plan(prog, DPTP, style_pins(prog, DPTP, "megatron"))
+    assert p.counts() == {("all_reduce", ("tp",)): 4}
+    pre = "model.layers.0.mlp.experts."
+    assert str(p.shardings[pre + "gate_up_proj_bias"]) == "[4, tp*64]"
+    assert str(p.shardings[pre + "down_proj_bias"]) == "[4, 32]"
+    assert p.verify().ok
+    sp = plan(prog, TP2, style_pins(prog, TP2, "megatron-sp"))
+    assert sp.counts() == {("all_gather", ("tp",)): 4, ("reduce_scatter", ("tp",)): 4}
+    ep = plan(prog, Mesh.parse("ep=2"), style="ep")
+    assert ep.counts() == {("all_to_all", ("ep",)): 6}
+    rows = 16 * 2 * 32 * 4 // 2  # 16 tokens x top-2 rows of dim 32, float32, one device's share
+    assert sorted(c.bytes for c in ep.collectives) == [16 * 2 * 4 // 2] * 2 + [rows] * 4
+    assert str(ep.shardings[pre + "down_proj_bias"]) == "[ep*2, 32]"
+    assert ep.verify().ok
+
+
 def test_megatron_sp_gathers_the_routed_tokens_once_per_moe_layer():
     """Under megatron-sp the tokens the router and the experts read are gathered once (not the
     router's outputs one by one): one all_gather before and one reduce_scatter after each block."""

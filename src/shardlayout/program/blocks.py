@@ -737,8 +737,28 @@ def _others(program: Program, g: Graph, linears: tuple, claimed: set) -> list:
                              output=lin.output))
     experts = [n for n, s in tensors.items() if s.kind == "param" and len(s.shape) >= 3 and _feeds_batched(g, n)]
     if experts:
-        out.append(Block("experts", module_of(experts), params=tuple(experts)))
+        biases = [b for i in g.users(experts[0]) for o in g.op(i).outputs for b in _expert_biases(g, o)]
+        biases += [b for w in experts[1:] for i in g.users(w) for o in g.op(i).outputs for b in _expert_biases(g, o)]
+        params = tuple(dict.fromkeys(experts + biases))
+        out.append(Block("experts", module_of(params), params=params))
     return out
+
+
+def _expert_biases(g: Graph, out: str) -> list:
+    """The per-expert biases added to routed rows ``out`` of an expert matmul: ``out + b[:, None]``
+    with ``b`` a parameter ``[experts, features]`` (transformers' ``bias[sorted expert ids]``, as
+    ``program.routing`` reads it)."""
+    got = []
+    for i in g.users(out):
+        op = g.op(i)
+        if short(op) != "add":
+            continue
+        for x in op.inputs:
+            src = g.made_by(x) if isinstance(x, str) and x != out else None
+            if src is not None and short(src) == "unsqueeze" and dict(src.params).get("dim") == 1 and \
+                    _is_param(g, src.inputs[0]) and len(g.program.tensors[src.inputs[0]].shape) == 2:
+                got.append(src.inputs[0])
+    return got
 
 
 def _reaches_output(g: Graph, t: str, outputs: set) -> bool:
@@ -804,7 +824,8 @@ def expert_linears(program: Program, block: Block) -> tuple:
             if pos == 1 and len(dims) == 3 and None not in dims[1:] and dims[1] != dims[2]:
                 op = g.op(i)
                 out = op.outputs[0]
-                lins.append(Linear(param, None, i, out, op.inputs[0], dims[1], dims[2], _fused_parts(g, out)))
+                bias = next(iter(_expert_biases(g, out)), None)
+                lins.append(Linear(param, bias, i, out, op.inputs[0], dims[1], dims[2], _fused_parts(g, out)))
     outputs = {lin.output for lin in lins}
     last = tuple(lin for lin in lins if _reaches_back(g, lin.activation, outputs - {lin.output}))
     first = tuple(lin for lin in lins if lin not in last)
@@ -846,13 +867,14 @@ def _reaches_back(g: Graph, t: str, targets: set, depth: int = 8) -> bool:
 
 
 def _residual_after(g: Graph, t: str, depth: int = 16) -> str | None:
-    """The residual ``add`` (two tensor operands) ``t`` reaches along a single path of ops."""
+    """The residual ``add`` (two tensor operands) ``t`` reaches along a single path of ops (an expert's
+    bias added to its rows is not one)."""
     for _ in range(depth):
         users = [i for i in g.users(t) if g.op(i).outputs]
         if len(users) != 1:
             return None
         op = g.op(users[0])
-        if short(op) == "add" and sum(isinstance(x, str) for x in op.inputs) == 2:
+        if short(op) == "add" and sum(isinstance(x, str) for x in op.inputs) == 2 and not _expert_biases(g, t):
             return op.outputs[0]
         t = op.outputs[0]
     return None

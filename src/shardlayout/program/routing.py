@@ -10,6 +10,8 @@ permutation, so the tokens are all-gathered. Here the pattern becomes what it me
 
     index(x, argsort(idx.view(-1)) // k)     -> route(x, idx)             (experts x ragged rows)
     index(s.view(-1), argsort(idx.view(-1)))  -> route(s, idx, pairs=True)  (the per-choice scores)
+    index(b, sort(idx.view(-1)).values)      -> unsqueeze(b, 1)   (b [E, ...]: each row's expert's bias, dense
+                                                                   (E, 1, ...), broadcast over the expert's rows)
     _grouped_mm(a, w, offs)                  -> einsum("erd,edf->erf", a, w)  (offs: a's own extents)
     scatter_add(zeros, 0, order // k, y)     -> unroute(y, idx)   (index_add, index_put(accumulate) alike)
     index(y, inv).view(T, k, D).sum(1)       -> unroute(y, idx)   (inv[order] = arange: the rows put back in
@@ -156,7 +158,7 @@ def _replay(prog: Program, h: dict) -> Program:
                 b.op(target, inputs, name=op.name, dtypes=dtypes, **params)
             if target == "route":
                 ragged.update((o, inputs[1]) for o in op.outputs)
-            elif target != "unroute":
+            elif target != "unroute" and ins[0] in ragged:
                 ragged.update((o, ragged[ins[0]]) for o in op.outputs)
             continue
         mine = [ragged[i] for i in ins if isinstance(i, str) and i in ragged]
@@ -226,6 +228,9 @@ def _rewrite(prog, op, n, ins, kw, h, ragged, producer):
         if i in order and x in flat:
             t = topk[order[i]]
             return "route", [flat[x], order[i]], {"experts": t["experts"], "pairs": True}, None
+        if i in h["ids"] and prog.tensors[x].shape[0] == topk[h["ids"][i]]["experts"] and \
+                len(prog.tensors[x].shape) >= 2:  # x[sorted expert ids]: each routed row's expert's row of x
+            return "unsqueeze", [x], {"dim": 1}, None  # (E, 1, ...): dense, broadcast over each expert's rows
     if n == "gather" and len(ins) == 2 and kw.get("dim") == 0 and ins[1] in spread:
         t = topk[spread[ins[1]]]
         if prog.tensors[ins[0]].shape[0] == t["tokens"]:

@@ -129,8 +129,8 @@ def column(mesh: Mesh, program: Program, lin: Linear, axis: str = "tp") -> dict:
     """Pins of a column-parallel Linear: output features (weight and bias) on ``axis``."""
     t = program.tensors
     pins = {lin.weight: strided(mesh, t[lin.weight].shape, lin.out_dim, axis, lin.parts)}
-    if lin.bias:
-        pins[lin.bias] = strided(mesh, t[lin.bias].shape, 0, axis, lin.parts)
+    if lin.bias:  # its features are its last dim (an expert's bias [experts, features] too)
+        pins[lin.bias] = strided(mesh, t[lin.bias].shape, len(t[lin.bias].shape) - 1, axis, lin.parts)
     return pins
 
 
