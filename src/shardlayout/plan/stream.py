@@ -170,6 +170,41 @@ def run_streamed_move(src: Sharding, dst: Sharding, dim: int, k: int, pieces: di
     return out
 
 
+def run_ring_move(src: Sharding, dst: Sharding, pieces: dict) -> dict:
+    """Move ``{rank: piece}`` from ``src`` (a ring stream: ``Sharding.stream_axis``) to ``dst`` (the
+    same stream, that dim gathered) as the ring runs it on the numpy simulator: each rank starts
+    with its own shard (chunk ``j`` = rank ``j``'s), and each of ``plan_move``'s ``k - 1`` steps
+    passes the chunk every rank got last to the next rank of its ring; every chunk a rank holds
+    is put at its global positions. Equal to the whole all_gather on every rank
+    (``tests/plan/test_stream.py``). ``run_ring_move(ring, gathered, ring.shard(x))``"""
+    import numpy as np
+
+    from ..errors import ShardingSpecError
+    from ..execute.simulator import group_of, ring_previous, run_collective
+    from ..execute.stream import chunk_positions_global, local_positions
+    from ..sharding.move import plan_move
+
+    steps = plan_move(src, dst)
+    if src.stream_axis is None or not steps or any(c.kind.value != "permute" for c in steps):
+        raise ShardingSpecError(f"run_ring_move: {src} -> {dst} is no ring all-gather; give a ring stream "
+                                "(e.g. '[~tp*64]') and the same stream gathered ('[~8*64]')")
+    dim, ranks = src.stream[0], list(src.mesh.ranks())
+    chunks = chunk_positions_global(src)
+    axes = steps[0].axes
+    out = {r: np.zeros(dst.local_shape(r), dtype=np.result_type(pieces[r], np.float64)) for r in ranks}
+    held, owner = dict(pieces), {r: r for r in ranks}
+    for s in range(len(steps) + 1):
+        if s:
+            held = run_collective(steps[s - 1], held)
+            owner = {r: owner[ring_previous(src.mesh, r, axes)] for r in ranks}
+        for r in ranks:
+            j = group_of(src.mesh, owner[r], axes).index(owner[r])  # the chunk of the shard r holds: its owner's
+            idx = [slice(None)] * out[r].ndim
+            idx[dim] = local_positions(dst, dim, chunks[j], r)
+            out[r][tuple(idx)] = held[r]
+    return out
+
+
 def pipelined(a: float, m: float, k: int) -> float:
     """Seconds of a two-stage pipeline of ``k`` chunks, ``a`` then ``m`` each (or ``m`` then ``a``).
     ``pipelined(1.0, 1.0, 4) -> 5.0``"""

@@ -130,10 +130,11 @@ def check_generable(plan) -> None:
 
 
 def stream_segments(plan) -> tuple:
-    """The segments of ``plan``'s stream choices a run executes chunk by chunk (``execute.stream``)."""
+    """The segments of ``plan``'s stream choices a run executes chunk by chunk (``execute.stream``;
+    planned without ring-style streams, which torch.distributed does not run yet)."""
     from ..execute.stream import segments
 
-    return segments(plan)[0]
+    return segments(plan, ring=False)[0]
 
 
 def stream_pieces(plan, segs) -> set:
