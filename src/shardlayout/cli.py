@@ -505,7 +505,8 @@ def _print_streams(p) -> None:
     for c in sp.choices:
         kinds = "+".join(c.kinds) or "move"
         what = "feeds" if c.side == "before" else "takes the output of"
-        print(f"  {c.chunks:>2} chunks {c.text}: the {kinds} of {c.tensor} {what} {', '.join(c.ops)} "
+        style = f" (ring: {c.chunks - 1} send/recv steps)" if c.style == "ring" else ""
+        print(f"  {c.chunks:>2} chunks {c.text}{style}: the {kinds} of {c.tensor} {what} {', '.join(c.ops)} "
               f"({c.serial * 1e6:.1f} -> {c.overlapped * 1e6:.1f} µs)")
 
 

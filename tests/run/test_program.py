@@ -20,7 +20,7 @@ def _program(streams: bool):
     prog = llama(layers=1, dim=128, seq=512, batch=1, heads=4, ffn=256)
     mesh = Mesh.parse("tp=2")
     p = plan(prog, mesh, style_pins(prog, mesh, "megatron-sp"))
-    segs = segments(p, flop_rate=1e12)[0] if streams else ()
+    segs = segments(p, flop_rate=1e12, ring=False)[0] if streams else ()  # torch runs no rings yet
     reductions = gradient_reductions(p)
     # group names only: the graph is built, never run
     groups = {ps: (f"g{i}", members) for i, (ps, members) in
@@ -49,6 +49,19 @@ def test_stream_chunks_are_issued_a_chunk_ahead_of_their_wait():
     # chunk's collective is in flight while a matmul of another chunk runs
     assert overlapped >= sum(s.k - 1 for s in segs)
     assert all(issued[m] < waited[m] for m in issued)
+
+
+def test_a_ring_segment_is_refused_naming_the_fix():
+    from shardlayout.errors import RunError
+    from shardlayout.run.program import check_no_rings
+
+    prog, mesh = llama(layers=1, dim=128, seq=512, batch=1, heads=4, ffn=256), Mesh.parse("tp=2")
+    p = plan(prog, mesh, style_pins(prog, mesh, "megatron-sp"))
+    rings = [s for s in segments(p, flop_rate=1e12)[0] if s.order is not None]
+    assert rings
+    with pytest.raises(RunError, match=r"segments\(plan, ring=False\)"):
+        check_no_rings(rings)
+    check_no_rings(segments(p, flop_rate=1e12, ring=False)[0])
 
 
 def test_without_streams_every_move_is_one_node():

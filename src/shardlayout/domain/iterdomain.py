@@ -41,7 +41,7 @@ from functools import cache
 from ..errors import DomainError
 from ..mesh import Mesh
 from ..sharding.core import Sharding
-from ..sharding.factors import ChunkProgram, Factor, chunk_counts, stream_cut
+from ..sharding.factors import ChunkProgram, Factor, chunk_counts, stream_parts
 
 # ------------------------------------------------------------------------------------------
 # extent arithmetic: the one place that knows what an extent is
@@ -608,9 +608,11 @@ def _ptype_of(f: Factor, mesh: Mesh) -> ParallelType:
 def loop_domain_of(sharding: Sharding, name: str = "t") -> TensorDomain:
     """The loop domain of a Sharding: dim ``d`` (id ``name.d``) outer-split into its factors,
     outer to inner, each on its axis or sub-axis (Serial if local; the stream factor ``~k`` on
-    Stream, nvFuser's Stream ID: ``[tp*~8*64]`` is ``[o{2}@tp, o{8}@stream, i{64}]``); a pending partial sum over an
-    axis becomes a partial ID on it (``p``: the per-device partials a later sum reduces, nvFuser's
-    rfactor product; not ``r{DIDx}``, which is already reduced). ``loop_domain_of(Sharding.parse("[dp*4]", m))``."""
+    Stream, nvFuser's Stream ID: ``[tp*~8*64]`` is ``[o{2}@tp, o{8}@stream, i{64}]``; a ring's
+    ``~tp`` is the producer's device ID — its Stream ID is on the consumer, ``ring_domains``); a
+    pending partial sum over an axis becomes a partial ID on it (``p``: the per-device partials a
+    later sum reduces, nvFuser's rfactor product; not ``r{DIDx}``, which is already reduced).
+    ``loop_domain_of(Sharding.parse("[dp*4]", m))``."""
     mesh = sharding.mesh
     for axis, op in sharding.partial:
         if op != "sum":
@@ -637,8 +639,9 @@ def loop_domain_of(sharding: Sharding, name: str = "t") -> TensorDomain:
         cur = f"{name}.{d}"
         parts = [(f.size, _ptype_of(f, mesh), f.local) for f in fs]
         if sharding.stream and sharding.stream[0] == d:  # the stream factor ~k: a Stream ID between its blocks
-            pre, post = stream_cut(fs, n, sharding.stream[1], sharding.stream[2])
-            parts = ([(f.size, _ptype_of(f, mesh), f.local) for f in pre] + [(sharding.stream[2], STREAM, True)]
+            pre, mid, post = stream_parts(fs, n, sharding.stream[1], sharding.stream[2])
+            run = (mid.size, _ptype_of(mid, mesh), False) if mid.axis else (mid.size, STREAM, True)  # a ring: DIDx
+            parts = ([(f.size, _ptype_of(f, mesh), f.local) for f in pre] + [run]
                      + [(f.size, _ptype_of(f, mesh), f.local) for f in post])
         for j, (size, ptype, local) in enumerate(parts):
             pos = td.position(cur)
@@ -649,6 +652,42 @@ def loop_domain_of(sharding: Sharding, name: str = "t") -> TensorDomain:
             td = td.outer_split(pos, size).parallelize(pos, ptype)
             cur = td.loop[pos + 1].id
     return td
+
+
+def ring_domains(sharding: Sharding, name: str = "t") -> tuple:
+    """``(producer, consumer)``: a ring stream (``Sharding.stream_axis``, ``[~tp*512]``) as nvFuser
+    writes its collective-based pipeline — the sharded producer with the ring's outer split by the
+    device count on its device axis (``[o{8}@tp, i{512}]``), and the gathered consumer with the same
+    split on Stream (``[o{8}@stream, i{512}]``: chunk ``j`` = device ``j``'s shard). ``ring_of``
+    reads them back. ``ring_domains(Sharding.parse("[~tp*512]", "tp=8"))[1]``"""
+    if sharding.stream_axis is None:
+        raise DomainError(f"{sharding}: no ring stream (a stream over a mesh axis, e.g. '[~tp*512]'); its loop "
+                          "domain is loop_domain_of(sharding)")
+    d, outer, k = sharding.stream
+    fs = stream_parts(sharding.dims[d], sharding.shape[d], outer, k)
+    dims = list(sharding.dims)
+    dims[d] = fs[0] + (Factor(k),) + fs[2]
+    gathered = Sharding(sharding.mesh, sharding.shape, dims, sharding.partial, sharding.stream)
+    return loop_domain_of(sharding, name), loop_domain_of(gathered, f"{name}_gathered")
+
+
+def ring_of(producer: TensorDomain, consumer: TensorDomain, mesh: Mesh) -> Sharding:
+    """The ring stream of a producer whose device ID and its consumer's Stream ID are the same outer
+    split (the inverse of ``ring_domains``); raises DomainError when they are not a ring.
+    ``ring_of(*ring_domains(s), s.mesh) == s``"""
+    p, c = sharding_of(producer, mesh), sharding_of(consumer, mesh)
+    if not c.stream or p.shape != c.shape:
+        raise DomainError(f"{consumer.name}: no Stream ID over a dim of {producer.name} ({c} from {p}); a ring's "
+                          "consumer runs the producer's device-split dim on Stream")
+    try:
+        ring = Sharding(mesh, p.shape, p.dims, p.partial, c.stream)
+    except Exception as e:  # ShardingSpecError: the Stream split is not the producer's device split
+        raise DomainError(f"{producer.name} -> {consumer.name}: the Stream ID is not the producer's device ID's split "
+                          f"({p} -> {c}): {e}") from e
+    if ring.stream_axis is None:
+        raise DomainError(f"{producer.name} -> {consumer.name}: the Stream ID cuts local factors of {p}, not a device "
+                          "axis: not a ring (loop_domain_of/sharding_of read that stream)")
+    return ring
 
 
 def _prod(xs):

@@ -22,6 +22,7 @@ from ..errors import ShardMismatch
 from ..mesh import Mesh
 from ..ops.ragged import RAGGED_OPS, run_nested
 from ..ops.result import at_rank
+from ..sharding.collective import CollectiveKind
 from ..sharding.nested import Nested
 from ..sharding.ragged import ragged_collective_piece
 from .classes import group_ranks
@@ -117,7 +118,24 @@ def collective_piece(c, rank: int, pieces: dict, want=None, held=None):
 
 def run_collective(c, pieces: dict) -> dict:
     """Run one :class:`Collective` on ``{rank: piece}``; returns the new pieces."""
+    if c.kind is CollectiveKind.PERMUTE:
+        return ring_shift(c, pieces)
     return {r: collective_piece(c, r, pieces) for r in c.src.mesh.ranks()}
+
+
+def ring_previous(mesh: Mesh, rank: int, pieces: tuple) -> int:
+    """The rank before ``rank`` in its ring over the axis ``pieces`` (its group, in coordinate
+    order, wrapping around). ``ring_previous(Mesh.parse("tp=4"), 0, (AxisPiece("tp", 4),)) -> 3``"""
+    group = group_of(mesh, rank, pieces)
+    return group[(group.index(rank) - 1) % len(group)]
+
+
+def ring_shift(c, pieces: dict) -> dict:
+    """One ring step (a ``PERMUTE``, ``sharding.move.ring_steps``): every rank's piece goes to the
+    next rank of its ring, so each rank gets its previous rank's. ``ring_shift(step, {0: a, 1: b})
+    -> {0: b, 1: a}``"""
+    mesh = c.src.mesh
+    return {r: pieces[ring_previous(mesh, r, c.axes)] for r in mesh.ranks()}
 
 
 def run_moves(moves, pieces: dict) -> dict:
@@ -152,6 +170,8 @@ class NumpySimulator:
 
     def collective(self, c, value: dict) -> dict:
         """Run one collective on every rank's piece (nested pieces: ``ragged_collective_piece``)."""
+        if c.kind is CollectiveKind.PERMUTE:
+            return ring_shift(c, value)
         if isinstance(next(iter(value.values())), Nested):
             return {r: ragged_collective_piece(c, r, value, group_of(self.mesh, r, c.axes)) for r in self.mesh.ranks()}
         return run_collective(c, value)

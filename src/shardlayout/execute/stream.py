@@ -46,7 +46,9 @@ class Segment:
     tensor the chunks cut (inputs taken per chunk, the outputs, the moved tensor) to its dim,
     ``positions`` to ``k`` arrays of global positions along it; ``before``: the move ``(tensor,
     target)`` run per chunk ahead of the ops (a gather feeding matmuls), ``after``: the one run
-    after them (the reduction of a matmul's partial output)."""
+    after them (the reduction of a matmul's partial output). ``order``: for a ring (the choice's
+    ``style``), ``{rank: chunk index at each step}`` — rank ``r`` starts with its own shard and
+    gets rank ``r - s``'s at step ``s``; None: every rank runs chunk ``j`` at step ``j``."""
 
     ops: tuple
     k: int
@@ -54,11 +56,17 @@ class Segment:
     positions: dict
     before: tuple | None = None
     after: tuple | None = None
+    order: dict | None = None
 
     @property
     def first(self) -> int:
         """The op the segment runs at (its first)."""
         return self.ops[0]
+
+    def at(self, name: str, j: int, rank: int):
+        """The global positions along its chunk dim of ``name``'s part that ``rank`` runs at step
+        ``j`` (chunk ``j``, or the ring's chunk of that step). ``seg.at("x", 0, 0)``"""
+        return self.positions[name][j if self.order is None else self.order[rank][j]]
 
 
 def chunk_layout(fs, n: int, k: int) -> tuple | None:
@@ -245,20 +253,22 @@ def _other_dim(plan, i: int, k_in: int, out_dim: int) -> int | None:
     return d if 0 <= d < len(shape) and shape[d] == out[out_dim] and shape[d] > 1 else None
 
 
-def segments(plan, flop_rate: float | None = None, chunks: int | None = None) -> tuple:
+def segments(plan, flop_rate: float | None = None, chunks: int | None = None, ring: bool = True) -> tuple:
     """``(segments, skipped)``: a :class:`Segment` per stream choice of ``plan`` (``stream_plan``
     at ``flop_rate``) whose path the chunks follow exactly, and the choices (tensor names) that
     run whole instead. ``chunks``: run every choice in that many chunks instead of the planned
-    number (a benchmark's sweep; a choice whose dim does not cut so is skipped)."""
+    number (a benchmark's sweep; a choice whose dim does not cut so is skipped). ``ring=False``:
+    the choices planned without ring-style streams (the torch executor runs no ring yet)."""
     from dataclasses import replace
 
     from ..errors import ShardingSpecError
 
     out, skipped = [], []
-    for choice in plan.stream_choices(flop_rate):
+    for choice in plan.stream_choices(flop_rate, ring=ring):
         if chunks is not None:
             try:
-                choice = replace(choice, sharding=choice.sharding.without_stream().with_stream(choice.dim, int(chunks)))
+                base = choice.sharding.without_stream()
+                choice = replace(choice, sharding=base.with_stream(choice.dim, int(chunks)))
             except ShardingSpecError:  # the dim does not cut in that many chunks: it runs whole
                 skipped.append(choice.tensor)
                 continue
@@ -280,7 +290,26 @@ def _moves_of(plan, name: str) -> list:
             if n == name and any(c.kind.communicates for c in cs)]
 
 
+def ring_order(s: Sharding) -> dict:
+    """``{rank: chunk index at each step}`` of a ring stream ``s`` (``Sharding.stream_axis``): rank
+    ``r`` at coordinate ``c`` on the ring axis runs chunks ``c, c - 1, ...`` (mod ``k``): its own
+    shard first, then each one its ring brings.
+    ``ring_order(Sharding.parse("[~tp*4]", "tp=2")) -> {0: (0, 1), 1: (1, 0)}``"""
+    from ..sharding.collective import AxisPiece
+    from .simulator import group_of
+
+    ax, k = s.stream_axis, s.stream[2]
+    piece = (AxisPiece(ax.axis, ax.size, ax.pre),)
+    out = {}
+    for r in s.mesh.ranks():
+        c = group_of(s.mesh, r, piece).index(r)
+        out[r] = tuple((c - j) % k for j in range(k))
+    return out
+
+
 def _segment(plan, choice) -> Segment | None:
+    from dataclasses import replace
+
     prog = plan.program
     index = {op.name: i for i, op in enumerate(prog.ops)}
     sites = {index[n] for n in choice.ops}
@@ -298,7 +327,8 @@ def _segment(plan, choice) -> Segment | None:
                 continue  # the producer's own output move (run where the op runs, before the segment): whole
             got = _forward(plan, ops_of, choice.tensor, tgt, sites, dims, positions)
             if got is not None:
-                return _finish(plan, got, choice.chunks, dims, positions, before=(choice.tensor, tgt))
+                seg = _finish(plan, got, choice.chunks, dims, positions, before=(choice.tensor, tgt))
+                return seg if seg is None or choice.style != "ring" else replace(seg, order=ring_order(choice.sharding))
         return None
     chain = _backward(plan, producer, choice.tensor, sites, dims, positions)
     if chain is None:
@@ -467,7 +497,7 @@ def run_segment(plan, seg: Segment, executor, fetch, opdefs: dict) -> tuple:
 
     def pick(value, s, name, j):
         d = seg.dims[name]
-        return executor.chunk(value, d, {r: local_positions(s, d, seg.positions[name][j], r) for r in ranks})
+        return executor.chunk(value, d, {r: local_positions(s, d, seg.at(name, j, r), r) for r in ranks})
 
     cs = chunk_moves(plan, seg)  # every chunk moves alike (the chunks are equal cuts)
 
@@ -506,16 +536,22 @@ def run_segment(plan, seg: Segment, executor, fetch, opdefs: dict) -> tuple:
         source = fetch(x_name, x_src)
 
         def issue(j):
-            pending[j] = move(pick(source, x_src, x_name, j))
+            if seg.order is None:
+                pending[j] = move(pick(source, x_src, x_name, j))
+            elif j == 0:  # a ring: each rank's own shard first, no move
+                own = pick(source, x_src, x_name, 0)
+                pending[0] = lambda: own
+            else:  # then each step passes on what came last
+                pending[j] = move(moved_parts[-1])
 
         issue(0)
     for j in range(seg.k):
         local: dict = {}
         if seg.before is not None:
             local[seg.before] = pending.pop(j)()
+            moved_parts.append(local[seg.before])
             if j + 1 < seg.k:
                 issue(j + 1)
-            moved_parts.append(local[seg.before])
         for i in seg.ops:
             op, po = prog.ops[i], plan.ops[i]
             args = []
@@ -547,9 +583,18 @@ def run_segment(plan, seg: Segment, executor, fetch, opdefs: dict) -> tuple:
 
 def chunk_moves(plan, seg: Segment) -> tuple:
     """The collectives one chunk of ``seg``'s move runs (its whole move's, on a ``k``-th of the
-    data): what a streamed run executes ``seg.k`` times instead of the planned move."""
+    data): what a streamed run executes ``seg.k`` times instead of the planned move — for a ring,
+    one of its ``k - 1`` steps (``sharding.move.ring_steps``)."""
     name, tgt = seg.before or seg.after
     src = plan.shardings[name] if seg.before is not None else _made_sharding(plan, name)
+    if seg.order is not None:
+        from ..plan.stream import ring_sharding
+
+        cs = tuple(c for c in plan.moves[(name, tgt)] if c.kind.communicates)
+        ring = ring_sharding(src, tgt, cs, seg.dims[name])
+        dtype = plan.program.tensors[name].dtype
+        return plan_move(ring, tgt.with_stream(ring.stream[0], ring.stream[2], ring.stream[1]), dtype,
+                         plan.cost_model)[:1]
     n = len(seg.positions[name][0])
     a, b = chunk_sharding(src, seg.dims[name], n, seg.k), chunk_sharding(tgt, seg.dims[name], n, seg.k)
     return plan_move(a, b, plan.program.tensors[name].dtype, plan.cost_model)
@@ -577,9 +622,9 @@ def _made_sharding(plan, name: str) -> Sharding:
 
 def _join(executor, parts: list, s: Sharding, seg: Segment, name: str, ranks: tuple):
     d = seg.dims[name]
-    pos = [{r: local_positions(s, d, seg.positions[name][j], r) for r in ranks} for j in range(seg.k)]
+    pos = [{r: local_positions(s, d, seg.at(name, j, r), r) for r in ranks} for j in range(seg.k)]
     return executor.join(parts, d, pos, {r: s.local_shape(r) for r in ranks})
 
 
 __all__ = ["Segment", "carry_view", "chunk_moves", "chunk_positions_global", "chunk_sharding", "chunked_reads",
-           "local_positions", "run_segment", "segments"]
+           "local_positions", "ring_order", "run_segment", "segments"]

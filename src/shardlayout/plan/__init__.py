@@ -159,12 +159,13 @@ class Plan:
         data["ragged"] = self.ragged_rows()
         return json.dumps(data, indent=1, sort_keys=True)
 
-    def stream_choices(self, flop_rate: float | None = None) -> tuple:
+    def stream_choices(self, flop_rate: float | None = None, ring: bool = True) -> tuple:
         """The stream overlaps this plan runs (``plan.stream.stream_plan``: each a move and the
-        matmuls it feeds or is fed by, cut into chunks), at ``flop_rate`` (default: the plan's)."""
+        matmuls it feeds or is fed by, cut into chunks), at ``flop_rate`` (default: the plan's);
+        ``ring=False`` without ring-style streams (what the torch executor runs)."""
         from .stream import stream_choices
 
-        return stream_choices(self, flop_rate)
+        return stream_choices(self, flop_rate, ring)
 
     def ragged_sources(self, tensor: str) -> tuple:
         """The mesh factors the rows of ragged ``tensor`` were routed from (its routing's token

@@ -82,6 +82,13 @@ class StreamChoice:
         return self.sharding.stream[2]
 
     @property
+    def style(self) -> str:
+        """``"ring"`` when the stream runs over the gathered mesh axis (``Sharding.stream_axis``:
+        chunk ``j`` is rank ``j``'s shard, moved by ``k - 1`` neighbour steps), else ``"chunks"``
+        (``k`` chunks of every rank's shard, each chunk's collective over every rank)."""
+        return "ring" if self.sharding.stream_axis is not None else "chunks"
+
+    @property
     def text(self) -> str:
         """The chunked tensor in our notation. ``StreamChoice(...).text -> '[~4*16, 64]'``"""
         return str(self.sharding)
@@ -89,7 +96,7 @@ class StreamChoice:
     def to_json(self) -> dict:
         """JSON-able form."""
         return {"ops": list(self.ops), "kinds": list(self.kinds), "tensor": self.tensor, "side": self.side,
-                "dim": self.dim, "chunks": self.chunks,
+                "dim": self.dim, "chunks": self.chunks, "style": self.style,
                 "sharding": self.text, "collective_seconds": self.collective_seconds,
                 "compute_seconds": self.compute_seconds, "chunk_collective_seconds": self.chunk_seconds,
                 "serial_seconds": self.serial,
@@ -163,10 +170,91 @@ def run_streamed_move(src: Sharding, dst: Sharding, dim: int, k: int, pieces: di
     return out
 
 
+def run_ring_move(src: Sharding, dst: Sharding, pieces: dict) -> dict:
+    """Move ``{rank: piece}`` from ``src`` (a ring stream: ``Sharding.stream_axis``) to ``dst`` (the
+    same stream, that dim gathered) as the ring runs it on the numpy simulator: each rank starts
+    with its own shard (chunk ``j`` = rank ``j``'s), and each of ``plan_move``'s ``k - 1`` steps
+    passes the chunk every rank got last to the next rank of its ring; every chunk a rank holds
+    is put at its global positions. Equal to the whole all_gather on every rank
+    (``tests/plan/test_stream.py``). ``run_ring_move(ring, gathered, ring.shard(x))``"""
+    import numpy as np
+
+    from ..errors import ShardingSpecError
+    from ..execute.simulator import group_of, ring_previous, run_collective
+    from ..execute.stream import chunk_positions_global, local_positions
+    from ..sharding.move import plan_move
+
+    steps = plan_move(src, dst)
+    if src.stream_axis is None or not steps or any(c.kind.value != "permute" for c in steps):
+        raise ShardingSpecError(f"run_ring_move: {src} -> {dst} is no ring all-gather; give a ring stream "
+                                "(e.g. '[~tp*64]') and the same stream gathered ('[~8*64]')")
+    dim, ranks = src.stream[0], list(src.mesh.ranks())
+    chunks = chunk_positions_global(src)
+    axes = steps[0].axes
+    out = {r: np.zeros(dst.local_shape(r), dtype=np.result_type(pieces[r], np.float64)) for r in ranks}
+    held, owner = dict(pieces), {r: r for r in ranks}
+    for s in range(len(steps) + 1):
+        if s:
+            held = run_collective(steps[s - 1], held)
+            owner = {r: owner[ring_previous(src.mesh, r, axes)] for r in ranks}
+        for r in ranks:
+            j = group_of(src.mesh, owner[r], axes).index(owner[r])  # the chunk of the shard r holds: its owner's
+            idx = [slice(None)] * out[r].ndim
+            idx[dim] = local_positions(dst, dim, chunks[j], r)
+            out[r][tuple(idx)] = held[r]
+    return out
+
+
 def pipelined(a: float, m: float, k: int) -> float:
     """Seconds of a two-stage pipeline of ``k`` chunks, ``a`` then ``m`` each (or ``m`` then ``a``).
     ``pipelined(1.0, 1.0, 4) -> 5.0``"""
     return a + (k - 1) * max(a, m) + m
+
+
+def ring_pipelined(a: float, m: float, n: int) -> float:
+    """Seconds of a ring pipeline of ``n`` chunks (``n`` ranks): chunk 0 is this rank's own shard
+    and computes at once; each of the ``n - 1`` steps (``a``: one shard to the neighbour) overlaps
+    the previous chunk's matmul (``m``). ``ring_pipelined(1.0, 1.0, 4) -> 4.0``"""
+    return m + (n - 1) * max(a, m)
+
+
+def ring_sharding(src: Sharding, tgt: Sharding, moves, d: int) -> Sharding | None:
+    """``src`` as a ring stream along dim ``d`` (``Sharding.stream_axis``: its chunks are the blocks
+    of the one mesh-axis factor the move ``moves`` to ``tgt`` all-gathers, chunk ``j`` rank ``j``'s
+    shard), or None when the move is not one all_gather of a mesh-axis factor of ``d`` that both
+    sides can stream over. ``ring_sharding(Sharding.parse("[tp*64]", m), Sharding.parse("[512]", m),
+    moves, 0) -> [~tp*64]``"""
+    from ..errors import ShardingSpecError
+
+    if len(moves) != 1 or moves[0].kind.value != "all_gather" or moves[0].dims != (d,) or len(moves[0].axes) != 1:
+        return None
+    piece = moves[0].axes[0]
+    fs = src.dims[d]
+    at = next((i for i, f in enumerate(fs) if (f.axis, f.size, f.pre) == (piece.axis, piece.size, piece.pre)), None)
+    if at is None:
+        return None
+    outer = math.prod(f.size for f in fs[:at])
+    try:
+        ring, gathered = src.with_stream(d, piece.size, outer), tgt.with_stream(d, piece.size, outer)
+    except ShardingSpecError:
+        return None
+    return ring if ring.stream_axis is not None and gathered.stream_axis is None else None
+
+
+def _ring_time(src: Sharding, tgt: Sharding, cs: list, d: int, comp: float, cm, dtype: str):
+    """``(seconds, ring sharding, one step's seconds)`` of the ring pipeline of the gather ``cs``
+    feeding matmuls of ``comp`` seconds (``ring_pipelined``, the steps priced as ``plan_move``
+    plans them), or None when no ring streams it."""
+    from ..sharding.move import plan_move
+
+    ring = ring_sharding(src, tgt, cs, d)
+    if ring is None:
+        return None
+    steps = plan_move(ring, tgt.with_stream(d, ring.stream[2], ring.stream[1]), dtype, cm)
+    if not steps or any(c.kind.value != "permute" for c in steps):
+        return None
+    a = cm.seconds(steps[0])
+    return ring_pipelined(a, comp / ring.stream[2], ring.stream[2]), ring, a
 
 
 def _downstream(plan, ops_of, tensor: str, d: int, target, hops: int = 6):
@@ -220,11 +308,13 @@ def _upstream(plan, producer, tensor: str, d: int, hops: int = 6):
     return None
 
 
-def _candidates(plan, rate: float):
+def _candidates(plan, rate: float, ring: bool = True):
     """Every (saving, StreamChoice) the plan allows: each communicating move and the matmuls it
     feeds (through views and pointwise ops: their compute adds up, one pipeline) or the matmul
     whose output it reduces, cut along the dim the move gathers or scatters (an all_reduce: the
-    outermost dim that works) when the matmuls pass that dim through."""
+    outermost dim that works) when the matmuls pass that dim through. With ``ring``, a gather of
+    one mesh-axis factor is also priced as a ring (``_ring_time``), chosen when strictly faster
+    than every chunk count."""
     from . import _producers_users
 
     prog, cm = plan.program, plan.cost_model
@@ -268,10 +358,14 @@ def _candidates(plan, rate: float):
                 t = pipelined(a, comp / k, k)
                 if best is None or t < best[0] - 1e-15:
                     best = (t, k, a)
+            streamed = shown.with_stream(d, best[1]) if best is not None else None
+            rt = _ring_time(src, tgt, cs, d, comp, cm, prog.tensors[name].dtype) if ring and gathers else None
+            if rt is not None and (best is None or rt[0] < best[0] - 1e-15):
+                best, streamed = (rt[0], rt[1].stream[2], rt[2]), rt[1]
             if best is None or best[0] > (whole + comp) * (1 - MIN_SAVING):
                 continue
             names = tuple(prog.ops[i].name for i in sites)
-            yield (whole + comp - best[0], StreamChoice(names, name, side, shown.with_stream(d, best[1]), whole,
+            yield (whole + comp - best[0], StreamChoice(names, name, side, streamed, whole,
                                                         comp, whole + comp, best[0], best[2],
                                                         tuple(sorted({c.kind.value for c in cs}))))
             break  # the outermost dim that works
@@ -312,40 +406,41 @@ def _passes(plan, i: int, pos: int, d: int, is_input: bool) -> bool:
     return d < len(outs[pos]) and any(x is not None and outs[pos][d] in x for x in ins)
 
 
-def stream_plan(plan, flop_rate: float | None = None) -> StreamPlan:
+def stream_plan(plan, flop_rate: float | None = None, ring: bool = True) -> StreamPlan:
     """The stream overlaps of ``plan`` (module docstring) and its forward step time without and
-    with them. ``stream_plan(p).overlapped_seconds <= stream_plan(p).serial_seconds``"""
+    with them; ``ring=False`` leaves ring-style streams out. ``stream_plan(p).overlapped_seconds <=
+    stream_plan(p).serial_seconds``"""
     rate = check_flop_rate(flop_rate if flop_rate is not None else getattr(plan, "flop_rate", None))
     prog, cm = plan.program, plan.cost_model
     comm = math.fsum(cm.seconds(c) for moves in plan.moves.values() for c in moves if c.kind.communicates)
     comp = math.fsum(compute_seconds(op_flops(op.target, po.params, po.input_targets, po.outputs), "inference", rate)
                      for op, po in zip(prog.ops, plan.ops))
-    chosen = _chosen(plan, rate)
+    chosen = _chosen(plan, rate, ring)
     serial = comm + comp
     return StreamPlan(tuple(c for _, c in chosen), serial, serial - math.fsum(s for s, _ in chosen))
 
 
-def stream_choices(plan, flop_rate: float | None = None) -> tuple:
-    """``stream_plan(plan, flop_rate).choices`` without the step-time totals (what executors and
-    the verifier need). ``stream_choices(p) == stream_plan(p).choices``"""
+def stream_choices(plan, flop_rate: float | None = None, ring: bool = True) -> tuple:
+    """``stream_plan(plan, flop_rate, ring).choices`` without the step-time totals (what executors
+    and the verifier need). ``stream_choices(p) == stream_plan(p).choices``"""
     rate = check_flop_rate(flop_rate if flop_rate is not None else getattr(plan, "flop_rate", None))
-    return tuple(c for _, c in _chosen(plan, rate))
+    return tuple(c for _, c in _chosen(plan, rate, ring))
 
 
-def _chosen(plan, rate: float) -> list:
+def _chosen(plan, rate: float, ring: bool = True) -> list:
     """``[(saving, StreamChoice)]`` in program order: the largest savings first, each op and each
     move's side in one overlap at most. Made once per plan, rate and cost model (kept on the plan:
     ``plan``, ``verify`` and ``run`` all read them)."""
     made = plan.__dict__.setdefault("_stream_chosen", {})
-    key = (rate, plan.cost_model)
+    key = (rate, plan.cost_model, ring)
     if key not in made:
-        made[key] = _choose(plan, rate)
+        made[key] = _choose(plan, rate, ring)
     return list(made[key])
 
 
-def _choose(plan, rate: float) -> list:
+def _choose(plan, rate: float, ring: bool = True) -> list:
     chosen, used = [], set()
-    for saving, c in sorted(_candidates(plan, rate), key=lambda x: (-x[0], x[1].ops, x[1].tensor, x[1].dim)):
+    for saving, c in sorted(_candidates(plan, rate, ring), key=lambda x: (-x[0], x[1].ops, x[1].tensor, x[1].dim)):
         if used & set(c.ops) or (c.tensor, c.side) in used:
             continue
         used |= set(c.ops) | {(c.tensor, c.side)}
@@ -355,5 +450,5 @@ def _choose(plan, rate: float) -> list:
     return chosen
 
 
-__all__ = ["CHUNKS", "MIN_SAVING", "StreamChoice", "StreamPlan", "chunk_layout",
-           "pipelined", "run_streamed_move", "stream_choices", "stream_plan", "stream_text"]
+__all__ = ["CHUNKS", "MIN_SAVING", "StreamChoice", "StreamPlan", "chunk_layout", "pipelined", "ring_pipelined",
+           "ring_sharding", "run_ring_move", "run_streamed_move", "stream_choices", "stream_plan", "stream_text"]

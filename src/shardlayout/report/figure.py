@@ -390,7 +390,8 @@ __all__ = ["FORMATS", "plan_figure", "plan_rows", "sharding_figure"]
 def stream_schedule(c) -> tuple:
     """``(serial, streamed)`` bars of one ``plan.stream.StreamChoice``: lists of ``(start, width,
     what)`` in seconds, ``what`` "comm" or "compute"; the streamed one chunk by chunk as the
-    two-stage pipeline runs (a collective chunk, then its matmul chunk, or the reverse after).
+    two-stage pipeline runs (a collective chunk, then its matmul chunk, or the reverse after); a
+    ring's first chunk is the rank's own shard (no transfer), then its ``k - 1`` steps.
     ``stream_schedule(choice)[1][-1][0] + stream_schedule(choice)[1][-1][1] == choice.overlapped``"""
     a_all, m_all, k = c.collective_seconds, c.compute_seconds, c.chunks
     first, second = ("comm", "compute") if c.side == "before" else ("compute", "comm")
@@ -398,9 +399,10 @@ def stream_schedule(c) -> tuple:
     serial = [(0.0, widths[first], first), (widths[first], widths[second], second)]
     per = {"compute": m_all / k, "comm": c.chunk_seconds}
     streamed, done1, free2 = [], 0.0, 0.0
-    for _ in range(k):
-        streamed.append((done1, per[first], first))
-        done1 += per[first]
+    for j in range(k):
+        if j or c.style != "ring":
+            streamed.append((done1, per[first], first))
+            done1 += per[first]
         start = max(done1, free2)
         streamed.append((start, per[second], second))
         free2 = start + per[second]
@@ -429,7 +431,7 @@ def stream_figure(sp, path: str, fmt: str | None = None, title: str | None = Non
                 ax.barh(row + (-0.19 if what == "comm" else 0.19), width * 1e6, left=start * 1e6, height=0.36,
                         color=colours[what], edgecolor="white", linewidth=0.6)
         labels += [f"{c.tensor} -> {c.ops[0]}{' ...' if len(c.ops) > 1 else ''}  serial",
-                   f"{c.text}  {c.chunks} chunks"]
+                   f"{c.text}  {c.chunks} chunks" + (" (ring)" if c.style == "ring" else "")]
     ax.set_yticks(range(rows))
     ax.set_yticklabels(labels, fontsize=7)
     ax.invert_yaxis()

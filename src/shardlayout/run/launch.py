@@ -296,12 +296,13 @@ def stream_report(plan, segs) -> list:
 def _streams(plan, options: dict) -> tuple:
     """``(segments, why not)``: the plan's stream choices this run executes chunk by chunk
     (``execute.stream``), forward and backward, and what runs whole instead: every choice under
-    ``--no-streams``, the choices whose path a chunk cannot follow."""
+    ``--no-streams``, the choices whose path a chunk cannot follow. Ring-style streams are not run
+    on torch.distributed yet: the choices are those planned without them (``ring=False``)."""
     from ..execute.stream import segments
 
     if not options.get("streams", True):
         return (), "--no-streams"
-    segs, skipped = segments(plan)
+    segs, skipped = segments(plan, ring=False)
     return segs, (f"not chunkable: {', '.join(skipped)}" if skipped else None)
 
 

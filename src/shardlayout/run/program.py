@@ -129,11 +129,21 @@ def check_generable(plan) -> None:
                            "interpreter (eager only, not torch.compile)")
 
 
+def check_no_rings(streams) -> None:
+    """Raise RunError when a segment is a ring (``Segment.order``): torch.distributed runs no ring
+    steps yet. ``check_no_rings(segments(p, ring=False)[0])`` passes."""
+    rings = [(s.before or s.after)[0] for s in streams if getattr(s, "order", None) is not None]
+    if rings:
+        raise RunError(f"ring-style streams ({', '.join(rings)}) do not run on torch.distributed yet; give the "
+                       "segments planned without rings: execute.stream.segments(plan, ring=False)")
+
+
 def stream_segments(plan) -> tuple:
-    """The segments of ``plan``'s stream choices a run executes chunk by chunk (``execute.stream``)."""
+    """The segments of ``plan``'s stream choices a run executes chunk by chunk (``execute.stream``;
+    planned without ring-style streams, which torch.distributed does not run yet)."""
     from ..execute.stream import segments
 
-    return segments(plan)[0]
+    return segments(plan, ring=False)[0]
 
 
 def stream_pieces(plan, segs) -> set:
@@ -199,6 +209,7 @@ def rank_program(plan, rank: int, groups: dict, examples: list, reductions: dict
 
     prog = plan.program
     check_generable(plan)
+    check_no_rings(streams)
     _library()
     names = prog.inputs()
     if len(examples) != len(names):
@@ -244,5 +255,5 @@ def rank_program(plan, rank: int, groups: dict, examples: list, reductions: dict
     return gm
 
 
-__all__ = ["InterpretedProgram", "NotGenerable", "check_generable", "ragged_tensors", "rank_program", "stream_pieces",
-           "stream_segments"]
+__all__ = ["InterpretedProgram", "NotGenerable", "check_generable", "check_no_rings", "ragged_tensors", "rank_program",
+           "stream_pieces", "stream_segments"]

@@ -36,7 +36,7 @@ from .factors import (
     _product,
     chain_extent,
     parse_factor,
-    stream_cut,
+    stream_parts,
 )
 from .placements import (
     MAX_SPLIT_FACTOR,
@@ -212,6 +212,17 @@ class Sharding:
             outer = _product(f.size for f in fs[: last + 1])
         return Sharding(self.mesh, self.shape, self.dims, self.partial, (d, outer, k))
 
+    @property
+    def stream_axis(self):
+        """The mesh-axis factor a **ring** stream runs over (its ``k`` chunks are that factor's
+        blocks: chunk ``j`` is rank ``j``'s shard along it), or None (no stream, or chunks cut from
+        local factors). ``Sharding.parse("[~tp*64]", "tp=8").stream_axis -> Factor(8, 'tp')``"""
+        if not self.stream:
+            return None
+        d, outer, k = self.stream
+        mid = stream_parts(self.dims[d], self.shape[d], outer, k)[1]
+        return mid if mid.axis is not None else None
+
     def without_stream(self) -> "Sharding":
         """The same layout, no stream. ``Sharding.parse("[tp*~8*64]", m).without_stream() -> [tp*512]``"""
         if not self.stream:
@@ -301,7 +312,8 @@ def _built(cls, mesh: Mesh, shape: tuple, dims: tuple, partial: tuple, stream: t
 
 def _check_stream(mesh: Mesh, shape: tuple, dims: tuple, stream) -> tuple:
     """``stream`` as ``()`` or ``(dim, outer, k)``, checked: an even dim whose ``outer`` outer
-    blocks are each cut in ``k`` chunks of local factors only (``factors.stream_cut``)."""
+    blocks are each cut in ``k`` chunks of local factors only, or of exactly one mesh-axis factor
+    of size ``k`` (a ring; ``factors.stream_parts``)."""
     if stream is None or stream == ():
         return ()
     if not (isinstance(stream, tuple) and len(stream) == 3 and all(type(x) is int for x in stream)):
@@ -316,12 +328,13 @@ def _check_stream(mesh: Mesh, shape: tuple, dims: tuple, stream) -> tuple:
     if isinstance(fs, ChunkProgram) or _product(f.size for f in fs) != shape[d]:
         raise ShardingSpecError(f"Sharding: stream ~{k} on dim {d} (size {shape[d]}), which is cut unevenly; stream "
                                 "chunks cut an even dim")
-    if stream_cut(fs, shape[d], outer, k) is None:
+    if stream_parts(fs, shape[d], outer, k) is None:
         shown = "*".join(_fmt_factor(f, mesh) for f in fs) or "1"
         raise ShardingSpecError(
             f"Sharding: dim {d} ({shown}, size {shape[d]}) cannot run in {k} stream chunks of each of its {outer} "
             f"outer block(s): the chunks must cut local factors only, right after the outer blocks, and divide "
-            f"them (e.g. write ~{k} right after the dim's mesh axes: 'tp*~{k}*...')")
+            f"them (e.g. write ~{k} right after the dim's mesh axes: 'tp*~{k}*...'), or be exactly the blocks of "
+            f"one mesh axis of size {k} there (a ring: '~tp*...')")
     return (d, outer, k)
 
 
@@ -459,8 +472,9 @@ def format_dim(s: Sharding, d: int) -> str:
     ``format_dim(s, 0)``."""
     fs = s.dims[d]
     if s.stream and s.stream[0] == d:
-        pre, post = stream_cut(fs, s.shape[d], s.stream[1], s.stream[2])
-        return "*".join([_fmt_factor(f, s.mesh) for f in pre] + [f"~{s.stream[2]}"]
+        pre, mid, post = stream_parts(fs, s.shape[d], s.stream[1], s.stream[2])
+        return "*".join([_fmt_factor(f, s.mesh) for f in pre] + ["~" + (_fmt_factor(mid, s.mesh) if mid.axis else
+                                                                        str(s.stream[2]))]
                         + [_fmt_factor(f, s.mesh) for f in post])
     if isinstance(fs, ChunkProgram):
         steps = ", ".join(st.axis + (f"/{st.sf}" if st.sf != 1 else "") for st in fs)
@@ -555,13 +569,15 @@ def parse_sharding(text: str, mesh: Mesh) -> Sharding:
             if len(marks) > 1 or stream or size is not None:
                 raise ShardingSpecError(f"Sharding.parse: {src!r} has more than one stream factor ~k, or one in an "
                                         "uneven dim; give one ~k, in an even dim, e.g. '[tp*~4*16, 32]'")
-            k_text = tokens[marks[0]].strip()[1:]
-            if not k_text.isdigit() or len(k_text) > 18:
+            k_text = tokens[marks[0]].strip()[1:].strip()
+            ring = k_text.split(":")[0] in mesh.names  # ~tp: a ring, the chunks are the axis's blocks
+            if not ring and (not k_text.isdigit() or len(k_text) > 18):
                 raise ShardingSpecError(f"Sharding.parse: stream factor {tokens[marks[0]].strip()!r} in {src!r} is "
-                                        "not ~k with k an int, e.g. ~4")
+                                        f"not ~k with k an int, e.g. ~4, nor ~axis (a ring) with an axis of {mesh}")
+            mid = parse_factor(k_text, mesh) if ring else Factor(int(k_text))
             before = [parse_factor(x, mesh) for x in tokens[: marks[0]]]
-            stream = (d, _product(f.size for f in before), int(k_text))
-            fs = before + [Factor(int(k_text))] + [parse_factor(x, mesh) for x in tokens[marks[0] + 1:]]
+            stream = (d, _product(f.size for f in before), mid.size)
+            fs = before + [mid] + [parse_factor(x, mesh) for x in tokens[marks[0] + 1:]]
         else:
             fs = [parse_factor(x, mesh) for x in tokens]
         dims.append(fs)

@@ -7,7 +7,9 @@ Exactly DTensor's formulas (``torch/distributed/tensor/_collective_utils.py``), 
     all_to_all                   the all_gather formula on the local bytes + a 1 µs penalty
                                  (DTensor's ``allgather_cost(...) + 1.0``; set
                                  ``all_to_all_penalty=0`` for the plain alpha-beta price)
-    permute                      latency + hop_latency + bytes / bandwidth
+    permute                      latency + hop_latency + bytes / bandwidth (one ring step: every
+                                 rank sends ``bytes`` to its neighbour; a ring all-gather's k - 1
+                                 steps pay the all_gather's hops and bytes, and k - 1 latencies)
     local                        0
 
 with DTensor's defaults: latency 6.6 µs, 0.6 µs per hop, bandwidth 87.7 GiB/s (DTensor's

@@ -272,9 +272,22 @@ def stream_cut(fs, n: int, outer: int, k: int) -> tuple | None:
     """``(pre, post)``: an even dim's factors ``fs`` (of ``n``) read as ``pre + [~k] + post``, where
     ``pre`` covers the outer ``outer`` of the dim's index range and the stream's ``k`` chunks cut
     only local factors (a local factor is split where the cut falls inside it); None when a mesh
-    axis factor lies in the way or the sizes do not divide. Chunk ``j`` of the stream is the
-    ``j``-th part of each of the ``outer`` blocks.
+    axis factor lies in the way or the sizes do not divide (``stream_parts`` also reads a ring).
+    Chunk ``j`` of the stream is the ``j``-th part of each of the ``outer`` blocks.
     ``stream_cut((Factor(2, "tp"), Factor(512)), 1024, 2, 8) -> ((Factor(2, 'tp'),), (Factor(64),))``"""
+    parts = stream_parts(fs, n, outer, k)
+    if parts is None or parts[1].axis is not None:
+        return None
+    return parts[0], parts[2]
+
+
+def stream_parts(fs, n: int, outer: int, k: int) -> tuple | None:
+    """``(pre, mid, post)``: an even dim's factors ``fs`` (of ``n``) read as ``pre + [mid] + post``
+    with the stream's ``k`` chunks on ``mid`` right after the ``outer`` outer blocks ``pre``:
+    ``mid`` is ``Factor(k)`` cut from local factors (``stream_cut``), or — a **ring** — exactly one
+    mesh-axis factor of size ``k``, whose blocks are the chunks (chunk ``j`` is the block of the
+    axis coordinate ``j``: rank ``j``'s shard). None when neither reads.
+    ``stream_parts((Factor(8, "tp"), Factor(64)), 512, 1, 8) -> ((), Factor(8, 'tp'), (Factor(64),))``"""
     if outer < 1 or k < 2 or n % (outer * k) or _product(f.size for f in fs) != n:
         return None
     pre, rest, c = [], list(fs), 1
@@ -291,6 +304,8 @@ def stream_cut(fs, n: int, outer: int, k: int) -> tuple | None:
             return None
     if c != outer:
         return None
+    if rest and rest[0].axis is not None:  # a ring: the chunks are one mesh-axis factor's blocks
+        return (tuple(pre), rest[0], tuple(rest[1:])) if rest[0].size == k else None
     need = k  # the stream's extent, from local factors only
     while need > 1:
         if not rest or rest[0].axis is not None:
@@ -305,7 +320,7 @@ def stream_cut(fs, n: int, outer: int, k: int) -> tuple | None:
             need = 1
         else:
             return None
-    return tuple(pre), tuple(rest)
+    return tuple(pre), Factor(k), tuple(rest)
 
 
 # ------------------------------------------------------------------------------------------

@@ -41,8 +41,10 @@ def plan_move(src: Sharding, dst: Sharding, dtype: str = "float32", cost_model=N
 
     Both sides in the same stream (``Sharding.stream``: ``[tp*~4*16] -> [2*~4*16]``) move chunk
     by chunk: each collective of the whole move ``k`` times, at a ``k``-th of its bytes, chunk
-    after chunk. A stream on one side only, or different streams, orders the work and moves
-    what the plain shardings move.
+    after chunk — or, when the source's stream runs over the very mesh axis the move gathers (a
+    ring, ``[~tp*16] -> [~2*16]``), ``ring_steps``: ``k - 1`` neighbour send/recvs of one shard.
+    A stream on one side only, or different streams, orders the work and moves what the plain
+    shardings move.
     """
     if type(src) is not Sharding or type(dst) is not Sharding:
         src, dst = _as_shardings(src, dst)
@@ -62,9 +64,33 @@ def plan_move(src: Sharding, dst: Sharding, dtype: str = "float32", cost_model=N
         whole = plan_move(src.without_stream(), dst.without_stream(), dtype, cost_model)
         if src.stream != dst.stream:
             return whole
+        ring = ring_steps(src, dst, whole)
+        if ring is not None:
+            return ring
         k = src.stream[2]
         return tuple(c.with_bytes(-(-c.bytes // k)) for _ in range(k) for c in whole)
     return _plan_move(src, dst, size, cost_model or DEFAULT_COST_MODEL)
+
+
+def ring_steps(src: Sharding, dst: Sharding, whole: tuple) -> tuple | None:
+    """The ring all-gather of ``src`` (stream over a mesh-axis factor, ``Sharding.stream_axis``)
+    to ``dst`` (the same stream, that dim gathered), whose whole move is ``whole``: ``k - 1``
+    steps, each a ``PERMUTE`` over the ring axis moving one shard (every rank passes the chunk it
+    got last to the next rank along the axis and gets the previous rank's: after step ``s`` rank
+    ``r`` holds rank ``r - s``'s shard). Priced step by step, the ring pays the all_gather's hops
+    and bytes exactly and the launch latency ``k - 1`` times instead of once. None when the move
+    is not one all_gather over exactly that axis factor.
+    ``len(ring_steps(Sharding.parse("[~tp*16]", m), Sharding.parse("[~4*16]", m), whole)) -> 3``"""
+    ax = src.stream_axis
+    if ax is None or dst.stream_axis is not None or len(whole) != 1:
+        return None
+    (c,) = whole
+    if c.kind is not CollectiveKind.ALL_GATHER or c.axes != (AxisPiece(ax.axis, ax.size, ax.pre),) \
+            or c.dims != (src.stream[0],):
+        return None
+    shard = -(-c.bytes // ax.size)
+    step = Collective(CollectiveKind.PERMUTE, c.axes, c.dims, shard, src, dst)
+    return (step,) * (ax.size - 1)
 
 
 def _as_shardings(src, dst) -> tuple:
@@ -295,4 +321,4 @@ def _add_piece(cur: Sharding, dst: Sharding, axis: str, pre: int, size: int):
                              cur.partial)
 
 
-__all__ = ["communicating", "placed", "plan_move"]
+__all__ = ["communicating", "placed", "plan_move", "ring_steps"]
