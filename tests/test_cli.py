@@ -274,7 +274,8 @@ def test_flop_rate_sets_the_stream_estimates_without_auto(capsys):
     assert main(argv + ["--flop-rate", "1e12"]) == 0
     out = capsys.readouterr().out
     assert "step (forward, at 1 TFLOP/s)" in out and "stream overlap(s)" in out
-    assert main(argv) == 0  # at the default 100 TFLOP/s no chunk count pays; a ring (one step on tp=2) still does
+    assert main(argv) == 0 and "stream overlap" not in capsys.readouterr().out  # at the default 100 TFLOP/s: none
+    assert main(argv + ["--ring"]) == 0  # a ring (one step on tp=2) still pays there
     lines = [x for x in capsys.readouterr().out.splitlines() if " chunks [" in x]
     assert lines and all("(ring: 1 send/recv steps)" in x for x in lines)
     for bad in ("0", "-1", "nan", "inf"):

@@ -197,7 +197,7 @@ def test_plan_timeline_of_stream_overlaps(tmp_path, capsys):
     assert out.read_text().lstrip().startswith("<?xml") and f"picture written to {out}" in capsys.readouterr().out
     prog, m = llama(layers=1, dim=4096, seq=4096, batch=1, heads=32, ffn=11008), Mesh.parse("tp=8")
     choices = [c for style in ("megatron", "megatron-sp")
-               for c in stream_plan(plan(prog, m, style_pins(prog, m, style))).choices]
+               for c in stream_plan(plan(prog, m, style_pins(prog, m, style)), ring=True).choices]
     assert {c.style for c in choices} == {"ring", "chunks"}
     for c in choices:
         serial, streamed = stream_schedule(c)

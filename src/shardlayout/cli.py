@@ -906,6 +906,9 @@ def build_parser() -> argparse.ArgumentParser:
     vw.set_defaults(func=cmd_view)
     pl = sub.add_parser("plan", help="plan a whole model: every tensor's sharding and every collective")
     _add_model_args(pl)
+    pl.add_argument("--ring", action="store_true",
+                    help="stream overlaps may also be ring-style (chunk j = rank j's shard, tp-1 send/recv steps): "
+                         "planned, priced and verified on the simulator; `run` does not execute rings yet")
     pl.add_argument("--verify", nargs="?", const="classes", choices=["classes", "full"],
                     help="prove the plan for every rank and simulate one pair per rank class (--verify=full: "
                          "simulate every rank) and compare with the unsharded run")

@@ -258,7 +258,7 @@ def build_plan(args, program=None):
         check_flop_rate(rate)
     if getattr(args, "style", None) == "auto":
         p = build_auto(args, program).plan
-        p.flop_rate = rate
+        p.flop_rate, p.ring = rate, bool(getattr(args, "ring", False))
         return p
     only_auto = [f"--{n.replace('_', '-')}" for n in ("memory", "training")
                  if getattr(args, n, None) is not None]
@@ -274,7 +274,7 @@ def build_plan(args, program=None):
     pins.update(user_pins(args, mesh))
     _check_uneven(args, prog)
     p = plan(prog, mesh, pins, uneven=bool(getattr(args, "uneven", False)), keep=kept_pins(pins, *applied))
-    p.matched, p.flop_rate = matched, rate
+    p.matched, p.flop_rate, p.ring = matched, rate, bool(getattr(args, "ring", False))
     return p
 
 

@@ -129,9 +129,10 @@ def _plan(style, mesh="tp=8", **sizes):
 
 
 @pytest.mark.parametrize("style", ["megatron-sp", "megatron"])
-def test_each_choice_is_the_best_chunk_count(style):
+@pytest.mark.parametrize("rings", [False, True])
+def test_each_choice_is_the_best_chunk_count(style, rings):
     p = _plan(style)
-    sp = stream_plan(p)
+    sp = stream_plan(p, ring=rings)
     assert sp.choices and sp.overlapped_seconds < sp.serial_seconds
     cm = p.cost_model
     saved = 0.0
@@ -145,7 +146,7 @@ def test_each_choice_is_the_best_chunk_count(style):
         best = min(times, key=lambda k: (times[k], k))
         src = p.shardings[c.tensor]
         tgt = next(t for (n, t) in p.moves if n == c.tensor)
-        ring = ring_sharding(src, tgt, moves, c.dim) if c.side == "before" else None
+        ring = ring_sharding(src, tgt, moves, c.dim) if c.side == "before" and rings else None
         if ring is not None:  # a ring: k - 1 steps of one shard each, priced as the cost model prices a send/recv
             n = ring.stream_axis.size
             shard = moves[0].bytes // n
@@ -164,13 +165,14 @@ def test_each_choice_is_the_best_chunk_count(style):
 
 def test_megatron_sp_overlaps_its_gathers_and_reduce_scatters():
     p = _plan("megatron-sp")
-    sp = stream_plan(p)
+    sp = stream_plan(p, ring=True)
     sides = sorted((c.side, len(c.ops), c.style) for c in sp.choices)
     # q|k|v, gate|up fed by rings (chunk j = rank j's shard); the two outs' reduce-scatters in chunks
     assert sides == [("after", 1, "chunks"), ("after", 1, "chunks"), ("before", 2, "ring"), ("before", 3, "ring")]
     assert all(c.dim == 1 and c.chunks > 1 for c in sp.choices)  # the sequence
     assert [c.text for c in sp.choices if c.style == "ring"] == ["[1, ~tp*512, 4096]"] * 2
-    without = stream_plan(p, ring=False)  # ring left out: the chunk counts, slower
+    without = stream_plan(p)  # rings only when asked (torch runs none yet): the chunk counts, slower
+    assert without.choices == stream_plan(p, ring=False).choices
     assert {c.style for c in without.choices} == {"chunks"} and without.overlapped_seconds > sp.overlapped_seconds
     assert [c.sharding for c in without.choices if c.side == "after"] == [c.sharding for c in sp.choices
                                                                            if c.side == "after"]
@@ -182,8 +184,8 @@ def test_a_ring_is_not_chosen_unless_strictly_faster():
 
     p = _plan("megatron-sp")
     slow = replace(p, cost_model=CostModel(latency=1e-4))
-    assert {c.style for c in stream_plan(slow).choices} == {"chunks"} and len(stream_plan(slow).choices) == 3
-    assert stream_plan(slow).choices == stream_plan(slow, ring=False).choices
+    assert {c.style for c in stream_plan(slow, ring=True).choices} == {"chunks"}
+    assert stream_plan(slow, ring=True).choices == stream_plan(slow).choices and len(stream_plan(slow).choices) == 3
 
 
 def test_a_megatron_sp_layer_with_ring_streams_simulates_to_the_unsharded_run():
@@ -194,7 +196,8 @@ def test_a_megatron_sp_layer_with_ring_streams_simulates_to_the_unsharded_run():
     from shardlayout.execute.verify import verify_full
 
     for mesh in ("tp=4", "dp=2,tp=2"):
-        p = replace(_plan("megatron-sp", mesh=mesh, layers=1, dim=32, seq=16, batch=2, heads=4, ffn=64), flop_rate=1e9)
+        p = replace(_plan("megatron-sp", mesh=mesh, layers=1, dim=32, seq=16, batch=2, heads=4, ffn=64), flop_rate=1e9,
+                    ring=True)
         rings = [c for c in p.stream_choices() if c.style == "ring"]
         segs, skipped = segments(p)
         assert len(rings) == 2 and skipped == () and sum(s.order is not None for s in segs) == 2
@@ -275,10 +278,13 @@ def test_streamed_moves_equal_the_whole_moves_on_every_rank(style, mesh):
 def test_cli_prints_both_estimates(capsys):
     from shardlayout.cli import main
 
-    assert main(["plan", "--model", "llama", "--layers", "1", "--size", "dim=4096,seq=4096,batch=1,heads=32,ffn=11008",
-                 "--mesh", "tp=8", "--style", "megatron-sp"]) == 0
+    argv = ["plan", "--model", "llama", "--layers", "1", "--size", "dim=4096,seq=4096,batch=1,heads=32,ffn=11008",
+            "--mesh", "tp=8", "--style", "megatron-sp"]
+    assert main(argv) == 0
     out = capsys.readouterr().out
-    assert "µs serial" in out and "stream overlap(s)" in out and "[1, tp*~8*64, 4096]" in out
+    assert "µs serial" in out and "stream overlap(s)" in out and "[1, tp*~8*64, 4096]" in out and "ring" not in out
+    assert main(argv + ["--ring"]) == 0
+    out = capsys.readouterr().out
     assert "8 chunks [1, ~tp*512, 4096] (ring: 7 send/recv steps): the all_gather of layers.0.attn_norm.n" in out
     assert main(["plan", "--model", "llama", "--size", "dim=x", "--mesh", "tp=2"]) == 2
 
@@ -369,7 +375,7 @@ def test_megatron_sp_streams_round_trip_through_the_domain_layer():
     from shardlayout.domain.iterdomain import Kind
 
     p = _plan("megatron-sp", mesh="tp=8", layers=1, dim=4096, seq=4096, batch=1, heads=32, ffn=11008)
-    choices = stream_plan(p).choices
+    choices = stream_plan(p, ring=True).choices + stream_plan(p).choices
     assert {c.style for c in choices} == {"ring", "chunks"}
     for c in choices:
         assert c.sharding.stream[::2] == (c.dim, c.chunks) and c.text == str(c.sharding)

@@ -57,7 +57,7 @@ def test_a_ring_segment_is_refused_naming_the_fix():
 
     prog, mesh = llama(layers=1, dim=128, seq=512, batch=1, heads=4, ffn=256), Mesh.parse("tp=2")
     p = plan(prog, mesh, style_pins(prog, mesh, "megatron-sp"))
-    rings = [s for s in segments(p, flop_rate=1e12)[0] if s.order is not None]
+    rings = [s for s in segments(p, flop_rate=1e12, ring=True)[0] if s.order is not None]
     assert rings
     with pytest.raises(RunError, match=r"segments\(plan, ring=False\)"):
         check_no_rings(rings)

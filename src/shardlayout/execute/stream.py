@@ -253,12 +253,12 @@ def _other_dim(plan, i: int, k_in: int, out_dim: int) -> int | None:
     return d if 0 <= d < len(shape) and shape[d] == out[out_dim] and shape[d] > 1 else None
 
 
-def segments(plan, flop_rate: float | None = None, chunks: int | None = None, ring: bool = True) -> tuple:
+def segments(plan, flop_rate: float | None = None, chunks: int | None = None, ring: bool | None = None) -> tuple:
     """``(segments, skipped)``: a :class:`Segment` per stream choice of ``plan`` (``stream_plan``
     at ``flop_rate``) whose path the chunks follow exactly, and the choices (tensor names) that
     run whole instead. ``chunks``: run every choice in that many chunks instead of the planned
-    number (a benchmark's sweep; a choice whose dim does not cut so is skipped). ``ring=False``:
-    the choices planned without ring-style streams (the torch executor runs no ring yet)."""
+    number (a benchmark's sweep; a choice whose dim does not cut so is skipped). ``ring``: with
+    ring-style streams (default: the plan's ``ring``; the torch executor passes False: it runs no ring yet)."""
     from dataclasses import replace
 
     from ..errors import ShardingSpecError

@@ -90,6 +90,7 @@ class Plan:
     options: dict | None = field(default=None, repr=False)  # what plan() was given: to plan again at other sizes
     verified_at: tuple = ()  # the bindings verify() checked, the example first: ((symbol, value), ...) each
     flop_rate: float | None = None  # FLOP/s of one device for compute estimates (streams; None: the default)
+    ring: bool = False  # ring-style streams among the stream choices (planned and simulated; not run on torch yet)
 
     def __getattr__(self, name: str):
         # the plan of a repeated program holds the compressed plan; the full records are made
@@ -159,10 +160,11 @@ class Plan:
         data["ragged"] = self.ragged_rows()
         return json.dumps(data, indent=1, sort_keys=True)
 
-    def stream_choices(self, flop_rate: float | None = None, ring: bool = True) -> tuple:
+    def stream_choices(self, flop_rate: float | None = None, ring: bool | None = None) -> tuple:
         """The stream overlaps this plan runs (``plan.stream.stream_plan``: each a move and the
         matmuls it feeds or is fed by, cut into chunks), at ``flop_rate`` (default: the plan's);
-        ``ring=False`` without ring-style streams (what the torch executor runs)."""
+        ``ring``: with ring-style streams too (default: the plan's ``ring``; the torch executor runs
+        no ring yet)."""
         from .stream import stream_choices
 
         return stream_choices(self, flop_rate, ring)

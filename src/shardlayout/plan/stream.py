@@ -406,25 +406,30 @@ def _passes(plan, i: int, pos: int, d: int, is_input: bool) -> bool:
     return d < len(outs[pos]) and any(x is not None and outs[pos][d] in x for x in ins)
 
 
-def stream_plan(plan, flop_rate: float | None = None, ring: bool = True) -> StreamPlan:
+def stream_plan(plan, flop_rate: float | None = None, ring: bool | None = None) -> StreamPlan:
     """The stream overlaps of ``plan`` (module docstring) and its forward step time without and
-    with them; ``ring=False`` leaves ring-style streams out. ``stream_plan(p).overlapped_seconds <=
-    stream_plan(p).serial_seconds``"""
+    with them; ``ring`` (default: the plan's ``ring``, False unless set) adds ring-style streams.
+    ``stream_plan(p).overlapped_seconds <= stream_plan(p).serial_seconds``"""
     rate = check_flop_rate(flop_rate if flop_rate is not None else getattr(plan, "flop_rate", None))
     prog, cm = plan.program, plan.cost_model
     comm = math.fsum(cm.seconds(c) for moves in plan.moves.values() for c in moves if c.kind.communicates)
     comp = math.fsum(compute_seconds(op_flops(op.target, po.params, po.input_targets, po.outputs), "inference", rate)
                      for op, po in zip(prog.ops, plan.ops))
-    chosen = _chosen(plan, rate, ring)
+    chosen = _chosen(plan, rate, _ring(plan, ring))
     serial = comm + comp
     return StreamPlan(tuple(c for _, c in chosen), serial, serial - math.fsum(s for s, _ in chosen))
 
 
-def stream_choices(plan, flop_rate: float | None = None, ring: bool = True) -> tuple:
+def _ring(plan, ring: bool | None) -> bool:
+    """Whether ring-style streams are candidates: ``ring`` when given, else the plan's setting."""
+    return bool(getattr(plan, "ring", False)) if ring is None else bool(ring)
+
+
+def stream_choices(plan, flop_rate: float | None = None, ring: bool | None = None) -> tuple:
     """``stream_plan(plan, flop_rate, ring).choices`` without the step-time totals (what executors
     and the verifier need). ``stream_choices(p) == stream_plan(p).choices``"""
     rate = check_flop_rate(flop_rate if flop_rate is not None else getattr(plan, "flop_rate", None))
-    return tuple(c for _, c in _chosen(plan, rate, ring))
+    return tuple(c for _, c in _chosen(plan, rate, _ring(plan, ring)))
 
 
 def _chosen(plan, rate: float, ring: bool = True) -> list:
