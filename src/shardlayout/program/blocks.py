@@ -8,13 +8,15 @@ models all read the same:
   the right operand through views (torch.export gives ``permute + mm``, ``permute + expand +
   bmm`` or ``permute + addmm`` with a bias; Conv1D weights ``(in, out)`` need no permute). Which
   weight dim is contracted (``in_dim``) and which makes the output features (``out_dim``) is
-  read off the views. A Linear whose features are split (``split``, ``chunk``, ``unbind``) into
-  equal parts before use is *fused* (``parts``: q|k|v is 3, gate|up is 2).
+  read off the views. A Linear whose features are split (``split``, ``chunk``, ``unbind``, slices
+  tiling them) into equal parts before use is *fused* (``parts``: q|k|v is 3, gate|up is 2); into
+  unequal ones, fused with those ``pieces`` (q|k|v of grouped-query attention).
 - **attention**: an attention core — ``scaled_dot_product_attention``, or ``softmax(Q K^T) V``
   written out (a batched matmul of two activations feeding a softmax through pointwise ops and
   views, whose result is the left operand of a second one) — with the Linears whose outputs
-  reach its q, k, v only through pointwise ops and views (``first``) and the Linears that
-  consume its result the same way (``last``).
+  reach its q, k, v only through pointwise ops, views and norms of q or k (per head, or a mean
+  square over all of q's features: ``_per_head``) (``first``), and the Linears that consume its
+  result the same way (``last``); ``heads``: its query heads.
 - **mlp**: Linears (an up projection, and a gate multiplied after an activation) whose outputs
   reach another Linear (the down projection) only through pointwise ops and views.
   "Only" is checked both ways: every tensor derived from a ``first`` Linear is consumed by

@@ -4,11 +4,13 @@ On a mesh with axes ``dp`` and/or ``tp`` (others replicate; ``ep`` for experts):
 
 - ``megatron``: in each attention and MLP block the first Linears (q, k, v; up and gate) are
   column-parallel (output features on tp; a fused q|k|v or gate|up weight strided, so each rank
-  holds its slice of every part), the last Linear (output / down projection) row-parallel (input
-  features on tp, its bias added once), and the block's output (its residual add) replicated on
-  tp: one all_reduce after each block. Embeddings and norms replicated (a lookup's or a patch
-  convolution's output replicated on tp); a head (a Linear whose output is a program output)
-  column-parallel on its vocabulary, its logits left sharded.
+  holds its slice of every part; a q|k|v fused into unequal pieces, and k / v with fewer kv heads
+  than ranks, whole; a whole attention block when tp does not divide its query heads; a 1-D weight
+  scaling q's features, as OLMo-2's ``q_norm``, cut with q), the last Linear (output / down
+  projection) row-parallel (input features on tp, its bias added once), and the block's output
+  (its residual add) replicated on tp: one all_reduce after each block. Embeddings and norms
+  replicated (a lookup's or a patch convolution's output replicated on tp); a head (a Linear
+  whose output is a program output) column-parallel on its vocabulary, its logits left sharded.
 - ``megatron-sp``: the same weights; the residual stream sequence-sharded (dim 1 of a
   ``[batch, seq, ...]`` activation on tp, so norms run on sequence shards), the block's input
   (the norm output its projections read) replicated on tp: one all_gather before and one
