@@ -54,6 +54,38 @@ def phi3():
                   eos_token_id=0)
 
 
+def phi3_gqa():
+    """Phi-3 with grouped-query attention: ``qkv_proj`` fuses q|k|v of unequal sizes (4 q heads, 2 kv)."""
+    return _build(hf.Phi3Config, hf.Phi3ForCausalLM, num_key_value_heads=2, pad_token_id=0, bos_token_id=0,
+                  eos_token_id=0)
+
+
+def gpt_bigcode():
+    """GPTBigCode (StarCoder) with multi-query attention: ``c_attn`` fuses q|k|v as 32|8|8."""
+    torch.manual_seed(0)
+    cfg = hf.GPTBigCodeConfig(vocab_size=VOCAB, n_embd=HIDDEN, n_layer=LAYERS, n_head=HEADS, n_positions=64,
+                              multi_query=True, bos_token_id=0, eos_token_id=0)
+    return hf.GPTBigCodeForCausalLM(cfg).eval(), (_ids(),)
+
+
+def phi():
+    """Phi (Phi-2's class) with a LayerNorm on each head's q and k (``qk_layernorm``), a parallel
+    residual and a partial rotary."""
+    return _build(hf.PhiConfig, hf.PhiForCausalLM, qk_layernorm=True, partial_rotary_factor=0.5)
+
+
+def olmo2():
+    """OLMo-2: an RMSNorm over all of q's (and k's) features before they are split into heads."""
+    return _build(hf.Olmo2Config, hf.Olmo2ForCausalLM, num_key_value_heads=2, pad_token_id=0, bos_token_id=0,
+                  eos_token_id=0)
+
+
+def llama_3_heads():
+    """Llama with 3 heads of 16: a tp=2 cut would split a head."""
+    return _build(hf.LlamaConfig, hf.LlamaForCausalLM, hidden_size=48, intermediate_size=96, num_attention_heads=3,
+                  num_key_value_heads=1)
+
+
 def gemma():
     """Gemma: multi-query attention (one kv head), tied embeddings."""
     return _build(hf.GemmaConfig, hf.GemmaForCausalLM, num_key_value_heads=1, head_dim=HIDDEN // HEADS)

@@ -192,3 +192,72 @@ def test_megatron_sp_gathers_the_routed_tokens_once_per_moe_layer():
     assert p.counts() == {("all_gather", ("tp",)): 4, ("reduce_scatter", ("tp",)): 4}
     assert p.verify().ok
 
+
+
+def _tp(p, name) -> list:
+    return _cut_dim(p.shardings[name])
+
+
+@pytest.mark.parametrize("name, qkv", [("phi3_gqa", "self_attn.qkv_proj"), ("gpt_bigcode", "attn.c_attn")])
+def test_megatron_keeps_a_fused_qkv_of_unequal_parts_whole(name, qkv):
+    """q|k|v fused with fewer kv heads than q heads (Phi-3's GQA ``qkv_proj``, GPTBigCode's
+    multi-query ``c_attn``): no layout gives each rank its q heads and their kv heads in one cut of
+    the fused dim, so the weight stays whole (q, k, v sliced locally into each rank's heads), the
+    output projection row-parallel, and nothing but Megatron's two all_reduces a layer moves
+    (a contiguous cut cost an all_gather a layer)."""
+    from shardlayout.program.blocks import find_blocks
+
+    model, prog = program(name)
+    attn = find_blocks(prog).of_kind("attention")[0]
+    assert attn.first[0].pieces in ((32, 16, 16), (32, 8, 8), (32, 16))
+    p = plan(prog, TP2, style_pins(prog, TP2, "megatron"))
+    assert p.counts() == {("all_reduce", ("tp",)): 4}
+    for layer in (0, 1):
+        pre = f"{'model.layers' if name == 'phi3_gqa' else 'transformer.h'}.{layer}."
+        out = pre + ("self_attn.o_proj.weight" if name == "phi3_gqa" else "attn.c_proj.weight")
+        assert _tp(p, pre + qkv + ".weight") == [] and _tp(p, out) == [_megatron_dims(model, out)[1]]
+    assert p.verify().ok
+
+
+def test_megatron_cuts_q_and_k_through_a_norm_of_each_head():
+    """Phi's ``qk_layernorm`` (a LayerNorm over each head's features, ``native_layer_norm`` of
+    [b, heads, s, hd]) is local to a head: q, k and v are column-parallel, the dense output
+    row-parallel, and the parallel residual sums attention and MLP under one all_reduce a layer."""
+    _, prog = program("phi")
+    p = plan(prog, TP2, style_pins(prog, TP2, "megatron"))
+    assert p.counts() == {("all_reduce", ("tp",)): 2}
+    for leaf in ("q_proj", "k_proj", "v_proj"):
+        assert _tp(p, f"model.layers.1.self_attn.{leaf}.weight") == [0]
+        assert str(p.shardings[f"model.layers.1.self_attn.{leaf}.bias"]) == "[tp*16]"
+    assert _tp(p, "model.layers.1.self_attn.dense.weight") == [1]
+    assert p.verify().ok
+
+
+def test_megatron_cuts_q_and_k_through_a_norm_of_all_heads():
+    """OLMo-2 normalises all of q's features at once (RMSNorm of width heads * head_dim) before the
+    split into heads: q and k stay column-parallel, their norm weights cut with them, and the norm's
+    mean square — a partial sum over the cut features — is reduced across tp (a [batch, seq, 1]
+    statistic: 64 bytes here, against 2 KiB for each block's all_reduce)."""
+    _, prog = program("olmo2")
+    p = plan(prog, TP2, style_pins(prog, TP2, "megatron"))
+    pre = "model.layers.0.self_attn."
+    assert str(p.shardings[pre + "q_proj.weight"]) == "[tp*16, 32]"
+    assert str(p.shardings[pre + "k_proj.weight"]) == "[tp*8, 32]"
+    assert str(p.shardings[pre + "q_norm.weight"]) == "[tp*16]" and str(p.shardings[pre + "k_norm.weight"]) == "[tp*8]"
+    assert _tp(p, pre + "o_proj.weight") == [1]
+    big = [c for c in p.collectives if c.bytes > 64]
+    assert [c.kind.value for c in big] == ["all_reduce"] * 4
+    assert all("_norm." in c.tensor and c.bytes <= 2 * 8 * 4 for c in p.collectives if c not in big)
+    assert p.verify().ok
+
+
+def test_megatron_keeps_an_attention_whole_when_tp_does_not_divide_its_heads():
+    """3 heads of 16 on tp=2: a cut of q or of the output projection's input would split a head, so
+    the attention block stays whole on every rank (the MLP still Megatron: one all_reduce a layer)."""
+    _, prog = program("llama_3_heads")
+    p = plan(prog, TP2, style_pins(prog, TP2, "megatron"))
+    assert p.counts() == {("all_reduce", ("tp",)): 2}
+    for leaf in ("q_proj", "k_proj", "v_proj", "o_proj"):
+        assert _tp(p, f"model.layers.0.self_attn.{leaf}.weight") == []
+    assert _tp(p, "model.layers.0.mlp.down_proj.weight") == [1]
+    assert p.verify().ok

@@ -8,13 +8,15 @@ models all read the same:
   the right operand through views (torch.export gives ``permute + mm``, ``permute + expand +
   bmm`` or ``permute + addmm`` with a bias; Conv1D weights ``(in, out)`` need no permute). Which
   weight dim is contracted (``in_dim``) and which makes the output features (``out_dim``) is
-  read off the views. A Linear whose features are split (``split``, ``chunk``, ``unbind``) into
-  equal parts before use is *fused* (``parts``: q|k|v is 3, gate|up is 2).
+  read off the views. A Linear whose features are split (``split``, ``chunk``, ``unbind``, slices
+  tiling them) into equal parts before use is *fused* (``parts``: q|k|v is 3, gate|up is 2); into
+  unequal ones, fused with those ``pieces`` (q|k|v of grouped-query attention).
 - **attention**: an attention core — ``scaled_dot_product_attention``, or ``softmax(Q K^T) V``
   written out (a batched matmul of two activations feeding a softmax through pointwise ops and
   views, whose result is the left operand of a second one) — with the Linears whose outputs
-  reach its q, k, v only through pointwise ops and views (``first``) and the Linears that
-  consume its result the same way (``last``).
+  reach its q, k, v only through pointwise ops, views and norms of q or k (per head, or a mean
+  square over all of q's features: ``_per_head``) (``first``), and the Linears that consume its
+  result the same way (``last``); ``heads``: its query heads.
 - **mlp**: Linears (an up projection, and a gate multiplied after an activation) whose outputs
   reach another Linear (the down projection) only through pointwise ops and views.
   "Only" is checked both ways: every tensor derived from a ``first`` Linear is consumed by
@@ -31,7 +33,7 @@ models all read the same:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..ops.result import canonical_op_name
 from . import Program
@@ -70,7 +72,8 @@ class Linear:
     """A parameter used as a Linear's weight: ``weight`` (its name), ``bias`` (or None),
     ``op`` (index of the matmul op), ``output`` (the matmul's output), ``activation`` (the
     operand it multiplies), ``in_dim`` / ``out_dim`` (the weight dims contracted and producing
-    the output features), ``parts`` (equal pieces its features are split into: 1 unless fused)."""
+    the output features), ``parts`` (equal pieces its features are split into: 1 unless fused),
+    ``pieces`` (the sizes of unequal pieces, when fused so: q|k|v of grouped-query attention)."""
 
     weight: str
     bias: str | None
@@ -80,6 +83,7 @@ class Linear:
     in_dim: int
     out_dim: int
     parts: int = 1
+    pieces: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -87,7 +91,8 @@ class Block:
     """A block a style shards: ``kind`` (one of KINDS), ``name`` (the module path its parameters
     share), ``first`` / ``last`` (Linears: column- then row-parallel under Megatron), ``inputs``
     (the activations its first Linears read, before their views), ``output`` (the residual add
-    that closes it, or its last tensor), ``params`` (the parameters of a non-Linear block)."""
+    that closes it, or its last tensor), ``params`` (the parameters of a non-Linear block),
+    ``heads`` (an attention block's query heads, read off its core: None when not known)."""
 
     kind: str
     name: str
@@ -96,6 +101,7 @@ class Block:
     inputs: tuple = ()
     output: str | None = None
     params: tuple = ()
+    heads: int | None = None
 
     def tensors(self) -> tuple:
         """Every parameter of the block, in order. ``Block("norm", "n", params=("n.w",)).tensors() -> ('n.w',)``"""
@@ -106,7 +112,8 @@ class Block:
         """One line: ``"attention layers.0: q.weight, k.weight -> o.weight"``."""
         rel = lambda n: n[len(self.name) + 1:] if self.name and n.startswith(self.name + ".") else n  # noqa: E731
         if self.first or self.last:
-            fused = lambda lin: f" ({lin.parts} fused)" if lin.parts > 1 else ""  # noqa: E731
+            fused = lambda lin: f" ({lin.parts} fused)" if lin.parts > 1 else (  # noqa: E731
+                f" (fused {'|'.join(map(str, lin.pieces))})" if lin.pieces else "")
             body = ", ".join(rel(lin.weight) + fused(lin) for lin in self.first)
             body += " -> " + ", ".join(rel(lin.weight) for lin in self.last) if self.last else ""
         else:
@@ -213,6 +220,31 @@ def heads_of(program: Program, lin) -> int | None:
     return None
 
 
+def feature_scales(program: Program, lin) -> tuple:
+    """1-D parameters that scale a Linear's output features one by one before they are split into
+    heads (OLMo2's ``q_norm.weight`` of ``heads * head_dim``): a ``mul`` of the parameter and a
+    tensor reached from the output through pointwise ops, views and norm statistics, its last dim
+    still the features. A column cut of the Linear cuts them alike. ``feature_scales(prog, q_proj)
+    -> ('model.layers.0.self_attn.q_norm.weight',)``"""
+    g = graph(program)
+    t = program.tensors
+    features = t[lin.output].shape[-1]
+    found, seen, todo = [], {lin.output}, [lin.output]
+    while todo:
+        x = todo.pop()
+        for i in g.users(x):
+            op = g.op(i)
+            if short(op) == "mul":
+                found += [p for p in op.inputs if _is_param(g, p) and t[p].shape == (features,)]
+            if not _passes_in_block(g, i):
+                continue
+            for o in op.outputs:
+                if o not in seen and t[o].shape and t[o].shape[-1] == features:
+                    seen.add(o)
+                    todo.append(o)
+    return tuple(dict.fromkeys(found))
+
+
 def passthrough(op) -> bool:
     """Does ``op`` only move or combine values element by element (views, pieces, pointwise)?"""
     name = short(op)
@@ -310,7 +342,7 @@ def _as_linear(g: Graph, param: str, i: int, pos: int, dims: tuple):
             other = [x for x in g.op(users[0]).inputs if x != out]
             if len(other) == 1 and _is_param(g, other[0]) and len(g.program.tensors[other[0]].shape) == 1:
                 bias, out = other[0], g.op(users[0]).outputs[0]
-    return Linear(param, bias, i, out, act, k_dim, n_dim, _fused_parts(g, out))
+    return Linear(param, bias, i, out, act, k_dim, n_dim, *_fused_parts(g, out))
 
 
 _STATISTICS = frozenset({"pow", "mean", "add", "sub", "rsqrt", "sqrt", "var", "var_mean", "reciprocal", "mul",
@@ -352,51 +384,62 @@ def _is_param(g: Graph, t) -> bool:
     return isinstance(t, str) and g.program.tensors[t].kind == "param"
 
 
-def _fused_parts(g: Graph, out: str) -> int:
-    """Equal pieces the features (last dim) of ``out`` are split into before use (1: none).
-    Followed through views while the features stay the outermost of a dim."""
+def _fused_parts(g: Graph, out: str) -> tuple:
+    """``(parts, pieces)`` of the features (last dim) of ``out`` split before use: ``(n, ())`` for
+    ``n`` equal pieces (q|k|v of multi-head attention: 3), ``(1, sizes)`` for unequal ones (q|k|v of
+    grouped-query attention: ``(q heads, kv heads, kv heads) * head_dim``), ``(1, ())`` for none.
+    ``_fused_parts(g, phi3_gqa_qkv.output) -> (1, (32, 16, 16))``"""
+    sizes = _pieces(g, out)
+    if len(sizes) < 2:
+        return 1, ()
+    return (len(sizes), ()) if len(set(sizes)) == 1 else (1, sizes)
+
+
+def _pieces(g: Graph, out: str) -> tuple:
+    """The sizes of the pieces the features (last dim) of ``out`` are split into before use (``()``:
+    none). Followed through views while the features stay the outermost of a dim."""
     tensors = g.program.tensors
     name, dim = out, len(tensors[out].shape) - 1
     for _ in range(8):
         users = g.users(name)
         shape = tensors[name].shape
         if len(users) > 1:
-            return _selected_parts(g, users, dim, shape[dim])
+            return _selected_pieces(g, users, dim, shape[dim])
         if not users:
-            return 1
+            return ()
         op = g.op(users[0])
         base = short(op)
         if base in SPLITS:
             kw = op.kwargs()
             if _norm_dim(kw.get("dim", 0), len(shape)) != dim:
-                return 1
-            sizes = [tensors[o].shape[dim] if base != "unbind" else 1 for o in op.outputs]
-            return len(sizes) if len(sizes) > 1 and len(set(sizes)) == 1 else 1
+                return ()
+            return tuple(tensors[o].shape[dim] if base != "unbind" else 1 for o in op.outputs)
         if base not in VIEWS or len(op.outputs) != 1:
-            return 1
+            return ()
         new = track_dims(op, tuple(d if d == dim else None for d in range(len(shape))), shape,
                          tensors[op.outputs[0]].shape)
         if new is None or dim not in new:
             new_dim = _outer_of(shape, dim, tensors[op.outputs[0]].shape) if base in PLAIN_VIEWS else None
             if new_dim is None:
-                return 1
+                return ()
             dim = new_dim
         else:
             dim = new.index(dim)
         name = op.outputs[0]
-    return 1
+    return ()
 
 
-def _selected_parts(g: Graph, users: list, dim: int, n: int) -> int:
-    """The number of equal pieces when the users cut ``dim`` into them — ``select`` of every
-    index, or ``slice``s tiling it (``unbind`` and ``chunk`` as core ATen writes them) — else 1."""
+def _selected_pieces(g: Graph, users: list, dim: int, n: int) -> tuple:
+    """The sizes of the pieces, in order, when the users cut ``dim`` into them — ``select`` of every
+    index, or ``slice``s tiling it (``unbind`` and ``chunk`` as core ATen writes them; Phi-3's
+    ``qkv[..., :q]``, ``qkv[..., q:q + kv]``, ``qkv[..., q + kv:]``) — else ``()``."""
     cuts = set()
     for i in users:
         op = g.op(i)
         kw, base = op.kwargs(), short(op)
         nd = len(g.program.tensors[op.inputs[0]].shape)
         if base not in ("select", "slice") or _norm_dim(kw.get("dim", 0), nd) != dim or kw.get("step", 1) != 1:
-            return 1
+            return ()
         if base == "select":
             k = kw.get("index", 0) % n
             cuts.add((k, k + 1))
@@ -405,9 +448,8 @@ def _selected_parts(g: Graph, users: list, dim: int, n: int) -> int:
             hi = n if hi is None or hi > n else hi
             cuts.add((lo + n if lo < 0 else lo, hi + n if hi < 0 else hi))
     edges = sorted(cuts)
-    sizes = {b - a for a, b in edges}
     tiled = edges[0][0] == 0 and edges[-1][1] == n and all(a[1] == b[0] for a, b in zip(edges, edges[1:]))
-    return len(edges) if len(edges) > 1 and len(sizes) == 1 and tiled else 1
+    return tuple(b - a for a, b in edges) if len(edges) > 1 and tiled else ()
 
 
 def _outer_of(shape: tuple, dim: int, new: tuple):
@@ -450,19 +492,28 @@ def find_linears(program: Program) -> tuple:
 
 
 _HEAD_STATS = frozenset({"mean", "sum", "amax", "var", "var_mean"})
+HEAD_NORMS = frozenset({"native_layer_norm", "layer_norm", "rms_norm", "_fused_rms_norm"})
 
 
 def _per_head(g: Graph, i: int) -> bool:
-    """Is op ``i`` a statistic of each head (a norm of q or k per head, Qwen3's q_norm): a mean,
-    sum or max over the last dim only, kept, of a tensor of 4 or more dims ([b, s, heads, hd])?"""
+    """Is op ``i`` a statistic of q's or k's features that a column cut keeps right: a mean, sum or max
+    over the last dim only, kept, of a tensor of 3 or more dims — of each head ([b, s, heads, hd]:
+    Qwen3's q_norm, local to a head) or of all heads' features ([b, s, heads * hd]: OLMo2's q_norm,
+    whose partial statistic a column cut all-reduces) — or a norm op over the last dim alone of a
+    tensor of 4 or more dims (Phi's per-head ``q_layernorm``)?"""
     op = g.op(i)
-    if short(op) not in _HEAD_STATS or not op.inputs or not isinstance(op.inputs[0], str):
+    base = short(op)
+    if not op.inputs or not isinstance(op.inputs[0], str):
         return False
     kw = op.kwargs()
     n = len(g.program.tensors[op.inputs[0]].shape)
+    if base in HEAD_NORMS:
+        return n >= 4 and len(tuple(kw.get("normalized_shape") or ())) == 1
+    if base not in _HEAD_STATS:
+        return False
     dims = kw.get("dim")
     dims = [dims] if isinstance(dims, int) else list(dims or ())
-    return n >= 4 and bool(kw.get("keepdim")) and [_norm_dim(d, n) for d in dims] == [n - 1]
+    return n >= 3 and bool(kw.get("keepdim")) and [_norm_dim(d, n) for d in dims] == [n - 1]
 
 
 def _passes_in_block(g: Graph, i: int) -> bool:
@@ -559,6 +610,13 @@ def _reach(g: Graph, start: str, forward: bool, want, limit: int = 64):
 # ------------------------------------------------------------------------------------------
 # attention cores
 # ------------------------------------------------------------------------------------------
+
+
+def query_heads(g: Graph, core) -> int | None:
+    """The query heads of an attention core: dim -3 of its q (``[batch, heads, seq, head_dim]``),
+    None when q is not 4-D (heads folded into the batch of a ``bmm``)."""
+    shape = g.program.tensors[core.q].shape
+    return shape[-3] if len(shape) == 4 else None
 
 
 @dataclass(frozen=True)
@@ -683,7 +741,7 @@ def _find_blocks(program: Program) -> Structure:
         last = tuple(lin for lin in last if lin not in claimed)
         if first and last:
             claimed.update(first + last)
-            blocks.append(_block("attention", g, first, last))
+            blocks.append(replace(_block("attention", g, first, last), heads=query_heads(g, core)))
     for down in linears:
         if down in claimed:
             continue
@@ -825,7 +883,7 @@ def expert_linears(program: Program, block: Block) -> tuple:
                 op = g.op(i)
                 out = op.outputs[0]
                 bias = next(iter(_expert_biases(g, out)), None)
-                lins.append(Linear(param, bias, i, out, op.inputs[0], dims[1], dims[2], _fused_parts(g, out)))
+                lins.append(Linear(param, bias, i, out, op.inputs[0], dims[1], dims[2], *_fused_parts(g, out)))
     outputs = {lin.output for lin in lins}
     last = tuple(lin for lin in lins if _reaches_back(g, lin.activation, outputs - {lin.output}))
     first = tuple(lin for lin in lins if lin not in last)
@@ -897,5 +955,5 @@ def _feeds_batched(g: Graph, param: str) -> bool:
     return False
 
 
-__all__ = ["Block", "Core", "Graph", "Linear", "Structure", "attention_cores", "find_blocks", "find_linears",
-           "derived", "graph", "module_of", "track_dims", "weight_consumers"]
+__all__ = ["Block", "Core", "Graph", "Linear", "Structure", "attention_cores", "feature_scales", "find_blocks",
+           "find_linears", "derived", "graph", "module_of", "query_heads", "track_dims", "weight_consumers"]

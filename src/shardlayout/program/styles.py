@@ -4,11 +4,13 @@ On a mesh with axes ``dp`` and/or ``tp`` (others replicate; ``ep`` for experts):
 
 - ``megatron``: in each attention and MLP block the first Linears (q, k, v; up and gate) are
   column-parallel (output features on tp; a fused q|k|v or gate|up weight strided, so each rank
-  holds its slice of every part), the last Linear (output / down projection) row-parallel (input
-  features on tp, its bias added once), and the block's output (its residual add) replicated on
-  tp: one all_reduce after each block. Embeddings and norms replicated (a lookup's or a patch
-  convolution's output replicated on tp); a head (a Linear whose output is a program output)
-  column-parallel on its vocabulary, its logits left sharded.
+  holds its slice of every part; a q|k|v fused into unequal pieces, and k / v with fewer kv heads
+  than ranks, whole; a whole attention block when tp does not divide its query heads; a 1-D weight
+  scaling q's features, as OLMo-2's ``q_norm``, cut with q), the last Linear (output / down
+  projection) row-parallel (input features on tp, its bias added once), and the block's output
+  (its residual add) replicated on tp: one all_reduce after each block. Embeddings and norms
+  replicated (a lookup's or a patch convolution's output replicated on tp); a head (a Linear
+  whose output is a program output) column-parallel on its vocabulary, its logits left sharded.
 - ``megatron-sp``: the same weights; the residual stream sequence-sharded (dim 1 of a
   ``[batch, seq, ...]`` activation on tp, so norms run on sequence shards), the block's input
   (the norm output its projections read) replicated on tp: one all_gather before and one
@@ -48,6 +50,7 @@ from .blocks import (
     Structure,
     derived,
     expert_linears,
+    feature_scales,
     find_blocks,
     heads_of,
     routed_source,
@@ -279,14 +282,19 @@ def _megatron(program: Program, mesh: Mesh, s: Structure, sequence: bool) -> Sty
         return got
 
     for b in blocks:
-        for lin in b.first:
-            heads = heads_of(program, lin) if b.kind == "attention" else None
-            if heads is not None and heads % tp:  # fewer kv heads than ranks (MQA, GQA): each rank holds them all
-                pins.update(replicated(mesh, program, [lin.weight] + ([lin.bias] if lin.bias else [])))
-            else:
-                pins.update(keep(column(mesh, program, lin)))
-        for lin in b.last:
-            pins.update(keep(row(mesh, program, lin)))
+        if b.kind == "attention" and b.heads is not None and b.heads % tp:  # a cut would split a head
+            pins.update(replicated(mesh, program, b.tensors()))
+        else:
+            for lin in b.first:
+                if _whole(program, b, lin, tp):
+                    pins.update(replicated(mesh, program, [lin.weight] + ([lin.bias] if lin.bias else [])))
+                else:
+                    pins.update(keep(column(mesh, program, lin)))
+                    if b.kind == "attention":  # OLMo2's q_norm / k_norm weight, cut with q / k
+                        pins.update(keep({n: strided(mesh, t[n].shape, 0, "tp", lin.parts)
+                                          for n in feature_scales(program, lin)}))
+            for lin in b.last:
+                pins.update(keep(row(mesh, program, lin)))
         if sequence:
             for x in b.inputs:
                 pins[x] = sharded(mesh, t[x].shape, {0: ["dp"]})
@@ -315,6 +323,17 @@ def _megatron(program: Program, mesh: Mesh, s: Structure, sequence: bool) -> Sty
     matched = tuple(b for b in s.blocks if b.kind in ("attention", "mlp", "embedding", "norm") or b in heads
                     or b in blocks)
     return StylePins(pins, matched, frozenset(kept))
+
+
+def _whole(program: Program, b: Block, lin: Linear, tp: int) -> bool:
+    """Does Megatron keep a first Linear of ``b`` whole on every rank? When its kv heads are fewer
+    than (or not a multiple of) the ranks (MQA, GQA), and when it fuses q|k|v of unequal sizes
+    (grouped-query attention: no layout gives each rank its q heads and their kv heads in one cut
+    of the fused dim; the q, k and v it makes are sliced locally into each rank's heads)."""
+    if b.kind != "attention":
+        return False
+    heads = heads_of(program, lin)
+    return bool(lin.pieces) or (heads is not None and heads % tp != 0)
 
 
 def _lookups(program: Program) -> list:
