@@ -118,6 +118,8 @@ class TorchRankExecutor:
         pieces = reduction[2]
         if pieces not in self._sums:
             self._sums[pieces] = GradSum(pieces, self.groups)
+        if isinstance(value, Nested):  # routed rows: the same sum over their stored blocks
+            return Nested(self._sums[pieces](value.data), value.extents, value.dim)
         return self._sums[pieces](value)
 
     def chunk(self, value, dim: int, positions: dict):
