@@ -179,7 +179,7 @@ def graph(program: Program) -> Graph:
                     if i not in lst:
                         lst.append(i)
         g = Graph(program, producer, consumers,
-                  frozenset(i for i, op in enumerate(program.ops) if passthrough(op)))
+                  frozenset(i for i, op in enumerate(program.ops) if passthrough(op) or fixed_pick(program, op)))
         object.__setattr__(program, "_graph", g)
     return g
 
@@ -211,6 +211,17 @@ def heads_of(program: Program, lin) -> int | None:
             if g.passes(i):
                 todo.extend((o, depth + 1) for o in op.outputs)
     return None
+
+
+def fixed_pick(program: Program, op) -> bool:
+    """Is ``op`` an ``index`` by constant index tensors (buffers or lifted constants: ``x[..., [2]]``,
+    Falcon's k and v picked out of a fused q|k|v per kv group)? It moves fixed elements of ``x``
+    as a slice would, whatever their values (a model built on the meta device has none to read), so a
+    block's region goes through it; an index by routed token ids (computed) is no such pick."""
+    if short(op) != "index" or len(op.inputs) < 2:
+        return False
+    t = program.tensors
+    return all(isinstance(x, str) and x in t and t[x].kind == "buffer" for x in op.inputs[1:])
 
 
 def passthrough(op) -> bool:
