@@ -62,8 +62,14 @@ def _megatron_dims(model, name: str):
                                   "qwen3_moe"])
 def test_megatron_cuts_every_layer_weight_and_verifies(name):
     model, prog = program(name)
-    p = plan(prog, TP2, style_pins(prog, TP2, "megatron"))
-    assert p.counts() == {("all_reduce", ("tp",)): 4}  # 2 layers: one after attention, one after the MLP
+    p = plan(prog, TP2, style="megatron")
+    tied = model.config.tie_word_embeddings  # the shared table vocab-parallel: its lookup reduced once
+    assert p.counts() == {("all_reduce", ("tp",)): 4 + tied}  # 2 layers: one after attention, one after the MLP
+    if tied:  # export names the one table after the head; the lookup and the head read it cut on its rows
+        vocab, dim = model.get_input_embeddings().weight.shape
+        assert str(p.shardings["lm_head.weight"]) == f"[tp*{vocab // 2}, {dim}]"
+        lookup = next(op.outputs[0] for op in prog.ops if op.inputs[:1] == ("lm_head.weight",))
+        assert str(p.shardings[lookup]) == f"[2, 8, {dim}]"  # the lookup's partial sum reduced where it is made
     kv = model.config.num_key_value_heads if hasattr(model.config, "num_key_value_heads") else None
     checked = 0
     for t in prog.inputs("param"):
@@ -86,10 +92,11 @@ def test_megatron_cuts_every_layer_weight_and_verifies(name):
 
 @pytest.mark.parametrize("name", ["llama", "gpt2"])
 def test_megatron_sp_and_auto_on_dp_tp(name):
-    _, prog = program(name)
-    sp = plan(prog, DPTP, style_pins(prog, DPTP, "megatron-sp"))
-    counts = sp.counts()
-    assert counts[("reduce_scatter", ("tp",))] == 4 and counts[("all_gather", ("tp",))] in (3, 4)
+    model, prog = program(name)
+    sp = plan(prog, DPTP, style="megatron-sp")
+    counts, tied = sp.counts(), model.config.tie_word_embeddings  # a tied table's lookup: reduce-scattered
+    assert counts[("reduce_scatter", ("tp",))] == 4 + tied and counts[("all_gather", ("tp",))] in (3 + tied, 4 + tied)
+    assert set(counts) == {("reduce_scatter", ("tp",)), ("all_gather", ("tp",))}
     assert sp.verify().ok
     a = auto_plan(prog, DPTP)  # raises ModelMismatch if the solver's model and plan() disagree
     assert a.estimate.seconds == a.predicted

@@ -634,9 +634,12 @@ def block_inputs(g: Graph, linears) -> tuple:
     return tuple(dict.fromkeys(out))
 
 
-def block_output(g: Graph, lin: Linear) -> str:
+def block_output(g: Graph, lin: Linear, inputs: tuple = ()) -> str:
     """Where a block ends: the residual ``add`` its last Linear's output reaches through
-    order-keeping views, or the end of those views."""
+    order-keeping views, or the end of those views. On the way, a ``mul`` (a gate: Qwen2-MoE's
+    ``sigmoid(x W) * shared_expert(x)``, linear in the output) and an ``add`` of another result of
+    the block's ``inputs`` (``combines``: the routed experts' sum) are inside the block, so its
+    partial sums are added up before the one reduction at the residual add."""
     t = lin.output
     for _ in range(16):
         users = g.users(t)
@@ -647,10 +650,39 @@ def block_output(g: Graph, lin: Linear) -> str:
         if base in PLAIN_VIEWS and len(op.outputs) == 1:
             t = op.outputs[0]
         elif base == "add" and sum(isinstance(x, str) for x in op.inputs) == 2:
-            return op.outputs[0]
+            if not combines(g, op, t, inputs):
+                return op.outputs[0]
+            t = op.outputs[0]
+        elif base == "mul" and inputs and op.inputs.count(t) == 1 and len(op.outputs) == 1:
+            t = op.outputs[0]
         else:
             return t
     return t
+
+
+def combines(g: Graph, op, t: str, inputs: tuple) -> bool:
+    """Is ``op`` (an add reading ``t``) a sum of two results of a block's ``inputs`` — its other
+    operand computed from them too (the routed experts beside a shared expert), not the residual
+    stream the block's output rejoins? Walked back in program order, never before the first op
+    reading ``inputs``."""
+    if not inputs:
+        return False
+    lo = min((i for x in inputs for i in g.users(x)), default=None)
+    if lo is None:
+        return False
+    want = set(inputs)
+    todo = [x for x in op.inputs if isinstance(x, str) and x != t]
+    seen: set = set()
+    while todo:
+        x = todo.pop()
+        if x in want:
+            return True
+        i = g.producer.get(x)
+        if x in seen or i is None or i < lo:
+            continue
+        seen.add(x)
+        todo.extend(y for y in g.op(i).inputs if isinstance(y, str))
+    return False
 
 
 def module_of(names) -> str:
@@ -716,7 +748,8 @@ def _first_op(b: Block, g: Graph) -> int:
 
 def _block(kind: str, g: Graph, first: tuple, last: tuple) -> Block:
     name = module_of([lin.weight for lin in first + last])
-    return Block(kind, name, first, last, block_inputs(g, first), block_output(g, last[-1]))
+    inputs = block_inputs(g, first)
+    return Block(kind, name, first, last, inputs, block_output(g, last[-1], inputs))
 
 
 def _others(program: Program, g: Graph, linears: tuple, claimed: set) -> list:
@@ -819,7 +852,7 @@ def expert_linears(program: Program, block: Block) -> tuple:
     outputs = {lin.output for lin in lins}
     last = tuple(lin for lin in lins if _reaches_back(g, lin.activation, outputs - {lin.output}))
     first = tuple(lin for lin in lins if lin not in last)
-    outs = (_residual_after(g, lin.output) for lin in last)
+    outs = (_residual_after(g, lin.output, _sources(program, lin, first)) for lin in last)
     return first, last, tuple(dict.fromkeys(o for o in outs if o is not None))
 
 
@@ -842,6 +875,14 @@ def routed_source(program: Program, lin: Linear) -> str | None:
     return None
 
 
+def _sources(program: Program, last: Linear, first: tuple) -> tuple:
+    """The routed tokens (``routed_source``) of the first expert matmuls whose outputs ``last``'s
+    rows are made from (its own layer's, when one experts block holds every layer's stacks)."""
+    g = graph(program)
+    own = (routed_source(program, f) for f in first if _reaches_back(g, last.activation, {f.output}))
+    return tuple(dict.fromkeys(x for x in own if x is not None))
+
+
 def _reaches_back(g: Graph, t: str, targets: set, depth: int = 8) -> bool:
     """Is ``t`` made from one of ``targets`` through at most ``depth`` pass-through ops?"""
     todo = [(t, 0)]
@@ -856,14 +897,16 @@ def _reaches_back(g: Graph, t: str, targets: set, depth: int = 8) -> bool:
     return False
 
 
-def _residual_after(g: Graph, t: str, depth: int = 16) -> str | None:
-    """The residual ``add`` (two tensor operands) ``t`` reaches along a single path of ops."""
+def _residual_after(g: Graph, t: str, sources: tuple = (), depth: int = 16) -> str | None:
+    """The residual ``add`` (two tensor operands) ``t`` reaches along a single path of ops; an add
+    of another result of the routed ``sources`` (a shared expert's output: ``combines``) is passed."""
     for _ in range(depth):
         users = [i for i in g.users(t) if g.op(i).outputs]
         if len(users) != 1:
             return None
         op = g.op(users[0])
-        if short(op) == "add" and sum(isinstance(x, str) for x in op.inputs) == 2:
+        if short(op) == "add" and sum(isinstance(x, str) for x in op.inputs) == 2 and \
+                not combines(g, op, t, sources):
             return op.outputs[0]
         t = op.outputs[0]
     return None
