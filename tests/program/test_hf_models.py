@@ -146,3 +146,37 @@ def test_megatron_sp_gathers_the_routed_tokens_once_per_moe_layer():
     assert p.counts() == {("all_gather", ("tp",)): 4, ("reduce_scatter", ("tp",)): 4}
     assert p.verify().ok
 
+
+
+def test_falcon_kv_picked_by_a_constant_index_is_attention_cut_by_kv_groups():
+    """Falcon's new decoder architecture views its fused q|k|v as (kv groups, q heads + k + v,
+    head_dim) and picks k and v with a constant index (``qkv[:, :, :, [-2]]``): a fixed pick, so
+    the attention block is found, its q|k|v cut by whole kv groups, its dense row-parallel; attention
+    and MLP in parallel share one all_reduce per layer, the tied table one more for its lookup."""
+    _, prog = program("falcon")
+    assert sum(op.target == "aten.index.Tensor" for op in prog.ops) >= 4
+    p = plan(prog, TP2, style="megatron")
+    assert p.counts() == {("all_reduce", ("tp",)): 3}
+    for layer in (0, 1):
+        pre = f"transformer.h.{layer}."
+        assert str(p.shardings[pre + "self_attention.query_key_value.weight"]) == "[tp*32, 32]"  # 2 groups of 32
+        assert str(p.shardings[pre + "self_attention.dense.weight"]) == "[32, tp*16]"
+        assert str(p.shardings[pre + "mlp.dense_h_to_4h.weight"]) == "[tp*64, 32]"
+    assert str(p.shardings["lm_head.weight"]) == "[tp*64, 32]"
+    assert p.verify().ok
+
+
+def test_qwen2_moe_shared_expert_and_routed_experts_are_reduced_once():
+    """Qwen2-MoE adds ``sigmoid(x W) * shared_expert(x)`` to the routed experts' sum: the shared
+    expert's partial output is gated (a replicated per-token scalar), added to the experts' partial
+    output, and the MoE block reduced once at its residual add."""
+    _, prog = program("qwen2_moe")
+    p = plan(prog, TP2, style="megatron")
+    assert p.counts() == {("all_reduce", ("tp",)): 4}
+    for layer in (0, 1):
+        pre = f"model.layers.{layer}.mlp."
+        assert str(p.shardings[pre + "shared_expert.up_proj.weight"]) == "[tp*32, 32]"
+        assert str(p.shardings[pre + "shared_expert.down_proj.weight"]) == "[32, tp*32]"
+        assert str(p.shardings[pre + "experts.down_proj"]) == "[4, 32, tp*24]"
+        assert str(p.shardings[pre + "add"]) == "[16, 32] +sum(tp)"  # shared + routed, still a partial sum
+    assert p.verify().ok

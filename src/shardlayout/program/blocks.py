@@ -179,7 +179,8 @@ def graph(program: Program) -> Graph:
                     if i not in lst:
                         lst.append(i)
         g = Graph(program, producer, consumers,
-                  frozenset(i for i, op in enumerate(program.ops) if passthrough(op) or fixed_pick(program, op)))
+                  frozenset(i for i, op in enumerate(program.ops) if passthrough(op) or fixed_pick(program, op,
+                                                                                                     producer)))
         object.__setattr__(program, "_graph", g)
     return g
 
@@ -213,15 +214,28 @@ def heads_of(program: Program, lin) -> int | None:
     return None
 
 
-def fixed_pick(program: Program, op) -> bool:
-    """Is ``op`` an ``index`` by constant index tensors (buffers or lifted constants: ``x[..., [2]]``,
-    Falcon's k and v picked out of a fused q|k|v per kv group)? It moves fixed elements of ``x``
-    as a slice would, whatever their values (a model built on the meta device has none to read), so a
-    block's region goes through it; an index by routed token ids (computed) is no such pick."""
+def fixed_pick(program: Program, op, producer: dict) -> bool:
+    """Is ``op`` an ``index`` by constant index tensors (``constant``: ``x[..., [2]]``, Falcon's k
+    and v picked out of a fused q|k|v per kv group)? It moves fixed elements of ``x`` as a slice
+    would, whatever their values (a model built on the meta device has none to read), so a block's
+    region goes through it; an index by routed token ids (computed from the input) is no such pick."""
     if short(op) != "index" or len(op.inputs) < 2:
         return False
-    t = program.tensors
-    return all(isinstance(x, str) and x in t and t[x].kind == "buffer" for x in op.inputs[1:])
+    return all(isinstance(x, str) and constant(program, x, producer) for x in op.inputs[1:])
+
+
+def constant(program: Program, t: str, producer: dict, depth: int = 8) -> bool:
+    """Is ``t`` made without reading an input or a parameter: a buffer or lifted constant, or made
+    from such alone (``arange``, a ``clone`` of a lifted constant) by at most ``depth`` ops?"""
+    spec = program.tensors.get(t)
+    if spec is None or spec.kind in ("param", "input"):
+        return False
+    if spec.kind == "buffer":
+        return True
+    i = producer.get(t)
+    if i is None or depth == 0:
+        return False
+    return all(constant(program, x, producer, depth - 1) for x in program.ops[i].inputs if isinstance(x, str))
 
 
 def passthrough(op) -> bool:
