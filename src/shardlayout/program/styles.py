@@ -8,7 +8,9 @@ On a mesh with axes ``dp`` and/or ``tp`` (others replicate; ``ep`` for experts):
   features on tp, its bias added once), and the block's output (its residual add) replicated on
   tp: one all_reduce after each block. Embeddings and norms replicated (a lookup's or a patch
   convolution's output replicated on tp); a head (a Linear whose output is a program output)
-  column-parallel on its vocabulary, its logits left sharded.
+  column-parallel on its vocabulary, its logits left sharded. A table tied to the head (one
+  parameter for both) is the head's: cut on its vocabulary rows when tp divides them, its lookup
+  vocab-parallel (a partial sum reduced where it is made: one all_reduce).
 - ``megatron-sp``: the same weights; the residual stream sequence-sharded (dim 1 of a
   ``[batch, seq, ...]`` activation on tp, so norms run on sequence shards), the block's input
   (the norm output its projections read) replicated on tp: one all_gather before and one
