@@ -106,6 +106,21 @@ def mixtral():
 
 
 
+def qwen2_moe():
+    """Qwen2-MoE: 4 routed experts, top-2, and a shared expert gated by ``sigmoid(x W)``, every layer sparse."""
+    return _build(hf.Qwen2MoeConfig, hf.Qwen2MoeForCausalLM, num_key_value_heads=2, num_experts=4,
+                  num_experts_per_tok=2, moe_intermediate_size=48, shared_expert_intermediate_size=FFN,
+                  decoder_sparse_step=1, mlp_only_layers=[])
+
+
+def falcon():
+    """Falcon's new decoder architecture: q|k|v fused per kv group (2 groups), k and v picked out by
+    a constant index, attention and MLP in parallel, tied embeddings."""
+    torch.manual_seed(0)
+    cfg = hf.FalconConfig(vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                          max_position_embeddings=64, new_decoder_architecture=True, num_kv_heads=2,
+                          parallel_attn=True, pad_token_id=0, bos_token_id=0, eos_token_id=0)
+    return hf.FalconForCausalLM(cfg).eval(), (_ids(),)
 
 
 def gptj():

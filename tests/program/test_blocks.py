@@ -127,3 +127,64 @@ def test_track_dims_and_module_of():
     assert track_dims(view, (None, 1, 0), (2, 8, 4), (32, 2)) is None  # merges named dims
     assert module_of(["a.b.q.weight", "a.b.o.weight"]) == "a.b"
     assert module_of(["lm_head.weight"]) == "lm_head"
+
+
+def _gated_pair():
+    """x -> rows h; y = mlp_a(h) + sigmoid(h @ g) * mlp_b(h) (a shared expert gated beside another
+    MLP, as Qwen2-MoE adds it to the routed experts); x + y, then a statistic of it (a norm's)."""
+    from shardlayout.program import ProgramBuilder
+
+    b = ProgramBuilder()
+    x = b.input("x", (2, 8, 16))
+    h = b.op("view", [x], name="rows", shape=(16, 16))
+
+    def mlp(p):
+        up, down = b.param(f"{p}.up", (16, 32)), b.param(f"{p}.down", (32, 16))
+        return b.op("mm", [b.op("relu", [b.op("mm", [h, up], name=f"{p}.u")], name=f"{p}.act"), down], name=f"{p}.d")
+
+    a, c = mlp("a"), mlp("b")
+    gate = b.op("sigmoid", [b.op("mm", [h, b.param("g", (16, 1))], name="g.mm")], name="gate")
+    y = b.op("add", [a, b.op("mul", [gate, c], name="gated")], name="combine")
+    resid = b.op("add", [x, b.op("view", [y], name="y3", shape=(2, 8, 16))], name="resid")
+    b.output(b.op("mean", [resid], name="stat", dim=-1, keepdim=True))
+    return b.build()
+
+
+def test_a_gated_sum_of_two_results_of_the_block_input_ends_at_the_residual_add():
+    """Both MLPs' outputs reach the residual add through the gate's mul and the add that combines
+    them (its other operand is made from the same input: inside the block): one reduction for both."""
+    from shardlayout import Mesh
+    from shardlayout.plan import plan
+
+    prog = _gated_pair()
+    mlps = find_blocks(prog).of_kind("mlp")
+    assert [b.output for b in mlps] == ["resid", "resid"]
+    p = plan(prog, Mesh.parse("tp=2"), style="megatron")
+    assert p.counts() == {("all_reduce", ("tp",)): 1} and str(p.shardings["combine"]) == "[16, 16] +sum(tp)"
+    assert p.verify().ok
+
+
+def test_an_index_by_a_constant_is_a_pick_inside_an_attention_block():
+    """q|k|v fused per kv group, k and v picked by constant index tensors (Falcon's ``qkv[..., [-2]]``,
+    a lifted constant, cloned on CPU): the attention block is found through the index ops."""
+    from shardlayout.program import ProgramBuilder
+
+    b = ProgramBuilder()
+    x = b.input("x", (2, 8, 16))
+    w, wo = b.param("attn.qkv", (16, 32)), b.param("attn.o", (16, 16))
+    qkv = b.op("view", [b.op("mm", [b.op("view", [x], name="rows", shape=(16, 16)), w], name="qkv.mm")],
+               name="groups", shape=(2, 8, 2, 4, 4))  # 2 kv groups of (2 q heads, k, v), head_dim 4
+    q = b.op("slice", [qkv], name="q", dim=3, start=0, end=2)
+    picks = []
+    for n in ("k", "v"):  # the index values (2, 3) are the buffers': not read by the structure
+        idx = b.op("clone", [b._tensor(f"attn.{n}_index", (1,), "int64", "buffer")], name=f"{n}_idx")
+        picks.append(b.op("expand", [b.op("index", [qkv, idx], name=n, indexed=[3])], name=f"{n}_e",
+                          size=(2, 8, 2, 2, 4)))
+    heads = [b.op("transpose", [b.op("reshape", [t], name=f"{t}_h", shape=(2, 8, 4, 4))], name=f"{t}_t", dim0=1,
+                  dim1=2) for t in (q, *picks)]
+    a = b.op("scaled_dot_product_attention", heads, name="sdpa")
+    a = b.op("reshape", [b.op("transpose", [a], name="a_t", dim0=1, dim1=2)], name="a_rows", shape=(16, 16))
+    b.output(b.op("add", [x, b.op("view", [b.op("mm", [a, wo], name="o"), ], name="o3", shape=(2, 8, 16))],
+                  name="resid"))
+    att = find_blocks(b.build()).of_kind("attention")
+    assert [(blk.describe(), blk.output) for blk in att] == [("attention attn: qkv -> o", "resid")]

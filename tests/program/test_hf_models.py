@@ -62,8 +62,14 @@ def _megatron_dims(model, name: str):
                                   "qwen3_moe"])
 def test_megatron_cuts_every_layer_weight_and_verifies(name):
     model, prog = program(name)
-    p = plan(prog, TP2, style_pins(prog, TP2, "megatron"))
-    assert p.counts() == {("all_reduce", ("tp",)): 4}  # 2 layers: one after attention, one after the MLP
+    p = plan(prog, TP2, style="megatron")
+    tied = model.config.tie_word_embeddings  # the shared table vocab-parallel: its lookup reduced once
+    assert p.counts() == {("all_reduce", ("tp",)): 4 + tied}  # 2 layers: one after attention, one after the MLP
+    if tied:  # export names the one table after the head; the lookup and the head read it cut on its rows
+        vocab, dim = model.get_input_embeddings().weight.shape
+        assert str(p.shardings["lm_head.weight"]) == f"[tp*{vocab // 2}, {dim}]"
+        lookup = next(op.outputs[0] for op in prog.ops if op.inputs[:1] == ("lm_head.weight",))
+        assert str(p.shardings[lookup]) == f"[2, 8, {dim}]"  # the lookup's partial sum reduced where it is made
     kv = model.config.num_key_value_heads if hasattr(model.config, "num_key_value_heads") else None
     checked = 0
     for t in prog.inputs("param"):
@@ -114,10 +120,11 @@ def test_more_classes_plan_megatrons_counts(name, per_layer):
 
 @pytest.mark.parametrize("name", ["llama", "gpt2"])
 def test_megatron_sp_and_auto_on_dp_tp(name):
-    _, prog = program(name)
-    sp = plan(prog, DPTP, style_pins(prog, DPTP, "megatron-sp"))
-    counts = sp.counts()
-    assert counts[("reduce_scatter", ("tp",))] == 4 and counts[("all_gather", ("tp",))] in (3, 4)
+    model, prog = program(name)
+    sp = plan(prog, DPTP, style="megatron-sp")
+    counts, tied = sp.counts(), model.config.tie_word_embeddings  # a tied table's lookup: reduce-scattered
+    assert counts[("reduce_scatter", ("tp",))] == 4 + tied and counts[("all_gather", ("tp",))] in (3 + tied, 4 + tied)
+    assert set(counts) == {("reduce_scatter", ("tp",)), ("all_gather", ("tp",))}
     assert sp.verify().ok
     a = auto_plan(prog, DPTP)  # raises ModelMismatch if the solver's model and plan() disagree
     assert a.estimate.seconds == a.predicted
@@ -210,8 +217,9 @@ def test_megatron_keeps_a_fused_qkv_of_unequal_parts_whole(name, qkv):
     model, prog = program(name)
     attn = find_blocks(prog).of_kind("attention")[0]
     assert attn.first[0].pieces in ((32, 16, 16), (32, 8, 8), (32, 16))
-    p = plan(prog, TP2, style_pins(prog, TP2, "megatron"))
-    assert p.counts() == {("all_reduce", ("tp",)): 4}
+    p = plan(prog, TP2, style="megatron")
+    tied = int(bool(model.config.tie_word_embeddings))  # GPTBigCode's tied table: a vocab-parallel lookup
+    assert p.counts() == {("all_reduce", ("tp",)): 4 + tied}
     for layer in (0, 1):
         pre = f"{'model.layers' if name == 'phi3_gqa' else 'transformer.h'}.{layer}."
         out = pre + ("self_attn.o_proj.weight" if name == "phi3_gqa" else "attn.c_proj.weight")
@@ -260,4 +268,37 @@ def test_megatron_keeps_an_attention_whole_when_tp_does_not_divide_its_heads():
     for leaf in ("q_proj", "k_proj", "v_proj", "o_proj"):
         assert _tp(p, f"model.layers.0.self_attn.{leaf}.weight") == []
     assert _tp(p, "model.layers.0.mlp.down_proj.weight") == [1]
+
+
+def test_falcon_kv_picked_by_a_constant_index_is_attention_cut_by_kv_groups():
+    """Falcon's new decoder architecture views its fused q|k|v as (kv groups, q heads + k + v,
+    head_dim) and picks k and v with a constant index (``qkv[:, :, :, [-2]]``): a fixed pick, so
+    the attention block is found, its q|k|v cut by whole kv groups, its dense row-parallel; attention
+    and MLP in parallel share one all_reduce per layer, the tied table one more for its lookup."""
+    _, prog = program("falcon")
+    assert sum(op.target == "aten.index.Tensor" for op in prog.ops) >= 4
+    p = plan(prog, TP2, style="megatron")
+    assert p.counts() == {("all_reduce", ("tp",)): 3}
+    for layer in (0, 1):
+        pre = f"transformer.h.{layer}."
+        assert str(p.shardings[pre + "self_attention.query_key_value.weight"]) == "[tp*32, 32]"  # 2 groups of 32
+        assert str(p.shardings[pre + "self_attention.dense.weight"]) == "[32, tp*16]"
+        assert str(p.shardings[pre + "mlp.dense_h_to_4h.weight"]) == "[tp*64, 32]"
+    assert str(p.shardings["lm_head.weight"]) == "[tp*64, 32]"
+    assert p.verify().ok
+
+
+def test_qwen2_moe_shared_expert_and_routed_experts_are_reduced_once():
+    """Qwen2-MoE adds ``sigmoid(x W) * shared_expert(x)`` to the routed experts' sum: the shared
+    expert's partial output is gated (a replicated per-token scalar), added to the experts' partial
+    output, and the MoE block reduced once at its residual add."""
+    _, prog = program("qwen2_moe")
+    p = plan(prog, TP2, style="megatron")
+    assert p.counts() == {("all_reduce", ("tp",)): 4}
+    for layer in (0, 1):
+        pre = f"model.layers.{layer}.mlp."
+        assert str(p.shardings[pre + "shared_expert.up_proj.weight"]) == "[tp*32, 32]"
+        assert str(p.shardings[pre + "shared_expert.down_proj.weight"]) == "[32, tp*32]"
+        assert str(p.shardings[pre + "experts.down_proj"]) == "[4, 32, tp*24]"
+        assert str(p.shardings[pre + "add"]) == "[16, 32] +sum(tp)"  # shared + routed, still a partial sum
     assert p.verify().ok

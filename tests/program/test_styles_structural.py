@@ -352,3 +352,46 @@ def test_equal_pins_are_one_object():
             assert s is pins["layers.0." + n[len("layers.2."):]]
     copies = {n: Sharding.parse(str(s), m) for n, s in pins.items()}
     assert plan(prog, m, pins).to_json(False) == plan(prog, m, copies).to_json(False)
+
+
+def _tied_lm(vocab: int):
+    """ids -> embedding(table) -> one MLP block (residual) -> logits = h @ table^T: one table for the
+    lookup and the head, as tie_word_embeddings writes it."""
+    from shardlayout.program import ProgramBuilder
+
+    b = ProgramBuilder()
+    ids = b.input("ids", (2, 8), "int64")
+    table, up, down = b.param("embed.weight", (vocab, 16)), b.param("mlp.up", (32, 16)), b.param("mlp.down", (16, 32))
+    x = b.op("embedding", [table, ids], name="embed")
+    h = b.op("view", [x], name="rows", shape=(16, 16))
+    u = b.op("mm", [h, b.op("permute", [up], name="up_t", dims=(1, 0))], name="up")
+    d = b.op("mm", [b.op("relu", [u], name="act"), b.op("permute", [down], name="down_t", dims=(1, 0))], name="down")
+    y = b.op("add", [x, b.op("view", [d], name="down3", shape=(2, 8, 16))], name="resid")
+    logits = b.op("mm", [b.op("view", [y], name="last", shape=(16, 16)),
+                         b.op("permute", [table], name="head_t", dims=(1, 0))], name="logits")
+    b.output(logits)
+    return b.build()
+
+
+@pytest.mark.parametrize("style,counts", [
+    ("megatron", {("all_reduce", TP): 2}),  # the lookup's partial sum, the MLP block's
+    ("megatron-sp", {("reduce_scatter", TP): 2, ("all_gather", TP): 2}),
+])
+def test_a_tied_table_is_cut_on_its_vocabulary_for_the_lookup_and_the_head(style, counts):
+    prog = _tied_lm(64)
+    mesh = Mesh.parse("tp=2")
+    got = apply_style(prog, mesh, style)
+    assert str(got.pins["embed.weight"]) == "[tp*32, 16]" and "embed.weight" in got.kept
+    p = plan(prog, mesh, style=style)
+    assert p.counts() == counts
+    assert str(p.shardings["logits"]) == "[16, tp*32]"  # vocab-sharded logits
+    assert p.verify().ok
+
+
+def test_a_tied_table_with_an_uneven_vocabulary_stays_whole():
+    """A vocab-parallel lookup needs equal row blocks: 63 rows on tp=2 keep the table (and the head) whole."""
+    prog = _tied_lm(63)
+    mesh = Mesh.parse("tp=2")
+    p = plan(prog, mesh, style="megatron")
+    assert str(p.shardings["embed.weight"]) == "[63, 16]" and p.counts() == {("all_reduce", TP): 1}
+    assert p.verify().ok

@@ -186,7 +186,8 @@ def graph(program: Program) -> Graph:
                     if i not in lst:
                         lst.append(i)
         g = Graph(program, producer, consumers,
-                  frozenset(i for i, op in enumerate(program.ops) if passthrough(op)))
+                  frozenset(i for i, op in enumerate(program.ops) if passthrough(op) or fixed_pick(program, op,
+                                                                                                     producer)))
         object.__setattr__(program, "_graph", g)
     return g
 
@@ -243,6 +244,30 @@ def feature_scales(program: Program, lin) -> tuple:
                     seen.add(o)
                     todo.append(o)
     return tuple(dict.fromkeys(found))
+
+
+def fixed_pick(program: Program, op, producer: dict) -> bool:
+    """Is ``op`` an ``index`` by constant index tensors (``constant``: ``x[..., [2]]``, Falcon's k
+    and v picked out of a fused q|k|v per kv group)? It moves fixed elements of ``x`` as a slice
+    would, whatever their values (a model built on the meta device has none to read), so a block's
+    region goes through it; an index by routed token ids (computed from the input) is no such pick."""
+    if short(op) != "index" or len(op.inputs) < 2:
+        return False
+    return all(isinstance(x, str) and constant(program, x, producer) for x in op.inputs[1:])
+
+
+def constant(program: Program, t: str, producer: dict, depth: int = 8) -> bool:
+    """Is ``t`` made without reading an input or a parameter: a buffer or lifted constant, or made
+    from such alone (``arange``, a ``clone`` of a lifted constant) by at most ``depth`` ops?"""
+    spec = program.tensors.get(t)
+    if spec is None or spec.kind in ("param", "input"):
+        return False
+    if spec.kind == "buffer":
+        return True
+    i = producer.get(t)
+    if i is None or depth == 0:
+        return False
+    return all(constant(program, x, producer, depth - 1) for x in program.ops[i].inputs if isinstance(x, str))
 
 
 def passthrough(op) -> bool:
@@ -495,12 +520,13 @@ _HEAD_STATS = frozenset({"mean", "sum", "amax", "var", "var_mean"})
 HEAD_NORMS = frozenset({"native_layer_norm", "layer_norm", "rms_norm", "_fused_rms_norm"})
 
 
-def _per_head(g: Graph, i: int) -> bool:
+def _per_head(g: Graph, i: int, wide: bool = True) -> bool:
     """Is op ``i`` a statistic of q's or k's features that a column cut keeps right: a mean, sum or max
     over the last dim only, kept, of a tensor of 3 or more dims — of each head ([b, s, heads, hd]:
     Qwen3's q_norm, local to a head) or of all heads' features ([b, s, heads * hd]: OLMo2's q_norm,
     whose partial statistic a column cut all-reduces) — or a norm op over the last dim alone of a
-    tensor of 4 or more dims (Phi's per-head ``q_layernorm``)?"""
+    tensor of 4 or more dims (Phi's per-head ``q_layernorm``)? Not ``wide``: of each head only (an
+    MLP's region never holds a statistic of all features: that is the next norm, past a residual add)."""
     op = g.op(i)
     base = short(op)
     if not op.inputs or not isinstance(op.inputs[0], str):
@@ -513,16 +539,17 @@ def _per_head(g: Graph, i: int) -> bool:
         return False
     dims = kw.get("dim")
     dims = [dims] if isinstance(dims, int) else list(dims or ())
-    return n >= 3 and bool(kw.get("keepdim")) and [_norm_dim(d, n) for d in dims] == [n - 1]
+    return n >= (3 if wide else 4) and bool(kw.get("keepdim")) and [_norm_dim(d, n) for d in dims] == [n - 1]
 
 
-def _passes_in_block(g: Graph, i: int) -> bool:
-    """Op ``i`` keeps a block's region open: it moves values, is a per-head statistic, or makes
-    nothing (a runtime check such as ``_assert_tensor_metadata``)."""
-    return i in g.through or not g.op(i).outputs or _per_head(g, i)
+def _passes_in_block(g: Graph, i: int, wide: bool = True) -> bool:
+    """Op ``i`` keeps a block's region open: it moves values, is a per-head statistic (``wide``: or
+    one of all of q's features, ``_per_head``), or makes nothing (a runtime check such as
+    ``_assert_tensor_metadata``)."""
+    return i in g.through or not g.op(i).outputs or _per_head(g, i, wide)
 
 
-def _closed(g: Graph, start: str, sinks: frozenset) -> bool:
+def _closed(g: Graph, start: str, sinks: frozenset, wide: bool = True) -> bool:
     """Is every tensor derived from ``start`` through pointwise ops and views consumed only by
     such ops or by the ``sinks`` (op indices)?"""
     seen, frontier = {start}, [start]
@@ -532,7 +559,7 @@ def _closed(g: Graph, start: str, sinks: frozenset) -> bool:
             for i in g.users(t):
                 if i in sinks:
                     continue
-                if not _passes_in_block(g, i):
+                if not _passes_in_block(g, i, wide):
                     return False
                 for o in g.program.ops[i].outputs:
                     if o not in seen:
@@ -542,26 +569,26 @@ def _closed(g: Graph, start: str, sinks: frozenset) -> bool:
     return True
 
 
-def linears_behind(g: Graph, tensors, sinks: frozenset, by_output: dict) -> tuple:
+def linears_behind(g: Graph, tensors, sinks: frozenset, by_output: dict, wide: bool = True) -> tuple:
     """Linears whose outputs reach ``tensors`` through pointwise ops and views only, each
-    closed (``_closed``) towards ``sinks``."""
+    closed (``_closed``, ``wide`` as there) towards ``sinks``."""
     seen, stack, found = set(), list(tensors), []
     while stack:
         t = stack.pop()
         if t in seen:
             continue
         seen.add(t)
-        if any(i not in sinks and not _passes_in_block(g, i) for i in g.users(t)):
+        if any(i not in sinks and not _passes_in_block(g, i, wide) for i in g.users(t)):
             continue  # no linear behind t is closed: what it derives reaches t's foreign use (keeps this walk local)
         if t in by_output:
             found.append(by_output[t])
             continue
         i = g.producer.get(t)
-        if i is None or not _passes_in_block(g, i):
+        if i is None or not _passes_in_block(g, i, wide):
             continue
         stack.extend(x for x in g.program.ops[i].inputs if isinstance(x, str))
     found = sorted(set(found), key=lambda lin: lin.op)
-    return tuple(lin for lin in found if _closed(g, lin.output, sinks))
+    return tuple(lin for lin in found if _closed(g, lin.output, sinks, wide))
 
 
 def linears_ahead(g: Graph, start: str, by_activation: dict) -> tuple:
@@ -681,9 +708,12 @@ def block_inputs(g: Graph, linears) -> tuple:
     return tuple(dict.fromkeys(out))
 
 
-def block_output(g: Graph, lin: Linear) -> str:
+def block_output(g: Graph, lin: Linear, inputs: tuple = ()) -> str:
     """Where a block ends: the residual ``add`` its last Linear's output reaches through
-    order-keeping views, or the end of those views."""
+    order-keeping views, or the end of those views. On the way, a ``mul`` (a gate: Qwen2-MoE's
+    ``sigmoid(x W) * shared_expert(x)``, linear in the output) and an ``add`` of another result of
+    the block's ``inputs`` (``combines``: the routed experts' sum) are inside the block, so its
+    partial sums are added up before the one reduction at the residual add."""
     t = lin.output
     for _ in range(16):
         users = g.users(t)
@@ -694,10 +724,39 @@ def block_output(g: Graph, lin: Linear) -> str:
         if base in PLAIN_VIEWS and len(op.outputs) == 1:
             t = op.outputs[0]
         elif base == "add" and sum(isinstance(x, str) for x in op.inputs) == 2:
-            return op.outputs[0]
+            if not combines(g, op, t, inputs):
+                return op.outputs[0]
+            t = op.outputs[0]
+        elif base == "mul" and inputs and op.inputs.count(t) == 1 and len(op.outputs) == 1:
+            t = op.outputs[0]
         else:
             return t
     return t
+
+
+def combines(g: Graph, op, t: str, inputs: tuple) -> bool:
+    """Is ``op`` (an add reading ``t``) a sum of two results of a block's ``inputs`` — its other
+    operand computed from them too (the routed experts beside a shared expert), not the residual
+    stream the block's output rejoins? Walked back in program order, never before the first op
+    reading ``inputs``."""
+    if not inputs:
+        return False
+    lo = min((i for x in inputs for i in g.users(x)), default=None)
+    if lo is None:
+        return False
+    want = set(inputs)
+    todo = [x for x in op.inputs if isinstance(x, str) and x != t]
+    seen: set = set()
+    while todo:
+        x = todo.pop()
+        if x in want:
+            return True
+        i = g.producer.get(x)
+        if x in seen or i is None or i < lo:
+            continue
+        seen.add(x)
+        todo.extend(y for y in g.op(i).inputs if isinstance(y, str))
+    return False
 
 
 def module_of(names) -> str:
@@ -745,7 +804,7 @@ def _find_blocks(program: Program) -> Structure:
     for down in linears:
         if down in claimed:
             continue
-        ups = linears_behind(g, (down.activation,), frozenset({down.op}), by_output)
+        ups = linears_behind(g, (down.activation,), frozenset({down.op}), by_output, wide=False)
         ups = tuple(lin for lin in ups if lin not in claimed and lin != down)
         if ups:
             claimed.update(ups + (down,))
@@ -763,7 +822,8 @@ def _first_op(b: Block, g: Graph) -> int:
 
 def _block(kind: str, g: Graph, first: tuple, last: tuple) -> Block:
     name = module_of([lin.weight for lin in first + last])
-    return Block(kind, name, first, last, block_inputs(g, first), block_output(g, last[-1]))
+    inputs = block_inputs(g, first)
+    return Block(kind, name, first, last, inputs, block_output(g, last[-1], inputs))
 
 
 def _others(program: Program, g: Graph, linears: tuple, claimed: set) -> list:
@@ -887,7 +947,7 @@ def expert_linears(program: Program, block: Block) -> tuple:
     outputs = {lin.output for lin in lins}
     last = tuple(lin for lin in lins if _reaches_back(g, lin.activation, outputs - {lin.output}))
     first = tuple(lin for lin in lins if lin not in last)
-    outs = (_residual_after(g, lin.output) for lin in last)
+    outs = (_residual_after(g, lin.output, _sources(program, lin, first)) for lin in last)
     return first, last, tuple(dict.fromkeys(o for o in outs if o is not None))
 
 
@@ -910,6 +970,14 @@ def routed_source(program: Program, lin: Linear) -> str | None:
     return None
 
 
+def _sources(program: Program, last: Linear, first: tuple) -> tuple:
+    """The routed tokens (``routed_source``) of the first expert matmuls whose outputs ``last``'s
+    rows are made from (its own layer's, when one experts block holds every layer's stacks)."""
+    g = graph(program)
+    own = (routed_source(program, f) for f in first if _reaches_back(g, last.activation, {f.output}))
+    return tuple(dict.fromkeys(x for x in own if x is not None))
+
+
 def _reaches_back(g: Graph, t: str, targets: set, depth: int = 8) -> bool:
     """Is ``t`` made from one of ``targets`` through at most ``depth`` pass-through ops?"""
     todo = [(t, 0)]
@@ -924,15 +992,17 @@ def _reaches_back(g: Graph, t: str, targets: set, depth: int = 8) -> bool:
     return False
 
 
-def _residual_after(g: Graph, t: str, depth: int = 16) -> str | None:
-    """The residual ``add`` (two tensor operands) ``t`` reaches along a single path of ops (an expert's
-    bias added to its rows is not one)."""
+def _residual_after(g: Graph, t: str, sources: tuple = (), depth: int = 16) -> str | None:
+    """The residual ``add`` (two tensor operands) ``t`` reaches along a single path of ops; an add
+    of another result of the routed ``sources`` (a shared expert's output: ``combines``) is passed,
+    and an expert's bias added to its rows is not one."""
     for _ in range(depth):
         users = [i for i in g.users(t) if g.op(i).outputs]
         if len(users) != 1:
             return None
         op = g.op(users[0])
-        if short(op) == "add" and sum(isinstance(x, str) for x in op.inputs) == 2 and not _expert_biases(g, t):
+        if short(op) == "add" and sum(isinstance(x, str) for x in op.inputs) == 2 and \
+                not combines(g, op, t, sources) and not _expert_biases(g, t):
             return op.outputs[0]
         t = op.outputs[0]
     return None

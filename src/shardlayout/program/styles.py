@@ -11,6 +11,9 @@ On a mesh with axes ``dp`` and/or ``tp`` (others replicate; ``ep`` for experts):
   (its residual add) replicated on tp: one all_reduce after each block. Embeddings and norms
   replicated (a lookup's or a patch convolution's output replicated on tp); a head (a Linear
   whose output is a program output) column-parallel on its vocabulary, its logits left sharded.
+  A table tied to the head (one parameter for both) is the head's: cut on its vocabulary rows
+  when tp divides them, its lookup vocab-parallel (a partial sum reduced where it is made: one
+  all_reduce).
 - ``megatron-sp``: the same weights; the residual stream sequence-sharded (dim 1 of a
   ``[batch, seq, ...]`` activation on tp, so norms run on sequence shards), the block's input
   (the norm output its projections read) replicated on tp: one all_gather before and one
@@ -314,12 +317,16 @@ def _megatron(program: Program, mesh: Mesh, s: Structure, sequence: bool) -> Sty
                 if src is not None:
                     pins[src] = sharded(mesh, t[src].shape, {0: ["dp"]})
         blocks += (b,)
-    heads = [b for b in s.of_kind("head") if all(lin.weight not in pins for lin in b.first)]
+    tied = {b: e for b in s.of_kind("head") if (e := tied_embedding(program, mesh, s, b)) is not None}
+    heads = [b for b in s.of_kind("head") if b in tied or all(lin.weight not in pins for lin in b.first)]
     for b in heads:
         pins.update(keep(column(mesh, program, b.first[0])))
         if sequence:
             for x in b.inputs:
                 pins[x] = sharded(mesh, t[x].shape, {0: ["dp"]})
+    for e in tied.values():  # the shared table cut on its vocab rows: a vocab-parallel lookup, reduced where made
+        if e.output in pins:
+            pins[e.output] = _activation(mesh, t[e.output].shape, sequence and len(t[e.output].shape) >= 3)
     matched = tuple(b for b in s.blocks if b.kind in ("attention", "mlp", "embedding", "norm") or b in heads
                     or b in blocks)
     return StylePins(pins, matched, frozenset(kept))
@@ -334,6 +341,23 @@ def _whole(program: Program, b: Block, lin: Linear, tp: int) -> bool:
         return False
     heads = heads_of(program, lin)
     return bool(lin.pieces) or (heads is not None and heads % tp != 0)
+
+
+def tied_embedding(program: Program, mesh: Mesh, s: Structure, head: Block) -> Block | None:
+    """The embedding whose table is ``head``'s weight (tied word embeddings: one parameter looked up
+    by the token ids and multiplied by the last hidden states), when cutting it on its vocabulary
+    rows serves both: the head's output features are the table's rows (dim 0) and the tp axis
+    divides them evenly (a vocab-parallel lookup needs whole, equal row blocks); else None. Cut
+    there, the lookup gives a partial sum (each rank its rows' tokens, zeros elsewhere) and the
+    head vocab-sharded logits, as an untied embedding and head under Megatron.
+    ``tied_embedding(gpt2, Mesh.parse("tp=2"), find_blocks(gpt2), head).params -> ('transformer.wte.weight',)``"""
+    lin = head.first[0] if len(head.first) == 1 else None
+    if lin is None or lin.out_dim != 0 or "tp" not in mesh.names:
+        return None
+    vocab = program.tensors[lin.weight].shape[0]
+    if vocab % mesh.axis_size("tp"):
+        return None
+    return next((e for e in s.of_kind("embedding") if e.params == (lin.weight,)), None)
 
 
 def _lookups(program: Program) -> list:

@@ -332,9 +332,11 @@ class ParallelModule(_module_base()):
         made: dict = {}  # id(original tensor) -> its DTensor (tied parameters stay tied)
         named = list(module.named_parameters(remove_duplicate=False)) + \
             list(module.named_buffers(remove_duplicate=False))
-        planned = {}  # a tied tensor takes the sharding of the name the program uses (export keeps one)
+        planned = {}  # a tied tensor takes the sharding of the name the program reads (export may list both)
+        read = {x for op in prog.ops for x in op.inputs if isinstance(x, str)}
+        used = lambda fqn: (fqn in read, fqn in plan.shardings)  # noqa: E731
         for fqn, t in named:
-            if id(t) not in planned or (fqn in plan.shardings and planned[id(t)] not in plan.shardings):
+            if id(t) not in planned or used(fqn) > used(planned[id(t)]):
                 planned[id(t)] = fqn
         for fqn, t in named:
             owner, _, leaf = fqn.rpartition(".")
