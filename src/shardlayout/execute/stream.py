@@ -581,6 +581,29 @@ def run_segment(plan, seg: Segment, executor, fetch, opdefs: dict) -> tuple:
     return out, {key: _join(executor, moved_parts, key[1], seg, key[0], ranks)}
 
 
+def ring_sharding(src: Sharding, tgt: Sharding, moves, d: int) -> Sharding | None:
+    """``src`` as a ring stream along dim ``d`` (``Sharding.stream_axis``: its chunks are the blocks
+    of the one mesh-axis factor the move ``moves`` to ``tgt`` all-gathers, chunk ``j`` rank ``j``'s
+    shard), or None when the move is not one all_gather of a mesh-axis factor of ``d`` that both
+    sides can stream over. ``ring_sharding(Sharding.parse("[tp*64]", m), Sharding.parse("[512]", m),
+    moves, 0) -> [~tp*64]``"""
+    from ..errors import ShardingSpecError
+
+    if len(moves) != 1 or moves[0].kind.value != "all_gather" or moves[0].dims != (d,) or len(moves[0].axes) != 1:
+        return None
+    piece = moves[0].axes[0]
+    fs = src.dims[d]
+    at = next((i for i, f in enumerate(fs) if (f.axis, f.size, f.pre) == (piece.axis, piece.size, piece.pre)), None)
+    if at is None:
+        return None
+    outer = math.prod(f.size for f in fs[:at])
+    try:
+        ring, gathered = src.with_stream(d, piece.size, outer), tgt.with_stream(d, piece.size, outer)
+    except ShardingSpecError:
+        return None
+    return ring if ring.stream_axis is not None and gathered.stream_axis is None else None
+
+
 def chunk_moves(plan, seg: Segment) -> tuple:
     """The collectives one chunk of ``seg``'s move runs (its whole move's, on a ``k``-th of the
     data): what a streamed run executes ``seg.k`` times instead of the planned move — for a ring,
@@ -588,8 +611,6 @@ def chunk_moves(plan, seg: Segment) -> tuple:
     name, tgt = seg.before or seg.after
     src = plan.shardings[name] if seg.before is not None else _made_sharding(plan, name)
     if seg.order is not None:
-        from ..plan.stream import ring_sharding
-
         cs = tuple(c for c in plan.moves[(name, tgt)] if c.kind.communicates)
         ring = ring_sharding(src, tgt, cs, seg.dims[name])
         dtype = plan.program.tensors[name].dtype

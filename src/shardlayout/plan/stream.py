@@ -39,7 +39,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..execute.stream import _letters, _through, chunk_layout, chunk_sharding
+from ..execute.stream import _letters, _through, chunk_layout, chunk_sharding, ring_sharding
 from ..ops.families import MATMULS
 from ..sharding import Sharding
 from ..sharding.core import format_dim
@@ -216,29 +216,6 @@ def ring_pipelined(a: float, m: float, n: int) -> float:
     and computes at once; each of the ``n - 1`` steps (``a``: one shard to the neighbour) overlaps
     the previous chunk's matmul (``m``). ``ring_pipelined(1.0, 1.0, 4) -> 4.0``"""
     return m + (n - 1) * max(a, m)
-
-
-def ring_sharding(src: Sharding, tgt: Sharding, moves, d: int) -> Sharding | None:
-    """``src`` as a ring stream along dim ``d`` (``Sharding.stream_axis``: its chunks are the blocks
-    of the one mesh-axis factor the move ``moves`` to ``tgt`` all-gathers, chunk ``j`` rank ``j``'s
-    shard), or None when the move is not one all_gather of a mesh-axis factor of ``d`` that both
-    sides can stream over. ``ring_sharding(Sharding.parse("[tp*64]", m), Sharding.parse("[512]", m),
-    moves, 0) -> [~tp*64]``"""
-    from ..errors import ShardingSpecError
-
-    if len(moves) != 1 or moves[0].kind.value != "all_gather" or moves[0].dims != (d,) or len(moves[0].axes) != 1:
-        return None
-    piece = moves[0].axes[0]
-    fs = src.dims[d]
-    at = next((i for i, f in enumerate(fs) if (f.axis, f.size, f.pre) == (piece.axis, piece.size, piece.pre)), None)
-    if at is None:
-        return None
-    outer = math.prod(f.size for f in fs[:at])
-    try:
-        ring, gathered = src.with_stream(d, piece.size, outer), tgt.with_stream(d, piece.size, outer)
-    except ShardingSpecError:
-        return None
-    return ring if ring.stream_axis is not None and gathered.stream_axis is None else None
 
 
 def _ring_time(src: Sharding, tgt: Sharding, cs: list, d: int, comp: float, cm, dtype: str):
