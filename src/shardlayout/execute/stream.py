@@ -18,7 +18,7 @@ whole (``segments`` says which in ``skipped``).
     >>> from shardlayout import Mesh
     >>> from shardlayout.plan import plan
     >>> from shardlayout.program.models import llama, style_pins
-    >>> prog, m = llama(layers=1, dim=4096, seq=4096, batch=1), Mesh.parse("tp=8")
+    >>> prog, m = llama(layers=1, dim=4096, seq=4096, batch=1, heads=32), Mesh.parse("tp=8")
     >>> segs, skipped = segments(plan(prog, m, style_pins(prog, m, "megatron-sp")))
     >>> [(s.k, s.before is not None) for s in segs], skipped
     ([(8, True), (4, False)], ())

@@ -28,7 +28,7 @@ choices and both estimates; ``plan`` prints them beside each other.
     >>> from shardlayout import Mesh
     >>> from shardlayout.plan import plan
     >>> from shardlayout.program.models import llama, style_pins
-    >>> prog, m = llama(layers=1, dim=4096, seq=4096, batch=1), Mesh.parse("tp=8")
+    >>> prog, m = llama(layers=1, dim=4096, seq=4096, batch=1, heads=32), Mesh.parse("tp=8")
     >>> sp = stream_plan(plan(prog, m, style_pins(prog, m, "megatron-sp")))
     >>> sp.overlapped_seconds < sp.serial_seconds, all(c.chunks > 1 for c in sp.choices)
     (True, True)
