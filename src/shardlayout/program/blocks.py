@@ -855,8 +855,7 @@ def _others(program: Program, g: Graph, linears: tuple, claimed: set) -> list:
                              output=lin.output))
     experts = [n for n, s in tensors.items() if s.kind == "param" and len(s.shape) >= 3 and _feeds_batched(g, n)]
     if experts:
-        biases = [b for i in g.users(experts[0]) for o in g.op(i).outputs for b in _expert_biases(g, o)]
-        biases += [b for w in experts[1:] for i in g.users(w) for o in g.op(i).outputs for b in _expert_biases(g, o)]
+        biases = [b for w in experts for i in g.users(w) for o in g.op(i).outputs for b in _expert_biases(g, o)]
         params = tuple(dict.fromkeys(experts + biases))
         out.append(Block("experts", module_of(params), params=params))
     return out
