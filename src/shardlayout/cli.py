@@ -850,6 +850,12 @@ def _add_model_args(pl) -> None:
                          "(default adam)")
 
 
+def _add_ring_arg(p) -> None:
+    p.add_argument("--ring", action="store_true",
+                   help="stream overlaps may also be ring-style (chunk j = rank j's shard, k-1 send/recv steps to "
+                        "the next rank): planned, priced, verified, and run step by step on torch.distributed")
+
+
 def _add_picture_args(p, what: str) -> None:
     p.add_argument("--png", metavar="FILE", help=f"also write a picture ({what}) as PNG (needs matplotlib)")
     p.add_argument("--svg", metavar="FILE", help=f"also write a picture ({what}) as SVG (needs matplotlib)")
@@ -906,9 +912,7 @@ def build_parser() -> argparse.ArgumentParser:
     vw.set_defaults(func=cmd_view)
     pl = sub.add_parser("plan", help="plan a whole model: every tensor's sharding and every collective")
     _add_model_args(pl)
-    pl.add_argument("--ring", action="store_true",
-                    help="stream overlaps may also be ring-style (chunk j = rank j's shard, tp-1 send/recv steps): "
-                         "planned, priced and verified on the simulator; `run` does not execute rings yet")
+    _add_ring_arg(pl)
     pl.add_argument("--verify", nargs="?", const="classes", choices=["classes", "full"],
                     help="prove the plan for every rank and simulate one pair per rank class (--verify=full: "
                          "simulate every rank) and compare with the unsharded run")
@@ -947,6 +951,7 @@ def build_parser() -> argparse.ArgumentParser:
     rn.add_argument("--timeout", type=float, default=60.0, help="seconds a collective may wait (default 60)")
     rn.add_argument("--no-streams", action="store_true",
                     help="run the plan's stream overlaps as whole moves (default: chunk by chunk, as planned)")
+    _add_ring_arg(rn)
     rn.add_argument("--json", action="store_true")
     rn.set_defaults(func=cmd_run)
     xp = sub.add_parser("export", help="the plan's parameter shardings as DTensor placements or JAX PartitionSpecs")

@@ -213,3 +213,31 @@ def test_a_segment_reading_a_tensor_made_after_its_first_op_is_not_streamed():
             assert all(made.get(x, -1) < seg.first for x in outside)
     if segs:
         _streamed_equals_whole(p, allow_skipped=True)
+
+
+def test_training_through_a_ring_sums_each_shard_at_its_owner_not_each_chunk():
+    """``ring_backward``: the gradient sums of a ring's chunk readers are left to the ring's reverse
+    (chunk j is another shard on every rank), and the replicated weights the ops before those readers
+    read whole get their sum over the ring's axis instead; a chunk-count stream keeps its sums."""
+    from shardlayout.execute.stream import ring_backward
+    from shardlayout.plan.backward import gradient_reductions, reduction_at
+
+    prog, m = llama(layers=1, batch=2, seq=512, dim=128, heads=4, ffn=256), Mesh.parse("tp=2")
+    p = plan(prog, m, style_pins(prog, m, "megatron-sp"))
+    p.flop_rate, p.ring = 1e12, True
+    at = reduction_at(gradient_reductions(p))
+    rings = [s for s in segments(p)[0] if s.order is not None]
+    assert rings
+    for seg in rings:
+        unsummed, whole = ring_backward(p, seg, at)
+        ops = [p.program.ops[i] for i in seg.ops]
+        # every reader whose gradient the plan sums over tp reads the chunked activation (the projections)
+        assert unsummed and {r for r in at if r[0] in seg.ops} == unsummed
+        assert {p.program.ops[i].target for i, _ in unsummed} <= {"mm", "linear", "matmul"}
+        # the norm's weight (a parameter read by the ops before the projections) is summed over tp
+        params = {n for n in prog.inputs("param") if any(n in op.inputs for op in ops)}
+        assert {name for name, _, _ in whole.values()} == {n for n in params if n.endswith("norm")}
+        assert all(pieces == chunk_moves(p, seg)[0].axes for _, _, pieces in whole.values())
+    plain = [s for s in segments(p, ring=False)[0]]
+    assert plain and all(ring_backward(p, s, at) == (set(), {}) for s in plain)
+    assert ring_backward(p, rings[0], {}) == (set(), {})  # no training: nothing to change

@@ -88,6 +88,26 @@ def test_stream_choices_run_chunk_by_chunk_and_equal_the_unsharded_run():
     assert sum(whole["collectives"].values()) < sum(rep["collectives"].values())
 
 
+def test_ring_streams_run_step_by_step_and_train_equal_to_the_unsharded_run():
+    """``--ring``: each Megatron-SP gather runs as a ring (rank r computes its own shard, then
+    k - 1 sends to the next rank), and training through it sums each shard's partial gradients at
+    its owner (the ring's reverse) instead of a sum per chunk: only the norm weights' gradients
+    are all-reduced there."""
+    r = run("--model", "llama", "--layers", "1", "--size", "dim=128,seq=512,batch=2,heads=4,ffn=256", "--mesh",
+            "tp=4", "--style", "megatron-sp", "--flop-rate", "1e12", "--dtype", "float64", "--train", "--json",
+            "--ring")
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["equal"] and rep["max_rel_err"] < 1e-12 and rep["grads_max_rel_err"] < 1e-12
+    rings = [st for st in rep["streams"] if st["side"] == "before"]
+    assert len(rings) == 2 and all(st["chunks"] == 4 for st in rings)
+    assert rep["collectives"] == rep["planned_collectives"]
+    assert rep["collectives"]["permute"] == sum(st["chunks"] - 1 for st in rings) and "all_gather" not in \
+        rep["collectives"]
+    # each step is one all_to_all_single at the dispatcher, forward and (for a tensor with a gradient) backward
+    assert rep["torch_calls"]["all_to_all"] == rep["collectives"]["permute"] + rep["collectives"]["backward_all_to_all"]
+
+
 def test_a_dead_rank_stops_the_job_with_one_line_naming_it():
     r = run("--mesh", "tp=2", "--style", "megatron", "--layers", "1", "--timeout", "5",
             env={**ENV, "SHARDLAYOUT_FAIL_RANK": "1"})

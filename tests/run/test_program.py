@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from shardlayout import Mesh
@@ -51,17 +53,38 @@ def test_stream_chunks_are_issued_a_chunk_ahead_of_their_wait():
     assert all(issued[m] < waited[m] for m in issued)
 
 
-def test_a_ring_segment_is_refused_naming_the_fix():
-    from shardlayout.errors import RunError
-    from shardlayout.run.program import check_no_rings
+def test_a_ring_runs_each_step_as_one_send_to_the_next_rank():
+    """A ring segment (``--ring``): rank 0 computes its own shard first, then ``k - 1`` steps each one
+    whole ``permute`` Move (an all_to_all_single sending only to the next rank: nothing to issue
+    ahead), between the chunks' matmuls."""
+    from shardlayout.run.moves import Move, ring_map
+    from shardlayout.run.program import rank_program
 
     prog, mesh = llama(layers=1, dim=128, seq=512, batch=1, heads=4, ffn=256), Mesh.parse("tp=2")
     p = plan(prog, mesh, style_pins(prog, mesh, "megatron-sp"))
-    rings = [s for s in segments(p, flop_rate=1e12, ring=True)[0] if s.order is not None]
-    assert rings
-    with pytest.raises(RunError, match=r"segments\(plan, ring=False\)"):
-        check_no_rings(rings)
-    check_no_rings(segments(p, flop_rate=1e12, ring=False)[0])
+    p.ring = True
+    segs = segments(p, flop_rate=1e12)[0]
+    rings = [s for s in segs if s.order is not None]
+    assert rings and all(s.k == 2 for s in rings)
+    groups = {ps: (f"g{i}", members) for i, (ps, members) in enumerate(plan_groups_of(p, segs)) if 0 in members}
+    gm = rank_program(p, 0, groups, [torch.empty(1) for _ in p.program.inputs()], None, segs)
+    steps = [n for n in gm.graph.nodes if n.op == "call_module" and "permute" in gm.get_submodule(n.target).label]
+    assert len(steps) == sum(s.k - 1 for s in rings) and all("part" not in n.kwargs for n in steps)
+    (c,) = chunk_moves(p, rings[0])
+    step = gm.get_submodule(steps[0].target)
+    shard = p.shardings[rings[0].before[0]].local_shape(0)  # rank 0's shard: what each step passes on
+    n = math.prod(shard)
+    assert isinstance(step, Move) and step.shape == tuple(shard)
+    assert (step.send_sizes, step.recv_sizes) == ((0, n), (0, n))
+    assert ring_map(c, 1, (0, 1, 2)) == ((0, 0, n), (n, 0, 0))  # to the next member, from the one before
+
+
+def plan_groups_of(p, segs):
+    from shardlayout.run.backward import gradient_reductions, training_pieces
+    from shardlayout.run.moves import plan_groups
+    from shardlayout.run.program import stream_pieces
+
+    return plan_groups(p, training_pieces(p, gradient_reductions(p)) | stream_pieces(p, segs))
 
 
 def test_without_streams_every_move_is_one_node():

@@ -258,7 +258,7 @@ def segments(plan, flop_rate: float | None = None, chunks: int | None = None, ri
     at ``flop_rate``) whose path the chunks follow exactly, and the choices (tensor names) that
     run whole instead. ``chunks``: run every choice in that many chunks instead of the planned
     number (a benchmark's sweep; a choice whose dim does not cut so is skipped). ``ring``: with
-    ring-style streams (default: the plan's ``ring``; the torch executor passes False: it runs no ring yet)."""
+    ring-style streams (default: the plan's ``ring``)."""
     from dataclasses import replace
 
     from ..errors import ShardingSpecError
@@ -513,12 +513,15 @@ def run_segment(plan, seg: Segment, executor, fetch, opdefs: dict) -> tuple:
             v = executor.collective(c, v)
         return lambda: v
 
+    through = getattr(executor, "readers", None) or {}  # (op, input) -> its gradient reduction (training)
+    unsummed, summed_whole = ring_backward(plan, seg, through)
     whole = {}
     for i in seg.ops:  # inputs from outside the segment, moved whole as the walk moves them
         for k, (name, tgt) in enumerate(zip(prog.ops[i].inputs, plan.ops[i].input_targets)):
             if isinstance(name, str) and name not in inside and (name, tgt) != seg.before:
                 whole[(i, k)] = fetch(name, tgt, (i, k))
-    through = getattr(executor, "readers", None) or {}  # (op, input) -> its gradient reduction (training)
+                if (i, k) in summed_whole:
+                    whole[(i, k)] = executor.use(summed_whole[(i, k)], whole[(i, k)])
     summed: dict = {}  # (reduction, chunk) -> the chunk summed once for all its readers, as the walk does
 
     def read(i: int, k: int, value, j: int):
@@ -558,6 +561,8 @@ def run_segment(plan, seg: Segment, executor, fetch, opdefs: dict) -> tuple:
             for k, (name, tgt) in enumerate(zip(op.inputs, po.input_targets)):
                 if not isinstance(name, str):
                     args.append(name)
+                elif (name, tgt) in local and (i, k) in unsummed:  # a ring's: summed by its backward
+                    args.append(local[(name, tgt)])
                 elif (name, tgt) in local:
                     args.append(read(i, k, local[(name, tgt)], j))
                 else:
@@ -632,6 +637,54 @@ def chunked_reads(plan, seg: Segment) -> set:
     return {(i, k) for i in seg.ops
             for k, (name, tgt) in enumerate(zip(prog.ops[i].inputs, plan.ops[i].input_targets))
             if isinstance(name, str) and (name, tgt) in inside}
+
+
+def ring_backward(plan, seg: Segment, readers: dict) -> tuple:
+    """How training runs through a ring segment (``seg.order``): ``(unsummed, summed_whole)``.
+
+    Chunk ``j`` of a ring is a different shard on every rank, so a chunk's gradient cannot be
+    summed over the ring axis chunk by chunk. Instead the chunk readers' partial gradients stay
+    partial (``unsummed``: ``(op index, input position)`` readers of ``readers``, the walk's
+    gradient reductions, skipped): the ring's backward, each step's reverse send, adds every
+    rank's partial gradient of a shard at its owner — a ring reduce-scatter. The ops between the
+    ring's chunk and those readers then see partial gradients, so each replicated tensor they read
+    whole gets its sum over the ring axis (``summed_whole``: reader -> reduction key, what
+    ``executor.use`` takes). Empty for a segment that is not a ring or without ``readers``.
+    Raises RunError where that is not exact: a reduction over other axes than the ring's, or such
+    an op reading another tensor chunk by chunk."""
+    from ..errors import RunError
+
+    if seg.order is None or seg.before is None or not readers:
+        return set(), {}
+    prog = plan.program
+    axes = chunk_moves(plan, seg)[0].axes
+    inside = {o for i in seg.ops for o in prog.ops[i].outputs}
+    unsummed = {r for r in chunked_reads(plan, seg) if r in readers}
+    for r in sorted(unsummed):
+        if {p.axis for p in readers[r][2]} != {p.axis for p in axes}:
+            raise RunError(f"training through the ring stream of {seg.before[0]!r}: its reader "
+                           f"{prog.ops[r[0]].name!r} sums its gradient over {readers[r][2]}, not the ring's {axes}; "
+                           "plan without --ring")
+    reaching = {prog.ops[i].inputs[k] for i, k in unsummed}  # tensors whose gradient stays partial
+    summed_whole = {}
+    for i in reversed(seg.ops):
+        op = prog.ops[i]
+        if not reaching & set(op.outputs):
+            continue
+        for k, (name, tgt) in enumerate(zip(op.inputs, plan.ops[i].input_targets)):
+            if not isinstance(name, str) or (name, tgt) == seg.before:
+                continue
+            if name in inside:
+                reaching.add(name)
+            elif name in seg.dims:
+                raise RunError(f"training through the ring stream of {seg.before[0]!r}: {op.name!r} reads "
+                               f"{name!r} chunk by chunk, whose gradient the ring cannot sum; plan without --ring")
+            elif {p.axis for p in axes} & (set(tgt.axes_used()) | {a for a, _ in tgt.partial}):
+                raise RunError(f"training through the ring stream of {seg.before[0]!r}: {op.name!r} reads {name!r} "
+                               f"at {tgt}, not replicated over the ring's axis; plan without --ring")
+            else:
+                summed_whole[(i, k)] = (name, tgt, tuple(axes))
+    return unsummed, summed_whole
 
 
 def _made_sharding(plan, name: str) -> Sharding:

@@ -163,8 +163,7 @@ class Plan:
     def stream_choices(self, flop_rate: float | None = None, ring: bool | None = None) -> tuple:
         """The stream overlaps this plan runs (``plan.stream.stream_plan``: each a move and the
         matmuls it feeds or is fed by, cut into chunks), at ``flop_rate`` (default: the plan's);
-        ``ring``: with ring-style streams too (default: the plan's ``ring``; the torch executor runs
-        no ring yet)."""
+        ``ring``: with ring-style streams too (default: the plan's ``ring``, False unless set)."""
         from .stream import stream_choices
 
         return stream_choices(self, flop_rate, ring)

@@ -296,13 +296,13 @@ def stream_report(plan, segs) -> list:
 def _streams(plan, options: dict) -> tuple:
     """``(segments, why not)``: the plan's stream choices this run executes chunk by chunk
     (``execute.stream``), forward and backward, and what runs whole instead: every choice under
-    ``--no-streams``, the choices whose path a chunk cannot follow. Ring-style streams are not run
-    on torch.distributed yet: the choices are those planned without them (``ring=False``)."""
+    ``--no-streams``, the choices whose path a chunk cannot follow. Ring-style streams run when the
+    plan was made with ``--ring``: ``k - 1`` send/recv steps to the next rank of the ring."""
     from ..execute.stream import segments
 
     if not options.get("streams", True):
         return (), "--no-streams"
-    segs, skipped = segments(plan, ring=False)
+    segs, skipped = segments(plan)
     return segs, (f"not chunkable: {', '.join(skipped)}" if skipped else None)
 
 
@@ -313,22 +313,24 @@ def _planned_counts(plan, train: bool, reductions=None, streams=()) -> dict:
     read a stream's chunks), the adjoint of each forward collective that needs one (a
     reduce-scatter's all-gather, an all-to-all's reverse), and one all-reduce per local slice
     whose gradient must be completed."""
-    from ..execute.stream import chunk_moves, chunked_reads
+    from ..execute.stream import chunk_moves, chunked_reads, ring_backward
     from ..sharding.collective import CollectiveKind
-    from .backward import slice_completions
+    from .backward import reduction_at, slice_completions
 
     streamed = {seg.before or seg.after: seg for seg in streams}
     ran = []  # (tensor, collective, times) of every move the forward runs
     for (tensor, tgt), moves in plan.moves.items():
         seg = streamed.get((tensor, tgt))
-        ran.extend((tensor, c, seg.k if seg else 1) for c in (chunk_moves(plan, seg) if seg else moves))
+        times = (seg.k - (seg.order is not None)) if seg else 1  # a ring's first chunk is the rank's own shard
+        ran.extend((tensor, c, times) for c in (chunk_moves(plan, seg) if seg else moves))
     planned: dict = {}
     for _, c, times in ran:
         if c.kind.communicates:
             planned[c.kind.value] = planned.get(c.kind.value, 0) + times
     if train:
         needs = grad_tensors(plan.program)
-        adjoint = {"reduce_scatter": "backward_all_gather", "all_to_all": "backward_all_to_all"}
+        adjoint = {"reduce_scatter": "backward_all_gather", "all_to_all": "backward_all_to_all",
+                   "permute": "backward_all_to_all"}
         n = 0
         for tensor, c, times in ran:
             if tensor in needs and c.kind.value in adjoint:
@@ -336,8 +338,12 @@ def _planned_counts(plan, train: bool, reductions=None, streams=()) -> dict:
             if tensor in needs and c.kind is CollectiveKind.LOCAL and slice_completions(c):
                 n += times
         chunked = [(seg.k, chunked_reads(plan, seg)) for seg in streams]
+        at = reduction_at(reductions or {})
+        ringed = [ring_backward(plan, seg, at) for seg in streams]  # rings: summed by their backward
+        unsummed = set().union(*(u for u, _ in ringed))
+        n += sum(1 for _, whole in ringed for name, _, _ in whole.values() if name in needs)
         for readers in (reductions or {}).values():
-            readers = set(readers)
+            readers = set(readers) - unsummed
             n += sum(k for k, reads in chunked if readers & reads)
             n += bool(readers - set().union(*(reads for _, reads in chunked)))
         if n:

@@ -90,8 +90,24 @@ def all_to_all_map(c, rank: int, members: tuple) -> tuple:
 
 def splits(c) -> bool:
     """Whether collective ``c`` runs as two halves, issued then waited for (``Move.issue`` /
-    ``Move.finish``): a gather or a reduction; a local step or an all-to-all runs whole."""
-    return c.kind not in (CollectiveKind.LOCAL, CollectiveKind.ALL_TO_ALL)
+    ``Move.finish``): a gather or a reduction; a local step, an all-to-all or a ring step runs whole."""
+    return c.kind not in (CollectiveKind.LOCAL, CollectiveKind.ALL_TO_ALL, CollectiveKind.PERMUTE)
+
+
+def target_shape(c, rank: int) -> tuple:
+    """The shape of ``rank``'s piece after collective ``c``: its target's local shape, or for a
+    ring step (``PERMUTE``, ``sharding.move.ring_steps``) the shard it passes on, the source's."""
+    return tuple((c.src if c.kind is CollectiveKind.PERMUTE else c.dst).local_shape(rank))
+
+
+def ring_map(c, rank: int, members: tuple) -> tuple:
+    """A ring step as an all-to-all's split sizes: ``rank`` sends its whole piece to the next member
+    of its ring and gets the previous member's (``execute.simulator.ring_shift``): ``(send sizes,
+    recv sizes)`` per member. ``ring_map(step, 0, (0, 1, 2)) -> ((0, n, 0), (0, 0, n))``"""
+    n, at = math.prod(c.src.local_shape(rank)), members.index(rank)
+    nxt, prev = (at + 1) % len(members), (at - 1) % len(members)
+    return (tuple(n if j == nxt else 0 for j in range(len(members))),
+            tuple(n if j == prev else 0 for j in range(len(members))))
 
 
 def raw_shape(c, rank: int, members: tuple) -> tuple:
@@ -340,7 +356,7 @@ class Move(_module()):
         super().__init__()
         from .backward import slice_completions
 
-        self.kind, self.shape = c.kind, tuple(c.dst.local_shape(rank))
+        self.kind, self.shape = c.kind, target_shape(c, rank)
         self.split = splits(c)  # issue and finish are two steps; else issue is the whole move
         self.label = f"{c.kind.value} {c.tensor or ''} {c.src} -> {c.dst}".strip()
         buf = lambda name, a: self.register_buffer(name, _t(a), persistent=False)  # noqa: E731
@@ -360,6 +376,11 @@ class Move(_module()):
             buf("positions", np.concatenate(per))
         elif c.reduce_op is not None:
             buf("pick", local_pick(c, rank))
+        elif c.kind is CollectiveKind.PERMUTE:  # one ring step: the whole piece to the next member
+            self.send_sizes, self.recv_sizes = ring_map(c, rank, members)
+            whole = np.arange(max(self.send_sizes), dtype=np.int64)
+            buf("send", whole)
+            buf("recv", whole)
         elif c.kind is CollectiveKind.ALL_TO_ALL:
             send, recv = all_to_all_map(c, rank, members)
             self.send_sizes, self.recv_sizes = tuple(len(p) for p in send), tuple(len(p) for p in recv)
@@ -386,7 +407,7 @@ class Move(_module()):
         """Start the collective on ``x``: its raw, not yet waited result (``finish`` gives the target)."""
         if self.kind is CollectiveKind.LOCAL:
             return _Local.apply(x, self.pick, self.scale, self.group, self.shape)
-        if self.kind is CollectiveKind.ALL_TO_ALL:
+        if self.kind in (CollectiveKind.ALL_TO_ALL, CollectiveKind.PERMUTE):
             return _AllToAll.apply(x, self.send, self.recv, self.send_sizes, self.recv_sizes, self.group, self.shape)
         if self.op is not None and self.kind is CollectiveKind.REDUCE_SCATTER:
             return _ScatterIssue.apply(x, self.slots, self.positions, self.width, self.n, self.op, self.group)
@@ -473,4 +494,4 @@ def process_groups(plan, rank: int, extra=()) -> dict:
 
 
 __all__ = ["GradSum", "Move", "all_to_all_map", "gather_map", "local_pick", "plan_groups", "process_groups",
-           "raw_shape", "scatter_map", "splits"]
+           "raw_shape", "ring_map", "scatter_map", "splits", "target_shape"]

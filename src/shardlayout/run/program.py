@@ -21,7 +21,7 @@ import itertools
 from ..errors import RunError, ShardingError
 from .backward import reduction_at
 from .executor import TorchRankExecutor
-from .moves import _group, raw_shape, splits
+from .moves import _group, raw_shape, splits, target_shape
 
 _SHAPES: dict = {}  # placeholder key -> the local shape its real op returns, per part (tracing only)
 PARTS = ("whole", "issue", "finish")  # a Move's parts a placeholder stands for (``Move.forward``)
@@ -76,7 +76,7 @@ class _Recorder:
     def _placeholder(self, c) -> int:
         key = next(_KEYS)
         self.moves[key] = c
-        whole = tuple(c.dst.local_shape(self.rank))
+        whole = target_shape(c, self.rank)
         raw = raw_shape(c, self.rank, _group(self.groups, c.axes)[1]) if splits(c) else whole
         _SHAPES[key] = (whole, raw, whole)
         return key
@@ -129,21 +129,12 @@ def check_generable(plan) -> None:
                            "interpreter (eager only, not torch.compile)")
 
 
-def check_no_rings(streams) -> None:
-    """Raise RunError when a segment is a ring (``Segment.order``): torch.distributed runs no ring
-    steps yet. ``check_no_rings(segments(p, ring=False)[0])`` passes."""
-    rings = [(s.before or s.after)[0] for s in streams if getattr(s, "order", None) is not None]
-    if rings:
-        raise RunError(f"ring-style streams ({', '.join(rings)}) do not run on torch.distributed yet; give the "
-                       "segments planned without rings: execute.stream.segments(plan, ring=False)")
-
-
 def stream_segments(plan) -> tuple:
     """The segments of ``plan``'s stream choices a run executes chunk by chunk (``execute.stream``;
-    planned without ring-style streams, which torch.distributed does not run yet)."""
+    ring-style ones when the plan was made with ``ring``: each step one send/recv to the next rank)."""
     from ..execute.stream import segments
 
-    return segments(plan, ring=False)[0]
+    return segments(plan)[0]
 
 
 def stream_pieces(plan, segs) -> set:
@@ -209,7 +200,6 @@ def rank_program(plan, rank: int, groups: dict, examples: list, reductions: dict
 
     prog = plan.program
     check_generable(plan)
-    check_no_rings(streams)
     _library()
     names = prog.inputs()
     if len(examples) != len(names):
@@ -255,5 +245,5 @@ def rank_program(plan, rank: int, groups: dict, examples: list, reductions: dict
     return gm
 
 
-__all__ = ["InterpretedProgram", "NotGenerable", "check_generable", "check_no_rings", "ragged_tensors", "rank_program",
+__all__ = ["InterpretedProgram", "NotGenerable", "check_generable", "ragged_tensors", "rank_program",
            "stream_pieces", "stream_segments"]

@@ -114,6 +114,7 @@ def planned_functional(plan, reductions: dict, streams=()) -> dict:
     for k, n in _planned_counts(plan, True, reductions, streams).items():
         side = "backward" if k.startswith("backward_") else "forward"
         kind = k.removeprefix("backward_")
+        kind = "all_to_all" if kind == "permute" else kind  # a ring step is one all_to_all_single (run.moves)
         out[side][kind] = out[side].get(kind, 0) + n
     return out
 
