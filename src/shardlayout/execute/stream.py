@@ -589,10 +589,12 @@ def run_segment(plan, seg: Segment, executor, fetch, opdefs: dict) -> tuple:
 def ring_sharding(src: Sharding, tgt: Sharding, moves, d: int) -> Sharding | None:
     """``src`` as a ring stream along dim ``d`` (``Sharding.stream_axis``: its chunks are the blocks
     of the one mesh-axis factor the move ``moves`` to ``tgt`` all-gathers, chunk ``j`` rank ``j``'s
-    shard), or None when the move is not one all_gather of a mesh-axis factor of ``d`` that both
-    sides can stream over. ``ring_sharding(Sharding.parse("[tp*64]", m), Sharding.parse("[512]", m),
-    moves, 0) -> [~tp*64]``"""
-    from ..errors import ShardingSpecError
+    shard), or None when the move is not one all_gather of a mesh-axis factor of ``d`` or is no
+    ring by nvFuser's rule: the gathered consumer runs on Stream the very split the producer runs
+    on that axis (``domain.ring_of`` decides it on the two loop domains).
+    ``ring_sharding(Sharding.parse("[tp*64]", m), Sharding.parse("[512]", m), moves, 0) -> [~tp*64]``"""
+    from ..domain import loop_domain_of, ring_of
+    from ..errors import DomainError, ShardingSpecError
 
     if len(moves) != 1 or moves[0].kind.value != "all_gather" or moves[0].dims != (d,) or len(moves[0].axes) != 1:
         return None
@@ -601,12 +603,13 @@ def ring_sharding(src: Sharding, tgt: Sharding, moves, d: int) -> Sharding | Non
     at = next((i for i, f in enumerate(fs) if (f.axis, f.size, f.pre) == (piece.axis, piece.size, piece.pre)), None)
     if at is None:
         return None
-    outer = math.prod(f.size for f in fs[:at])
-    try:
-        ring, gathered = src.with_stream(d, piece.size, outer), tgt.with_stream(d, piece.size, outer)
-    except ShardingSpecError:
+    try:  # the consumer: the gathered target, its dim cut on Stream where the producer's device split is
+        gathered = tgt.with_stream(d, piece.size, math.prod(f.size for f in fs[:at]))
+        if gathered.stream_axis is not None:
+            return None
+        return ring_of(loop_domain_of(src, "producer"), loop_domain_of(gathered, "consumer"), src.mesh)
+    except (ShardingSpecError, DomainError):
         return None
-    return ring if ring.stream_axis is not None and gathered.stream_axis is None else None
 
 
 def chunk_moves(plan, seg: Segment) -> tuple:
