@@ -241,3 +241,62 @@ def test_training_through_a_ring_sums_each_shard_at_its_owner_not_each_chunk():
     plain = [s for s in segments(p, ring=False)[0]]
     assert plain and all(ring_backward(p, s, at) == (set(), {}) for s in plain)
     assert ring_backward(p, rings[0], {}) == (set(), {})  # no training: nothing to change
+
+
+def _factor_list_ring(src, tgt, moves, d):
+    """The ring read off the factor lists alone (the oracle): the gathered factor's blocks as the
+    stream, when both sides take that stream and only the source keeps it on the axis."""
+    from shardlayout.errors import ShardingSpecError
+
+    if len(moves) != 1 or moves[0].kind.value != "all_gather" or moves[0].dims != (d,) or len(moves[0].axes) != 1:
+        return None
+    piece = moves[0].axes[0]
+    fs = src.dims[d]
+    at = next((i for i, f in enumerate(fs) if (f.axis, f.size, f.pre) == (piece.axis, piece.size, piece.pre)), None)
+    if at is None:
+        return None
+    outer = math.prod(f.size for f in fs[:at])
+    try:
+        ring, gathered = src.with_stream(d, piece.size, outer), tgt.with_stream(d, piece.size, outer)
+    except ShardingSpecError:
+        return None
+    return ring if ring.stream_axis is not None and gathered.stream_axis is None else None
+
+
+def _text(dims, sizes) -> str:
+    return "[" + ", ".join("*".join([*f, str(n)]) for f, n in zip(dims, sizes)) + "]"
+
+
+def test_the_ring_decision_by_nvfusers_rule_agrees_with_the_factor_lists():
+    """``ring_sharding`` asks the domain layer (``ring_of`` on the two loop domains) whether a
+    gather is a ring; on random gathers of one axis factor it agrees with the factor lists."""
+    import random
+
+    from shardlayout.execute.stream import ring_sharding
+    from shardlayout.sharding.move import plan_move
+
+    rng = random.Random(0)
+    seen = rings = 0
+    for _ in range(400):
+        m = Mesh.parse(rng.choice(["tp=2", "tp=4", "dp=2,tp=4", "dp=3,tp=2", "a=2,b=2,c=2"]))
+        axes = list(m.names)
+        rng.shuffle(axes)
+        dims = [[] for _ in range(rng.randint(1, 3))]
+        for ax in axes:
+            if rng.random() < 0.7:
+                dims[rng.randrange(len(dims))].append(ax)
+        d = rng.randrange(len(dims))
+        if not dims[d]:
+            continue
+        locals_ = [rng.choice([1, 2, 3, 4, 8]) for _ in dims]
+        g = rng.choice(dims[d])
+        src = Sharding.parse(_text(dims, locals_), m)
+        gathered = [list(f) for f in dims]
+        gathered[d].remove(g)
+        locals_[d] *= m.axis_size(g)
+        tgt = Sharding.parse(_text(gathered, locals_), m)
+        moves = tuple(c for c in plan_move(src, tgt) if c.kind.communicates)
+        want = _factor_list_ring(src, tgt, moves, d)
+        assert ring_sharding(src, tgt, moves, d) == want, (str(src), str(tgt), d)
+        seen, rings = seen + 1, rings + (want is not None)
+    assert seen > 200 and 0 < rings < seen
