@@ -123,6 +123,16 @@ def falcon():
     return hf.FalconForCausalLM(cfg).eval(), (_ids(),)
 
 
+def falcon_mq():
+    """Falcon-7B's layout: multi-query attention with q|k|v fused as (q heads, k, v) and k, v picked
+    out by a constant index, attention and MLP in parallel, tied embeddings."""
+    torch.manual_seed(0)
+    cfg = hf.FalconConfig(vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                          max_position_embeddings=64, new_decoder_architecture=False, multi_query=True,
+                          parallel_attn=True, pad_token_id=0, bos_token_id=0, eos_token_id=0)
+    return hf.FalconForCausalLM(cfg).eval(), (_ids(),)
+
+
 def gptj():
     """GPT-J: attention and MLP read the same input (parallel residual), rotary on the first 4 dims of
     each head as interleaved pairs (``repeat`` of the sin/cos tables)."""

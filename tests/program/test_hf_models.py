@@ -288,6 +288,22 @@ def test_falcon_kv_picked_by_a_constant_index_is_attention_cut_by_kv_groups():
     assert p.verify().ok
 
 
+def test_falcon_multi_query_fused_qkv_is_kept_whole_not_gathered():
+    """Falcon-7B's fused (q heads, k, v): no cut of the fused dim gives each rank whole q heads and the
+    one k and v, so q|k|v is kept whole (pieces 4, 1, 1 heads: q by a slice, k and v by constant
+    picks) and its output is not gathered; the dense and the MLP are Megatron, one all_reduce per
+    layer (parallel attention) and one for the tied table's lookup."""
+    _, prog = program("falcon_mq")
+    p = plan(prog, TP2, style="megatron")
+    assert p.counts() == {("all_reduce", ("tp",)): 3}
+    for layer in (0, 1):
+        pre = f"transformer.h.{layer}."
+        assert _tp(p, pre + "self_attention.query_key_value.weight") == []
+        assert str(p.shardings[pre + "self_attention.dense.weight"]) == "[32, tp*16]"
+        assert str(p.shardings[pre + "mlp.dense_4h_to_h.weight"]) == "[32, tp*64]"
+    assert p.verify().ok
+
+
 def test_qwen2_moe_shared_expert_and_routed_experts_are_reduced_once():
     """Qwen2-MoE adds ``sigmoid(x W) * shared_expert(x)`` to the routed experts' sum: the shared
     expert's partial output is gated (a replicated per-token scalar), added to the experts' partial

@@ -458,11 +458,14 @@ def _selected_pieces(g: Graph, users: list, dim: int, n: int) -> tuple:
     """The sizes of the pieces, in order, when the users cut ``dim`` into them — ``select`` of every
     index, or ``slice``s tiling it (``unbind`` and ``chunk`` as core ATen writes them; Phi-3's
     ``qkv[..., :q]``, ``qkv[..., q:q + kv]``, ``qkv[..., q + kv:]``) — else ``()``."""
-    cuts = set()
+    cuts, picked = set(), []
     for i in users:
         op = g.op(i)
         kw, base = op.kwargs(), short(op)
         nd = len(g.program.tensors[op.inputs[0]].shape)
+        if base == "index" and tuple(kw.get("indexed", ())) == (dim,) and fixed_pick(g.program, op, g.producer):
+            picked.append(g.program.tensors[op.outputs[0]].shape[dim])  # Falcon-7B's k, v: x[..., [-2], :]
+            continue
         if base not in ("select", "slice") or _norm_dim(kw.get("dim", 0), nd) != dim or kw.get("step", 1) != 1:
             return ()
         if base == "select":
@@ -473,6 +476,11 @@ def _selected_pieces(g: Graph, users: list, dim: int, n: int) -> tuple:
             hi = n if hi is None or hi > n else hi
             cuts.add((lo + n if lo < 0 else lo, hi + n if hi < 0 else hi))
     edges = sorted(cuts)
+    if picked:  # constant picks (their positions unread on meta) fill what the slices leave, after them
+        if not edges or edges[0][0] != 0 or any(a[1] != b[0] for a, b in zip(edges, edges[1:])) \
+                or edges[-1][1] + sum(picked) != n:
+            return ()
+        return tuple(b - a for a, b in edges) + tuple(picked)
     tiled = edges[0][0] == 0 and edges[-1][1] == n and all(a[1] == b[0] for a, b in zip(edges, edges[1:]))
     return tuple(b - a for a, b in edges) if len(edges) > 1 and tiled else ()
 
