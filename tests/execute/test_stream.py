@@ -175,21 +175,28 @@ def test_no_stream_choice_no_segment():
     assert segments(p) == ((), ())
 
 
-def test_a_gather_that_is_its_producers_output_move_runs_whole_and_is_counted_so():
-    # attn_norm.n pinned replicated: its gather is the mul's output move, made before the segment runs
+def test_a_gather_that_is_its_producers_output_move_runs_chunk_by_chunk_too():
+    # attn_norm.n pinned replicated: its gather is the mul's output move (as transformers' RMSNorm
+    # in float64 or bf16 plans it, a cast before the weight); the segment runs it chunk by chunk from
+    # the sharding the mul makes, and the walk yields attn_norm.n once the segment has moved it
     prog = llama(layers=1, batch=1, seq=32, dim=32, heads=4, ffn=64)
     m = Mesh.parse("tp=2")
     pins = {**style_pins(prog, m, "megatron-sp"), "layers.0.attn_norm.n": Sharding.parse("[1, 32, 32]", m)}
     p = plan(prog, m, pins, cost_model=CHEAP_CALLS)
     p.flop_rate = 1e9
-    segs, skipped = segments(p)
     assert "layers.0.attn_norm.n" in [c.tensor for c in p.stream_choices()]
-    assert "layers.0.attn_norm.n" in skipped and all((s.before or s.after)[0] != "layers.0.attn_norm.n" for s in segs)
-    _streamed_equals_whole(p, allow_skipped=True)  # the counts: whole moves for what is skipped
+    segs = _streamed_equals_whole(p)
+    (seg,) = [s for s in segs if s.before and s.before[0] == "layers.0.attn_norm.n"]
+    assert seg.before[1] == p.shardings["layers.0.attn_norm.n"]  # the output move itself
+    from shardlayout.execute.stream import source_sharding
+
+    made = next(po.outputs[0] for op, po in zip(prog.ops, p.ops) if op.outputs == ("layers.0.attn_norm.n",))
+    assert source_sharding(p, seg) == made != seg.before[1]
 
 
-def test_a_segment_reading_a_tensor_made_after_its_first_op_is_not_streamed():
-    # torch.export orders a weight's transpose after the norm that starts the MLP's segment
+def test_a_segment_reading_a_tensor_made_after_its_first_op_runs_that_op_ahead():
+    # torch.export orders a weight's transpose after the norm that starts the MLP's segment: the
+    # transpose reads only the weight, so it runs ahead of the segment (its prelude)
     pytest.importorskip("torch")
     import importlib.util
     from pathlib import Path
@@ -203,16 +210,20 @@ def test_a_segment_reading_a_tensor_made_after_its_first_op_is_not_streamed():
     m = Mesh.parse("tp=2")
     p = plan(prog, m, style_pins(prog, m, "megatron-sp"), cost_model=CHEAP_CALLS)
     p.flop_rate = 1e9
-    segs, skipped = segments(p)
+    segs, _ = segments(p)
     index = {op.name: i for i, op in enumerate(prog.ops)}
     made = {o: index[op.name] for op in prog.ops for o in op.outputs}
-    for seg in segs:  # what a segment reads from outside exists when it starts
+    assert any(seg.prelude for seg in segs)
+    for seg in segs:  # what a segment reads from outside exists when it starts, or its prelude makes it
         inside = {o for i in seg.ops for o in prog.ops[i].outputs}
+        ahead = {o for j in seg.prelude for o in prog.ops[j].outputs}
+        for j in seg.prelude:
+            assert j > seg.first and all(made.get(x, -1) < seg.first or x in ahead
+                                         for x in prog.ops[j].inputs if isinstance(x, str))
         for i in seg.ops:
             outside = [x for x in prog.ops[i].inputs if isinstance(x, str) and x not in inside]
-            assert all(made.get(x, -1) < seg.first for x in outside)
-    if segs:
-        _streamed_equals_whole(p, allow_skipped=True)
+            assert all(made.get(x, -1) < seg.first or x in ahead for x in outside)
+    _streamed_equals_whole(p, allow_skipped=True)
 
 
 def test_training_through_a_ring_sums_each_shard_at_its_owner_not_each_chunk():
@@ -300,3 +311,30 @@ def test_the_ring_decision_by_nvfusers_rule_agrees_with_the_factor_lists():
         assert ring_sharding(src, tgt, moves, d) == want, (str(src), str(tgt), d)
         seen, rings = seen + 1, rings + (want is not None)
     assert seen > 200 and 0 < rings < seen
+
+
+def test_a_transformers_llama_streams_its_gathers_through_weight_times_x():
+    """transformers' RMSNorm ends in ``weight * x`` (the gathered tensor the second operand) and
+    torch.export places each projection's weight transpose after it: both pass, so Megatron-SP's
+    gathers of a real HF Llama stream into its projections, equal to the whole walk."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    import importlib.util
+    from pathlib import Path
+
+    from shardlayout.program.torch_import import from_torch
+
+    spec = importlib.util.spec_from_file_location("hf_for_streams", Path(__file__).parents[2] / "examples" /
+                                                  "hf_models.py")
+    examples = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(examples)
+    prog = from_torch(*examples.llama())  # transformers' LlamaForCausalLM, 2 layers, called with input_ids
+    m = Mesh.parse("tp=2")
+    p = plan(prog, m, style_pins(prog, m, "megatron-sp"), cost_model=CHEAP_CALLS)
+    p.flop_rate = 1e9
+    segs = _streamed_equals_whole(p, allow_skipped=True)
+    gathers = [s for s in segs if s.before]
+    assert len(gathers) >= 2 and any(s.prelude for s in gathers)
+    # the chunked tensor reaches the projections as the second operand of weight * x
+    assert any(prog.ops[i].target == "aten.mul.Tensor" and prog.ops[i].inputs[1] in seg.dims
+               and prog.ops[i].inputs[0] not in seg.dims for seg in gathers for i in seg.ops)

@@ -55,7 +55,8 @@ class Executor(Protocol):
 
 def walk(plan, executor: Executor, inputs: dict, streams=()):
     """Execute ``plan`` with ``executor``; yields ``(tensor name, local value)`` for every tensor
-    an op produces, in program order, each already in its planned sharding. ``inputs`` maps
+    an op produces, in program order (a tensor whose own move a segment runs chunk by chunk: when
+    that segment has run), each already in its planned sharding. ``inputs`` maps
     every program input to its local value in its planned sharding. ``streams``: segments
     (``execute.stream.segments``) run chunk by chunk — the same values, the work in stream order."""
     from ..ops.registry import get_op
@@ -80,30 +81,55 @@ def walk(plan, executor: Executor, inputs: dict, streams=()):
             summed[key] = executor.use(key, moved[(name, tgt)])
         return summed[key]
 
-    in_segment = {i: seg for seg in streams for i in seg.ops}
-    made: dict = {}
-    for i, (op, po) in enumerate(zip(plan.program.ops, plan.ops)):
-        seg = in_segment.get(i)
-        if seg is not None:
-            if i == seg.first:
-                got, done = run_segment(plan, seg, executor, fetch, opdefs)
-                made.update(got)
-                moved.update(done)
-            outs = [made.pop(name) for name in op.outputs]
-        else:
-            local = [fetch(name, tgt, (i, k)) if isinstance(name, str) else name
-                     for k, (name, tgt) in enumerate(zip(op.inputs, po.input_targets))]
-            params = {**po.params, **dict(po.local)} if po.local else po.params
-            outs = executor.op(opdefs[op.target], local, params, po.outputs)
-        for name, s, v in zip(op.outputs, po.outputs, outs):
+    def run(i: int) -> list:
+        op, po = plan.program.ops[i], plan.ops[i]
+        local = [fetch(name, tgt, (i, k)) if isinstance(name, str) else name
+                 for k, (name, tgt) in enumerate(zip(op.inputs, po.input_targets))]
+        params = {**po.params, **dict(po.local)} if po.local else po.params
+        return executor.op(opdefs[op.target], local, params, po.outputs)
+
+    def store(i: int, outs) -> list:
+        done = []
+        for name, s, v in zip(plan.program.ops[i].outputs, plan.ops[i].outputs, outs):
             final = plan.shardings[name]
             if final != s and (name, final) in moved:  # a segment's chunked output move
                 v = moved.pop((name, final))
+            elif final != s and name in deferred:  # moved by a segment chunk by chunk, when it runs
+                values[name] = v
+                continue
             else:
                 for c in plan.moves.get((name, final), ()) if final != s else ():
                     v = executor.collective(c, v)
             values[name] = v
-            yield name, v
+            done.append((name, v))
+        return done
+
+    in_segment = {i: seg for seg in streams for i in seg.ops}
+    # the producers' own output moves a segment runs chunk by chunk: yielded once it has run
+    deferred = {seg.before[0] for seg in streams if seg.before is not None and seg.before[1] == plan.shardings[
+        seg.before[0]]}
+    made: dict = {}
+    ahead: dict = {}  # op index -> its outputs, made ahead of a segment that reads them (its prelude)
+    for i, op in enumerate(plan.program.ops):
+        if i in ahead:
+            yield from ahead.pop(i)
+            continue
+        seg = in_segment.get(i)
+        if seg is not None:
+            if i == seg.first:
+                for j in seg.prelude:
+                    ahead[j] = store(j, run(j))
+                got, done = run_segment(plan, seg, executor, fetch, opdefs)
+                made.update(got)
+                for (name, tgt), v in done.items():
+                    moved[(name, tgt)] = v
+                    if name in deferred and tgt == plan.shardings[name]:
+                        values[name] = v
+                        yield name, v
+            outs = [made.pop(name) for name in op.outputs]
+        else:
+            outs = run(i)
+        yield from store(i, outs)
 
 
 __all__ = ["Executor", "NumpySimulator", "run_collective", "run_moves", "walk"]

@@ -48,7 +48,10 @@ class Segment:
     target)`` run per chunk ahead of the ops (a gather feeding matmuls), ``after``: the one run
     after them (the reduction of a matmul's partial output). ``order``: for a ring (the choice's
     ``style``), ``{rank: chunk index at each step}`` — rank ``r`` starts with its own shard and
-    gets rank ``r - s``'s at step ``s``; None: every rank runs chunk ``j`` at step ``j``."""
+    gets rank ``r - s``'s at step ``s``; None: every rank runs chunk ``j`` at step ``j``.
+    ``prelude``: ops after the first that the segment reads and that need nothing made from it
+    on (a weight's transpose, as torch.export places it next to its matmul): run whole, ahead of
+    the segment (``walk``)."""
 
     ops: tuple
     k: int
@@ -57,6 +60,7 @@ class Segment:
     before: tuple | None = None
     after: tuple | None = None
     order: dict | None = None
+    prelude: tuple = ()
 
     @property
     def first(self) -> int:
@@ -205,11 +209,13 @@ def carry_view(pos: tuple, a: tuple, da: int, b: tuple) -> tuple | None:
 def _op_carry(plan, i: int, pos_in: int, d: int, positions: tuple):
     """Where chunks cutting dim ``d`` of op ``i``'s input ``pos_in`` land in its output: ``(dim,
     positions)``, or None when the op is not one a chunk passes through exactly (views, permutes,
-    pointwise ops on their first input, matmuls along a pass-through dim)."""
+    pointwise ops, matmuls along a pass-through dim)."""
     from ..program.blocks import VIEWS, short, track_dims
 
     prog = plan.program
     op = prog.ops[i]
+    if len(op.outputs) != 1:  # makes nothing (an assertion) or several tensors
+        return None
     name = prog.ops[i].inputs[pos_in]
     a, b = prog.tensors[name].shape, prog.tensors[op.outputs[0]].shape
     base = short(op)
@@ -223,12 +229,10 @@ def _op_carry(plan, i: int, pos_in: int, d: int, positions: tuple):
         return None if dims is None or d not in dims else (dims.index(d), positions)
     if base in VIEWS and base not in ("expand",):
         return carry_view(positions, a, d, b) if a != b else (d, positions)
-    if pos_in != 0 or len(op.outputs) != 1:
-        return None
     from ..ops.families import pointwise_ops
 
     if canonical_op_name(op.target) not in pointwise_ops():
-        return None
+        return None  # a pointwise op passes a chunk of any operand (HF's RMSNorm: weight * x)
     got = _through(op, d, a, b)
     return None if got is None else (got, positions)
 
@@ -276,11 +280,11 @@ def segments(plan, flop_rate: float | None = None, chunks: int | None = None, ri
         (out.append(seg) if seg is not None else skipped.append(choice.tensor))
     used: set = set()
     final = []
-    for seg in out:  # an op runs in one segment only
-        if used & set(seg.ops):
+    for seg in out:  # an op runs in one segment only (or ahead of one)
+        if used & (set(seg.ops) | set(seg.prelude)):
             skipped.append((seg.before or seg.after)[0])
             continue
-        used |= set(seg.ops)
+        used |= set(seg.ops) | set(seg.prelude)
         final.append(seg)
     return tuple(final), tuple(skipped)
 
@@ -323,12 +327,12 @@ def _segment(plan, choice) -> Segment | None:
     dims, positions = {choice.tensor: choice.dim}, {choice.tensor: base}
     if choice.side == "before":
         for tgt in _moves_of(plan, choice.tensor):
-            if tgt == plan.shardings[choice.tensor]:
-                continue  # the producer's own output move (run where the op runs, before the segment): whole
             got = _forward(plan, ops_of, choice.tensor, tgt, sites, dims, positions)
-            if got is not None:
-                seg = _finish(plan, got, choice.chunks, dims, positions, before=(choice.tensor, tgt))
-                return seg if seg is None or choice.style != "ring" else replace(seg, order=ring_order(choice.sharding))
+            if got is None or (tgt == plan.shardings[choice.tensor] and not _deferrable(plan, ops_of, producer,
+                                                                                       choice.tensor, got)):
+                continue
+            seg = _finish(plan, got, choice.chunks, dims, positions, before=(choice.tensor, tgt))
+            return seg if seg is None or choice.style != "ring" else replace(seg, order=ring_order(choice.sharding))
         return None
     chain = _backward(plan, producer, choice.tensor, sites, dims, positions)
     if chain is None:
@@ -337,6 +341,26 @@ def _segment(plan, choice) -> Segment | None:
     if len(tgts) != 1:
         return None
     return _finish(plan, chain, choice.chunks, dims, positions, after=(choice.tensor, tgts[0]))
+
+
+def _deferrable(plan, ops_of, producer: dict, x: str, ops: list) -> bool:
+    """Can the producer's own move of ``x`` to its final sharding (an output move) run inside a
+    segment starting at ``ops[0]``: nothing reads ``x`` between its producer and there but ops
+    that make nothing (torch.export's ``_assert_tensor_metadata``)?"""
+    prog = plan.program
+    made = producer.get(x)
+    return made is not None and all(
+        not (made < i < ops[0]) or not prog.ops[i].outputs for i in ops_of.get(x, ()) if i not in ops)
+
+
+def source_sharding(plan, seg: Segment) -> Sharding:
+    """The sharding the segment's chunked move starts from: the moved tensor's where the walk holds
+    it at that sharding, else (a reduction after the ops, or the producer's own output move run
+    chunk by chunk) the sharding its op makes it in."""
+    name, tgt = seg.before or seg.after
+    if seg.before is not None and tgt != plan.shardings[name]:
+        return plan.shardings[name]
+    return _made_sharding(plan, name)
 
 
 def _forward(plan, ops_of, x: str, tgt, sites: set, dims: dict, positions: dict):
@@ -355,8 +379,6 @@ def _forward(plan, ops_of, x: str, tgt, sites: set, dims: dict, positions: dict)
             if plan.ops[i].input_targets[pos] != want or i in reach or hops > 6:
                 continue
             is_mm = canonical_op_name(op.target) in MATMULS
-            if not is_mm and pos != 0:
-                continue
             got = _op_carry(plan, i, pos, dims[name], positions[name])
             if got is None:
                 continue
@@ -452,12 +474,28 @@ def _finish(plan, ops: list, k: int, dims: dict, positions: dict, before=None, a
                 dims[x], positions[x] = d, positions[out]
     inside = {o for i in ops for o in prog.ops[i].outputs}
     made_at = {o: i for i, op in enumerate(prog.ops) for o in op.outputs}
-    first = min(ops)
-    for i in ops:  # everything else the segment reads exists when it runs (at its first op)
-        for x in prog.ops[i].inputs:
-            if isinstance(x, str) and x not in inside and made_at.get(x, -1) > first:
+    first, prelude = min(ops), set()
+    for i in ops:  # everything else the segment reads exists when it runs (at its first op), or is
+        for x in prog.ops[i].inputs:  # made ahead of it from what does (its prelude)
+            if isinstance(x, str) and x not in inside and made_at.get(x, -1) > first \
+                    and not _ahead(prog, made_at, made_at[x], first, set(ops), prelude):
                 return None
-    return Segment(tuple(ops), k, dict(dims), dict(positions), before, after)
+    return Segment(tuple(ops), k, dict(dims), dict(positions), before, after, prelude=tuple(sorted(prelude)))
+
+
+def _ahead(prog, made_at: dict, j: int, first: int, ops: set, prelude: set, depth: int = 4) -> bool:
+    """Can op ``j`` (after ``first``, not in the segment) run ahead of the segment: does it read
+    only what exists at ``first`` or what such ops make? Adds it (and those) to ``prelude``."""
+    if j in prelude:
+        return True
+    if j in ops or depth == 0 or len(prog.ops[j].outputs) != 1:
+        return False
+    for x in prog.ops[j].inputs:
+        if isinstance(x, str) and made_at.get(x, -1) >= first \
+                and not _ahead(prog, made_at, made_at[x], first, ops, prelude, depth - 1):
+            return False
+    prelude.add(j)
+    return True
 
 
 def local_positions(s: Sharding, dim: int, want: np.ndarray, rank: int) -> np.ndarray:
@@ -535,7 +573,7 @@ def run_segment(plan, seg: Segment, executor, fetch, opdefs: dict) -> tuple:
     pending: dict = {}  # chunk -> its issued move (the pipeline: chunk j + 1 moves while chunk j computes)
     if seg.before is not None:
         x_name = seg.before[0]
-        x_src = plan.shardings[x_name]
+        x_src = source_sharding(plan, seg)
         source = fetch(x_name, x_src)
 
         def issue(j):
@@ -617,7 +655,7 @@ def chunk_moves(plan, seg: Segment) -> tuple:
     data): what a streamed run executes ``seg.k`` times instead of the planned move — for a ring,
     one of its ``k - 1`` steps (``sharding.move.ring_steps``)."""
     name, tgt = seg.before or seg.after
-    src = plan.shardings[name] if seg.before is not None else _made_sharding(plan, name)
+    src = source_sharding(plan, seg)
     if seg.order is not None:
         cs = tuple(c for c in plan.moves[(name, tgt)] if c.kind.communicates)
         ring = ring_sharding(src, tgt, cs, seg.dims[name])
@@ -704,4 +742,5 @@ def _join(executor, parts: list, s: Sharding, seg: Segment, name: str, ranks: tu
 
 
 __all__ = ["Segment", "carry_view", "chunk_moves", "chunk_positions_global", "chunk_sharding", "chunked_reads",
-           "local_positions", "ring_order", "run_segment", "segments"]
+           "local_positions", "ring_backward", "ring_order", "ring_sharding", "run_segment", "segments",
+           "source_sharding"]

@@ -238,6 +238,7 @@ def _downstream(plan, ops_of, tensor: str, d: int, target, hops: int = 6):
     """``(op index, input position, dim)`` of the matmuls ``tensor``'s dim ``d`` reaches through
     views and pointwise ops (one hop per op): only the consumers that read it at ``target`` (the
     move's result), and after that ones that read each result as it is (no other move)."""
+    from ..ops.families import pointwise_ops
     from ..ops.result import canonical_op_name
 
     prog = plan.program
@@ -257,8 +258,8 @@ def _downstream(plan, ops_of, tensor: str, d: int, target, hops: int = 6):
                 continue
             seen.add((i, dim))
             got = _through(op, dim, prog.tensors[name].shape, prog.tensors[op.outputs[0]].shape)
-            if got is not None and pos == 0:
-                stack.append((op.outputs[0], got, n + 1))
+            if got is not None and (pos == 0 or canonical_op_name(op.target) in pointwise_ops()):
+                stack.append((op.outputs[0], got, n + 1))  # a pointwise op's any operand (HF: weight * x)
 
 
 def _upstream(plan, producer, tensor: str, d: int, hops: int = 6):
