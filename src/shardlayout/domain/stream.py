@@ -17,7 +17,8 @@ whether or not a tensor has a mesh, and ``sharding_of`` reads a Stream ID as a l
 One reference ID is carried over when (nvFuser's ``propagateDIDTransform``)
 
     its parallel type is not yet on the target (PropagateParallelTypeOnce; a reduction
-        ID, ``r{DIDx}``, does not count as having DIDx; two pieces of one mesh axis count as one)
+        ID, ``r{DIDx}``, does not count as having DIDx, but a Stream reduction ID counts as
+        having Stream; two pieces of one mesh axis count as one)
         nor carried already from this reference (a Stream on an output dim and another on its
         reduction ID both tie to a matmul input: the first in loop order is carried)
     the target's mesh, if any, has its axis with the same size (device types only)
@@ -67,6 +68,14 @@ from .iterdomain import SERIAL, STREAM, IterDomain, Kind, ParallelType, TensorDo
 def _parallel_ids(td: TensorDomain) -> tuple:
     """Non-reduction loop IDs on Stream or a device (what nvFuser counts and what blocks a type)."""
     return tuple(i for i in td.loop if not i.is_reduction and (i.ptype.kind is Kind.STREAM or i.ptype.is_device))
+
+
+def _present_types(td: TensorDomain) -> set:
+    """The parallel types a target already has, which propagation does not add again (nvFuser's
+    ``getParallelTypesToPropagate``): device types of non-reduction loop IDs (``r{DIDx}`` is
+    reduced, so a reduce-scatter's scattered dim may still take DIDx) and Stream on any loop ID,
+    a reduction's included (a matmul streamed over ``r{K}`` takes no second Stream)."""
+    return {i.ptype for i in td.loop if i.ptype.kind is Kind.STREAM or (i.ptype.is_device and not i.is_reduction)}
 
 
 def _blocked(p: ParallelType, present) -> bool:
@@ -150,7 +159,7 @@ def _target_of(op: Op, ref: TensorDomain, target: TensorDomain, lid: IterDomain,
 
 def _picks(op: Op, ref: TensorDomain, target: TensorDomain, forward: bool, stream_only: bool) -> list:
     """The reference loop IDs to carry over, each with (logical ID, splits, target ID, crosses a view)."""
-    present = {i.ptype for i in _parallel_ids(target)}
+    present = _present_types(target)
     loop = {i.id for i in target.loop}
     out, claimed = [], {}  # target ID -> the ref logical ID that splits it
     carried: set = set()  # types picked from this reference: each once (a Stream on an output dim and
