@@ -666,3 +666,11 @@ def test_forward_takes_the_weight_first_and_reduction_DIDs_do_not_block(forward_
     (op,) = run([matmul_op(x, y, "z")])
     assert sharded_logical_axis(op.output, DIDx) == 0  # [DIDx(2), M/2, N, r{DIDx(2)}, r{K/2}]
     assert [i.ptype for i in op.output.loop if i.is_reduction] == [DIDx, SERIAL]
+
+
+def test_an_expanded_broadcast_is_refused_as_a_broadcast_ID():
+    """MultiDeviceBroadcastTest.Expanded / test_expanded_broadcast: nvFuser's expanded broadcast
+    (extent 1, expanded extent n) has no IterDomain here: a broadcast ID has extent 1. The layer
+    says so; an expanded dim is written as a plain dim of extent n (test_expanded_broadcast)."""
+    with pytest.raises(DomainError, match="broadcast ID has extent 1"):
+        TensorDomain.create("in", (6, 8), mesh=M2, broadcasts=(0,))
