@@ -550,6 +550,16 @@ def test_DIDsNotInvolved():
     assert have_different_shardings(inp, out, {DIDz}) is False
 
 
+def test_haveDifferentShardings_without_meshes_compares_only_Stream():
+    """resharding.cpp: ``if (!producer->hasDeviceMesh() && !consumer->hasDeviceMesh() &&
+    !parallel_types.count(Stream)) return false`` -- device types need a mesh to differ on."""
+    inp = did(TensorDomain.create("in", (4, 6)), 0, 2)  # DIDx, but no mesh
+    op = set_op(inp, "out")
+    assert have_different_shardings(inp, op.output, {DIDx}) is False
+    streamed = did(op.output, 0, 2, STREAM)
+    assert have_different_shardings(inp, streamed, {DIDx, STREAM}) is True  # Stream is still compared
+
+
 M1 = Mesh.parse("x=1")  # DeviceMesh({0})
 
 

@@ -327,7 +327,8 @@ def have_different_shardings(producer: TensorDomain, consumer: TensorDomain, typ
     or ``Kind.DEVICE`` / ``Kind.STREAM``; default every type on either tensor and every axis of
     either mesh), the producer's and the consumer's non-reduction loop ID of that type (counted
     only when derived from an ID the op ties) are both absent, or ``IdGraph.mapped``. Different
-    meshes differ only on a device type one of them has (an axis neither mesh has cannot differ).
+    meshes differ only on a device type one of them has (an axis neither mesh has cannot differ);
+    with no mesh on either side only Stream is compared (nvFuser's early ``false``).
     ``op`` relates them (default ``set``). ``have_different_shardings(tv1, tv2, {STREAM}) -> False``"""
     if op is None:
         try:
@@ -340,6 +341,8 @@ def have_different_shardings(producer: TensorDomain, consumer: TensorDomain, typ
         raise DomainError(f"have_different_shardings: {producer.name} -> {consumer.name} is not an input -> output "
                           f"of the {op.kind.value} op {op.output.name}; pass the op that relates them")
     types = _types(types, producer, consumer)
+    if producer.mesh is None and consumer.mesh is None and STREAM not in types:
+        return False  # nvFuser: no mesh on either side, no device placement to compare (Stream needs none)
     if producer.mesh != consumer.mesh and any(_on_mesh(p, producer.mesh) or _on_mesh(p, consumer.mesh)
                                               for p in types):
         return True
