@@ -2,7 +2,7 @@
 
 A program is a tuple of ``Op`` records over ``TensorDomain``s (build them with ``set_op``,
 ``add_op``, ``sum_op``, ``matmul_op``, ``linear_op``, ``reshape_op``, ``slice_op``, ``pad_op``,
-``cat_op``, ``scatter_op``).
+``cat_op``, ``scatter_op``, ``permute_op``, ``select_op``).
 An op ties IDs of its tensors *exactly* (the same logical dim seen by two tensors):
 
     set / add      input logical k   == output logical k  (broadcast IDs are not tied)
@@ -10,6 +10,8 @@ An op ties IDs of its tensors *exactly* (the same logical dim seen by two tensor
     matmul         x [.., M, K], y [.., K, N] -> z [.., M, N, rK]
     linear         x [.., M, K], w [N, K] (, bias [N]) -> z [.., M, N, rK]
     scatter(dim)   self logical k == output logical k (index and src are not tied)
+    permute(perm)  input logical perm[k] == output logical k
+    select(dim)    the other dims as set; the selected dim is tied to nothing
     reshape/slice  input logical k   == output root k; root -> logical by split / merge / resize
     cat(dim)       other dims as set; input k's cat ID is the slice [off_k, off_k + n_k) of
                    the output's (a Resize from the output's ID to the input's)
@@ -89,6 +91,8 @@ class OpKind(Enum):
     CAT = "cat"
     SCATTER = "scatter"
     FACTORY = "factory"
+    PERMUTE = "permute"
+    SELECT = "select"
 
 
 def _dims(td: TensorDomain) -> tuple:
@@ -98,13 +102,15 @@ def _dims(td: TensorDomain) -> tuple:
 
 @dataclass(frozen=True)
 class Op:
-    """One step of a program: ``Op(OpKind.SET, (x,), y)``; ``dim`` is a cat's dim. Only a factory
+    """One step of a program: ``Op(OpKind.SET, (x,), y)``; ``dim`` is a cat's (or a select's) dim,
+    ``perm`` a permute's order (output dim k is input dim ``perm[k]``). Only a factory
     (``uniform(shape)``, ``full``) has no tensor input."""
 
     kind: OpKind
     inputs: tuple
     output: TensorDomain
     dim: int | None = None
+    perm: tuple | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "kind", OpKind(self.kind))
@@ -219,6 +225,29 @@ def _check_cat(op: Op) -> None:
     cat([_dims(t)[op.dim] for t in op.inputs], out[op.dim])  # checks the extents add up
 
 
+def _check_permute(op: Op) -> None:
+    (inp,) = op.inputs
+    n = len(_dims(inp))
+    perm = op.perm
+    if perm is None or sorted(perm) != list(range(n)) or len(op.output.logical) != n:
+        raise DomainError(f"permute {op.output.name}: order {perm!r} is no permutation of {inp.name}'s {n} dims; "
+                          f"give each of 0..{n - 1} once")
+    for a, b in _permute_pairs(op):
+        if equal(a.extent, b.extent) is False:
+            raise DomainError(f"permute {op.output.name}: {a} and {b} should be the same dim but differ in extent")
+
+
+def _check_select(op: Op) -> None:
+    (inp,) = op.inputs
+    n = len(_dims(inp))
+    if op.dim is None or not 0 <= op.dim < n or len(op.output.logical) != n - 1:
+        raise DomainError(f"select {op.output.name}: dim {op.dim!r} of {inp.name}'s {n} dims, output of "
+                          f"{len(op.output.logical)}; the output keeps every dim but the selected one")
+    for a, b in _select_pairs(op):
+        if equal(a.extent, b.extent) is False:
+            raise DomainError(f"select {op.output.name}: {a} and {b} differ in extent")
+
+
 def _check_factory(op: Op) -> None:
     if any(i.is_reduction or i.is_partial for i in op.output.logical):
         raise DomainError(f"factory {op.output.name}: a factory's output has plain dims only, no reduction or "
@@ -235,6 +264,8 @@ _CHECKS = {
     OpKind.VIEW: _check_view,
     OpKind.CAT: _check_cat,
     OpKind.SCATTER: _check_scatter,
+    OpKind.PERMUTE: _check_permute,
+    OpKind.SELECT: _check_select,
 }
 
 
@@ -253,8 +284,23 @@ def _linear_pairs(op: Op) -> list:
     return pairs + [(_dims(op.inputs[2])[0], z[-2])] if len(op.inputs) == 3 else pairs
 
 
+def _permute_pairs(op: Op) -> list:
+    x = _dims(op.inputs[0])
+    return [(x[p], o) for p, o in zip(op.perm, op.output.logical)]
+
+
+def _select_pairs(op: Op) -> list:
+    """The kept dims; the selected one (one index of it) is tied to nothing."""
+    x = _dims(op.inputs[0])
+    return list(zip(x[: op.dim] + x[op.dim + 1 :], op.output.logical))
+
+
 def _pairs(op: Op) -> list:
     """(input ID, output ID) the op ties exactly (output ID: logical, or root for a view)."""
+    if op.kind is OpKind.PERMUTE:
+        return _permute_pairs(op)
+    if op.kind is OpKind.SELECT:
+        return _select_pairs(op)
     if op.kind is OpKind.MATMUL:
         return _matmul_pairs(op)
     if op.kind is OpKind.LINEAR:
@@ -328,6 +374,26 @@ def linear_op(x: TensorDomain, w: TensorDomain, name: str, bias: TensorDomain | 
         raise DomainError(f"linear {name}: x needs rank >= 2 and w rank 2 ([N, K]), got {len(xd)} and {len(wd)}")
     z = _copy(name, xd[:-1] + (wd[0], xd[-1]), reductions={len(xd)})
     return Op(OpKind.LINEAR, (x, w) if bias is None else (x, w, bias), z)
+
+
+def permute_op(inp: TensorDomain, perm, name: str) -> Op:
+    """``inp.permute(perm)``: output dim ``k`` is input dim ``perm[k]`` (a transpose is a permute
+    of two dims). ``permute_op(x, (1, 0), "xt")``"""
+    perm = tuple(perm)
+    x = _dims(inp)
+    if sorted(perm) != list(range(len(x))):
+        raise DomainError(f"permute {name}: order {perm} is no permutation of {inp.name}'s {len(x)} dims; give "
+                          f"each of 0..{len(x) - 1} once")
+    return Op(OpKind.PERMUTE, (inp,), _copy(name, tuple(x[p] for p in perm)), perm=perm)
+
+
+def select_op(inp: TensorDomain, dim: int, name: str) -> Op:
+    """``inp.select(dim, index)``: one index of ``dim``, the dim dropped (which index does not matter
+    to sharding). ``select_op(x, 0, "x0")``"""
+    x = _dims(inp)
+    if isinstance(dim, bool) or not isinstance(dim, int) or not 0 <= dim < len(x):
+        raise DomainError(f"select {name}: dim {dim!r} is not one of {inp.name}'s {len(x)} dims")
+    return Op(OpKind.SELECT, (inp,), _copy(name, x[:dim] + x[dim + 1 :]), dim)
 
 
 def scatter_op(inp: TensorDomain, dim: int, index: TensorDomain, src: TensorDomain, name: str) -> Op:
@@ -976,13 +1042,21 @@ def _replay(td: TensorDomain, target: str, steps: tuple, ptype: ParallelType) ->
     return td.parallelize(pos, ptype)
 
 
+def _reference_order(op: Op) -> tuple:
+    """nvFuser's reference inputs: matmul / linear take B (and the bias) before A; other ops the
+    inputs with more device IDs first, then larger meshes, ties in input order."""
+    if op.kind in (OpKind.MATMUL, OpKind.LINEAR):
+        return op.inputs[1:] + op.inputs[:1]
+    return tuple(sorted(op.inputs, key=lambda t: (-len(_device(t.loop)), -(t.mesh.ndim if t.mesh else 0))))
+
+
 def _propagate_into(op: Op) -> TensorDomain:
     out = op.output
     if out.mesh is None:
         out = out.with_mesh(next((t.mesh for t in op.inputs if t.mesh is not None), None))
-    used = {i.ptype for i in out.loop if i.ptype.is_device}
+    used = {i.ptype for i in _device(out.loop)}  # r{DIDx} is reduced: it does not block DIDx (reduce-scatter)
     pairs = {a.id: b for a, b in _pairs(op)}
-    order = sorted(op.inputs, key=lambda t: -len(_device(t.loop)))
+    order = _reference_order(op)
     for inp in order:
         for dev in _device(inp.loop):
             if dev.ptype in used:
@@ -1002,15 +1076,17 @@ def _propagate_into(op: Op) -> TensorDomain:
             if target.id not in {i.id for i in out.loop}:
                 continue  # already split by an earlier input: never overwrite
             out = _replay(out, target.id, steps, dev.ptype)
-            used.add(dev.ptype)
+            if not target.is_reduction:
+                used.add(dev.ptype)
     return out
 
 
 def propagate(ops) -> tuple:
     """Forward sharding propagation (nvFuser's pass, forward only): each op's output, unless
-    already sharded or placed on a mesh (user-sharded), takes the device splits of its inputs,
-    inputs with more device IDs first (ties in input order), one ID per parallel type, never on
-    a logical ID already split. Returns the ops with updated tensors. ``propagate([op])``."""
+    already sharded or placed on a mesh (user-sharded), takes the device splits of its inputs
+    (matmul / linear: B and the bias before A; other ops: inputs with more device IDs first, ties
+    in input order), one ID per parallel type (``r{DIDx}`` does not count), never on a logical ID
+    already split. Returns the ops with updated tensors. ``propagate([op])``."""
     cur: dict = {}
     out = []
     for op in ops:

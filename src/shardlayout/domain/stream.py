@@ -17,7 +17,8 @@ whether or not a tensor has a mesh, and ``sharding_of`` reads a Stream ID as a l
 One reference ID is carried over when (nvFuser's ``propagateDIDTransform``)
 
     its parallel type is not yet on the target (PropagateParallelTypeOnce; a reduction
-        ID, ``r{DIDx}``, does not count as having DIDx; two pieces of one mesh axis count as one)
+        ID, ``r{DIDx}``, does not count as having DIDx, but a Stream reduction ID counts as
+        having Stream; two pieces of one mesh axis count as one)
         nor carried already from this reference (a Stream on an output dim and another on its
         reduction ID both tie to a matmul input: the first in loop order is carried)
     the target's mesh, if any, has its axis with the same size (device types only)
@@ -67,6 +68,14 @@ from .iterdomain import SERIAL, STREAM, IterDomain, Kind, ParallelType, TensorDo
 def _parallel_ids(td: TensorDomain) -> tuple:
     """Non-reduction loop IDs on Stream or a device (what nvFuser counts and what blocks a type)."""
     return tuple(i for i in td.loop if not i.is_reduction and (i.ptype.kind is Kind.STREAM or i.ptype.is_device))
+
+
+def _present_types(td: TensorDomain) -> set:
+    """The parallel types a target already has, which propagation does not add again (nvFuser's
+    ``getParallelTypesToPropagate``): device types of non-reduction loop IDs (``r{DIDx}`` is
+    reduced, so a reduce-scatter's scattered dim may still take DIDx) and Stream on any loop ID,
+    a reduction's included (a matmul streamed over ``r{K}`` takes no second Stream)."""
+    return {i.ptype for i in td.loop if i.ptype.kind is Kind.STREAM or (i.ptype.is_device and not i.is_reduction)}
 
 
 def _blocked(p: ParallelType, present) -> bool:
@@ -150,7 +159,7 @@ def _target_of(op: Op, ref: TensorDomain, target: TensorDomain, lid: IterDomain,
 
 def _picks(op: Op, ref: TensorDomain, target: TensorDomain, forward: bool, stream_only: bool) -> list:
     """The reference loop IDs to carry over, each with (logical ID, splits, target ID, crosses a view)."""
-    present = {i.ptype for i in _parallel_ids(target)}
+    present = _present_types(target)
     loop = {i.id for i in target.loop}
     out, claimed = [], {}  # target ID -> the ref logical ID that splits it
     carried: set = set()  # types picked from this reference: each once (a Stream on an output dim and
@@ -318,7 +327,8 @@ def have_different_shardings(producer: TensorDomain, consumer: TensorDomain, typ
     or ``Kind.DEVICE`` / ``Kind.STREAM``; default every type on either tensor and every axis of
     either mesh), the producer's and the consumer's non-reduction loop ID of that type (counted
     only when derived from an ID the op ties) are both absent, or ``IdGraph.mapped``. Different
-    meshes differ only on a device type one of them has (an axis neither mesh has cannot differ).
+    meshes differ only on a device type one of them has (an axis neither mesh has cannot differ);
+    with no mesh on either side only Stream is compared (nvFuser's early ``false``).
     ``op`` relates them (default ``set``). ``have_different_shardings(tv1, tv2, {STREAM}) -> False``"""
     if op is None:
         try:
@@ -331,6 +341,8 @@ def have_different_shardings(producer: TensorDomain, consumer: TensorDomain, typ
         raise DomainError(f"have_different_shardings: {producer.name} -> {consumer.name} is not an input -> output "
                           f"of the {op.kind.value} op {op.output.name}; pass the op that relates them")
     types = _types(types, producer, consumer)
+    if producer.mesh is None and consumer.mesh is None and STREAM not in types:
+        return False  # nvFuser: no mesh on either side, no device placement to compare (Stream needs none)
     if producer.mesh != consumer.mesh and any(_on_mesh(p, producer.mesh) or _on_mesh(p, consumer.mesh)
                                               for p in types):
         return True
