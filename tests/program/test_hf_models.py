@@ -318,3 +318,29 @@ def test_qwen2_moe_shared_expert_and_routed_experts_are_reduced_once():
         assert str(p.shardings[pre + "experts.down_proj"]) == "[4, 32, tp*24]"
         assert str(p.shardings[pre + "add"]) == "[16, 32] +sum(tp)"  # shared + routed, still a partial sum
     assert p.verify().ok
+
+
+def test_the_full_simulation_draws_token_ids_the_table_can_look_up():
+    """``verify(mode="full")`` simulates every rank from random inputs: token ids are drawn among the
+    embedding's rows. Drawn as floats (truncated to ids, some negative) they read other rows of a
+    vocab-parallel table (Gemma's tied one, 50 rows per rank) than of the whole one, and the full
+    simulation refused a correct plan."""
+    import numpy as np
+    import torch
+    import transformers as hf
+
+    from shardlayout.execute.verify import full_input
+    from shardlayout.program.torch_import import from_torch
+
+    torch.manual_seed(0)
+    cfg = hf.GemmaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=1, head_dim=8, max_position_embeddings=64)
+    prog = from_torch(hf.GemmaForCausalLM(cfg).eval(), (torch.zeros(2, 8, dtype=torch.long),))
+    p = plan(prog, TP2, style="megatron")
+    (lookup,) = [op for op in prog.ops if "embedding" in op.target]
+    table, ids = lookup.inputs[:2]
+    assert str(p.shardings[table]) == "[tp*50, 32]"
+    drawn = full_input(prog, ids, np.random.default_rng(0))
+    assert drawn.shape == (2, 8) and drawn.min() >= 0 and drawn.max() < 100 and len(np.unique(drawn)) > 4
+    assert np.array_equal(drawn, np.round(drawn))
+    assert p.verify(mode="full").ok

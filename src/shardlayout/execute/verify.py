@@ -720,6 +720,22 @@ def _nested_mismatch(plan, name: str, got: dict, want, rtol, atol) -> str | None
     return None
 
 
+def full_input(prog, name: str, rng) -> np.ndarray:
+    """A random global value of program input ``name`` for the whole-plan simulation: floats, or
+    for integer ids the integers a consumer can look up (an embedding's rows; else 0 and 1), for a
+    boolean mask 0/1. ``full_input(prog, "input_ids", np.random.default_rng(0))``"""
+    t = prog.tensors[name]
+    shape = tuple(t.shape)
+    if t.dtype == "bool":
+        return rng.integers(0, 2, shape).astype(np.float64)
+    if not t.dtype.startswith("int") and not t.dtype.startswith("uint"):
+        return rng.standard_normal(shape) if shape else np.asarray(rng.standard_normal())
+    rows = [prog.tensors[op.inputs[0]].shape[0] for op in prog.ops
+            if "embedding" in op.target and len(op.inputs) > 1 and op.inputs[1] == name
+            and isinstance(op.inputs[0], str)]
+    return rng.integers(0, min(rows) if rows else 2, shape).astype(np.float64)
+
+
 def verify_full(plan, seed: int = 0, rtol: float = 1e-6, atol: float = 1e-6) -> Verification:
     """Every rank simulated in numpy (``walk`` with ``NumpySimulator``), every tensor compared
     with the unsharded run; the first that differs is reported. Ragged tensors are compared
@@ -729,10 +745,7 @@ def verify_full(plan, seed: int = 0, rtol: float = 1e-6, atol: float = 1e-6) -> 
 
     rng = np.random.default_rng(seed)
     prog = plan.program
-    inputs = {}
-    for name in prog.inputs():
-        t = prog.tensors[name]
-        inputs[name] = rng.standard_normal(t.shape) if t.shape else np.asarray(rng.standard_normal())
+    inputs = {name: full_input(prog, name, rng) for name in prog.inputs()}
     ref = reference_run(plan, inputs)
     pieces = {n: plan.shardings[n].shard(ref[n]) for n in prog.inputs()}
     checked = 0
