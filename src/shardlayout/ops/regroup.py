@@ -74,7 +74,6 @@ from ..sharding.factors import chunk_counts
 from ..sharding.shards import _program_ranges, dim_ranges
 
 _new = tuple.__new__  # Factor(...) without the Python-level NamedTuple __new__: the hot path
-_set = object.__setattr__
 
 
 class Kind(str, Enum):
@@ -262,7 +261,7 @@ def place_even(pieces: tuple, i: int, cur: tuple, out_shape: tuple, subaxes: boo
         if size % room:
             return blame(pieces, i, room, subaxes)
         if f.axis is not None and not subaxes:
-            return Obstacle(head, 1, f"a boundary cuts {head.size} at {room} and sub-axes are disabled")
+            return _new(Obstacle, (head, 1, f"a boundary cuts {head.size} at {room} and sub-axes are disabled"))
         outer, f = split(f, room)
         items.append((k, outer))
         size //= room
@@ -280,12 +279,12 @@ def blame(pieces: tuple, i: int, room: int, subaxes: bool) -> Obstacle:
     ``blame((Piece(AXIS, (Factor(4, "x"),), 4, 0, 0),), 0, 6, True).keep -> 2``
     """
     head = pieces[i]
-    if head.kind == AXIS:
-        keep = gcd(head.size, room) if subaxes else 1
-        return Obstacle(head, keep, f"a boundary cuts {head.size} at {room}")
+    if head[0] is AXIS:
+        keep = gcd(head[2], room) if subaxes else 1
+        return _new(Obstacle, (head, keep, f"a boundary cuts {head.size} at {room}"))
     for j in (i + 1, i - 1):
-        if 0 <= j < len(pieces) and pieces[j].sharded:
-            return Obstacle(pieces[j], 1, f"a boundary at {room} falls inside local {head.size} next to it")
+        if 0 <= j < len(pieces) and pieces[j][0] is not LOCAL:  # sharded
+            return _new(Obstacle, (pieces[j], 1, f"a boundary at {room} falls inside local {head.size} next to it"))
     raise AssertionError(f"local piece {head} has no sharded neighbour")  # pragma: no cover
 
 
@@ -317,14 +316,14 @@ def place_tail(pieces: tuple, i: int, cur: tuple, out_shape: tuple, subaxes: boo
         return Obstacle(head, 1, "an uneven dim has no output dim to live in")
     size = head.size
     if need == size:
-        return tuple((k, f) for f in head.factors), advance(out_shape, k, 1), pieces
+        return tuple([(k, f) for f in head.factors]), advance(out_shape, k, 1), pieces
     body = tail_body(head)
-    placed = tuple((k, f) for f in body)
+    placed = tuple([(k, f) for f in body])
     if need < size and size % need == 0 and same_chunks(body, size, need, 1, size // need):
         rest = size // need
         k2, room2 = advance(out_shape, k, 1)
         if k2 == len(out_shape) or room2 % rest:
-            return Obstacle(head, 1, "the inner part of an uneven dim straddles a boundary")
+            return _new(Obstacle, (head, 1, "the inner part of an uneven dim straddles a boundary"))
         return placed + ((k2, Factor(rest)),), advance(out_shape, k2, room2 // rest), pieces
     q = need // size if need % size == 0 else 0
     if q > 1 and same_chunks(body, size, size * q, q, 1):
@@ -333,14 +332,16 @@ def place_tail(pieces: tuple, i: int, cur: tuple, out_shape: tuple, subaxes: boo
             return placed, advance(out_shape, k, 1), shrunk
     nf = leading_locals(pieces, i + 1)
     follow = pieces[i + 1 : i + 1 + nf]
-    q = _product(p.size for p in follow)
+    q = 1
+    for p in follow:
+        q *= p[2]  # p.size
     region = size * q
     if region % need == 0 and same_chunks(body, size, need, q, region // need):
         rest = region // need
         spent = tuple(Piece(LOCAL, (Factor(1),), 1, p.dim, p.index) for p in follow)
         new = ((local(rest),) if rest > 1 else ()) + spent
         return placed, advance(out_shape, k, 1), pieces[: i + 1] + new + pieces[i + 1 + nf :]
-    return Obstacle(head, 1, "an uneven dim must end an output dim and stay whole")
+    return _new(Obstacle, (head, 1, "an uneven dim must end an output dim and stay whole"))
 
 
 def place_program(pieces: tuple, i: int, cur: tuple, out_shape: tuple, subaxes: bool):
@@ -372,7 +373,7 @@ def leading_locals(pieces: tuple, j: int) -> int:
     """How many pieces from ``j`` on are local. ``leading_locals((x, local(2), y), 1) -> 1``"""
     n = 0
     for p in pieces[j:]:
-        if p.sharded:
+        if p[0] is not LOCAL:  # p.sharded, without the property call
             break
         n += 1
     return n
@@ -458,7 +459,7 @@ def fit(pieces: tuple, floating: tuple, out_shape: tuple, subaxes: bool):
     i = 0
     programs = False
     while i < len(pieces):
-        kind = pieces[i].kind  # dispatched by identity (an Enum's hash is a Python call)
+        kind = pieces[i][0]  # .kind, dispatched by identity (an Enum's hash is a Python call)
         if kind is LOCAL or kind is AXIS:
             step = place_even(pieces, i, cur, out_shape, subaxes)
         elif kind is TAIL:
@@ -825,14 +826,7 @@ def regroup_even(s: Sharding, out_shape, subaxes: bool):
                 room = out_shape[k] if k < n else 1
             if size == 1:
                 break
-    obj = object.__new__(Sharding)  # dims canonical as built: no checks, no re-canonicalising
-    _set(obj, "mesh", mesh)
-    _set(obj, "shape", out_shape)
-    _set(obj, "dims", tuple(map(tuple, out)))
-    _set(obj, "partial", s.partial)
-    _set(obj, "stream", ())
-    _set(obj, "_hash", None)
-    return obj
+    return _built(Sharding, mesh, out_shape, tuple(map(tuple, out)), s.partial)  # dims canonical as built
 
 
 def infer_view_shape(shape: tuple, out_shape) -> tuple:

@@ -93,7 +93,7 @@ def chain_extent(n: int, sizes) -> int:
     ``chain_extent(9, [2, 2]) -> 3``
     """
     for s in sizes:
-        n = ceil_div(n, s)
+        n = -(-n // s)  # ceil_div(n, s)
     return n
 
 
@@ -114,7 +114,7 @@ def chunk_counts(n: int, k: int) -> tuple:
     """
     if n <= 0:
         return (0, 0, 0)
-    c = ceil_div(n, k)
+    c = -(-n // k)  # ceil_div(n, k), inlined: the walk of uneven views calls this often
     q = n // c
     return (c, q, n - q * c)
 
