@@ -159,7 +159,13 @@ def flat_pieces(s: Sharding) -> tuple:
         p = 1
         for f in fs:
             p *= f[0]
-        j = len(fs) if p == n else even_prefix(n, fs)  # even dim: every factor is a digit
+        if p == n:  # even dim: every factor is a digit
+            j = len(fs)
+        else:  # even_prefix(n, fs) inlined; q: the product of the even prefix
+            j, q, last_j = 0, 1, len(fs) - 1
+            while j < last_j and n % (q * fs[j][0]) == 0:
+                q *= fs[j][0]
+                j += 1
         i = 0
         for f in fs if p == n else fs[:j]:
             size, axis, _ = f
@@ -174,9 +180,6 @@ def flat_pieces(s: Sharding) -> tuple:
                 last = out[-1] = new(Piece, (LOCAL, (new(Factor, (size, None, 1)),), size, -1, -1))
             i += 1
         if j < len(fs):
-            q = 1
-            for f in fs[:j]:
-                q *= f[0]
             size = n // q
             if size == 1:
                 floating.append(new(Piece, (TAIL, fs[j:], size, d, j)))
@@ -454,24 +457,38 @@ def fit(pieces: tuple, floating: tuple, out_shape: tuple, subaxes: bool):
     ``fit(*flat_pieces(s), (16, 6), True)`` for ``[dp*4, tp*3]`` (``s``):
     ``((dp, 4, tp:(1)2), (tp:(2)2, 3))``.
     """
-    out: list = [()] * len(out_shape)  # per output dim, the factors placed so far
-    cur = advance(out_shape, -1, 1)
+    n = len(out_shape)
+    out: list = [()] * n  # per output dim, the factors placed so far
+    k, room = advance(out_shape, -1, 1)  # the cursor
     i = 0
     programs = False
     while i < len(pieces):
-        kind = pieces[i][0]  # .kind, dispatched by identity (an Enum's hash is a Python call)
+        head = pieces[i]
+        kind = head[0]  # .kind, dispatched by identity (an Enum's hash is a Python call)
         if kind is LOCAL or kind is AXIS:
-            step = place_even(pieces, i, cur, out_shape, subaxes)
+            size = head[2]
+            if size <= room:  # place_even's common case inlined: it fits (the hot path)
+                if size != 1:  # (1: used up by a tail or program before it)
+                    if room % size:
+                        return blame(pieces, i, room, subaxes)
+                    out[k] += head[1]  # (f,)
+                    room //= size
+                    while room == 1 and k < n:  # advance(out_shape, k, 1)
+                        k += 1
+                        room = out_shape[k] if k < n else 1
+                i += 1
+                continue
+            step = place_even(pieces, i, (k, room), out_shape, subaxes)
         elif kind is TAIL:
-            step = place_tail(pieces, i, cur, out_shape, subaxes)
+            step = place_tail(pieces, i, (k, room), out_shape, subaxes)
         else:
             programs = True
-            step = place_program(pieces, i, cur, out_shape, subaxes)
+            step = place_program(pieces, i, (k, room), out_shape, subaxes)
         if type(step) is Obstacle:
             return step
-        items, cur, pieces = step
-        for k, item in items:
-            out[k] += (item,)
+        items, (k, room), pieces = step
+        for j, item in items:
+            out[j] += (item,)
         i += 1
     dims = tuple(out)
     if programs:  # a program is alone in its dim
@@ -527,6 +544,8 @@ def same_axis_chunks(sizes: tuple, n_in: int, n_out: int, q_in: int, q_out: int)
     if (c_in * q_in, full_in, r_in * q_in) != (c_out * q_out, full_out, r_out * q_out):
         return False
     rest = sizes[1:]
+    if not rest:  # the whole ranges of both chunks: equal, as just compared
+        return True
     return same_axis_chunks(rest, c_in, c_out, q_in, q_out) and (
         not r_in or same_axis_chunks(rest, r_in, r_out, q_in, q_out)
     )
@@ -626,9 +645,11 @@ def gather_last(s: Sharding, obstacle: Obstacle, out_shape: tuple) -> tuple:
 
     ``[3, x*4] (x=2) -> (4, 6)``: x is in the way, ``([3, 8], [4, 6])``
     """
-    d = obstacle.piece.dim
-    mesh, partial = s.mesh, s.partial
-    target = _built(Sharding, mesh, s.shape, s.dims[:d] + local_dims(s.shape[d : d + 1]) + s.dims[d + 1 :], partial)
+    d = obstacle[0][3]  # obstacle.piece.dim
+    mesh, partial, shape, dims = s.mesh, s.partial, s.shape, s.dims
+    n = shape[d]
+    gathered = ((_new(Factor, (n, None, 1)),),) if n != 1 else ((),)  # local_dims(shape[d : d + 1])
+    target = _built(Sharding, mesh, shape, dims[:d] + gathered + dims[d + 1 :], partial)
     return target, _built(Sharding, mesh, out_shape, local_dims(out_shape), partial)
 
 

@@ -356,16 +356,26 @@ def _trusted_dim(mesh: Mesh, shape: tuple, d: int, fs):
     dims merged, an uneven dim's trailing local factors re-derived."""
     if type(fs) is ChunkProgram:
         return fs
-    fs = [f for f in fs if f.size != 1]
+    fs = [f for f in fs if f[0] != 1]  # f.size
+    n = shape[d]
     p = 1
     for f in fs:
-        p *= f.size
-    if p == shape[d]:
+        p *= f[0]
+    if p == n:
         return tuple(_merge_even(fs, mesh))
-    # uneven: local factors after the last axis factor only enumerate their range
-    while fs and fs[-1].axis is None:
+    # uneven: local factors after the last axis factor only enumerate their range;
+    # _canonical_dim then, without its checks (the factors are valid): the innermost local
+    # factor is the extent the axis factors leave (chain_extent), the dim merged if that is even
+    while fs and fs[-1][1] is None:
         fs.pop()
-    return _canonical_dim(mesh, shape, d, fs)
+    ext, p = n, 1
+    for f in fs:
+        ext = -(-ext // f[0])
+        p *= f[0]
+    if ext > 1:
+        fs.append(tuple.__new__(Factor, (ext, None, 1)))
+        p *= ext
+    return tuple(_merge_even(fs, mesh)) if p == n else tuple(fs)
 
 
 def _check_dim_arg(s: Sharding, dim, where: str) -> int:
