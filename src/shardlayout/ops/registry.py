@@ -410,8 +410,10 @@ class OpDef:
         cm = cost_model or DEFAULT_COST_MODEL
         pins = None if out_pins is None else tuple(out_pins)
         try:
-            seen = (self, _typed(inputs), _typed(params) if typed_params is None else typed_params, pins, cm,
-                    tensor_dtype, settings.subaxes)
+            ins = inputs if type(inputs) is tuple and len(inputs) == 1 and type(inputs[0]) is Sharding else \
+                _typed(inputs)  # (_typed's answer for one Sharding)
+            seen = (self, ins, _typed(params) if typed_params is None else typed_params, pins, cm, tensor_dtype,
+                    settings.subaxes)
             hit = _SEEN.get(seen)
         except TypeError:  # an unhashable param (a list of lists, a dict): validate and run every time
             seen = hit = None

@@ -511,8 +511,8 @@ def same_chunks(body: tuple, n_in: int, n_out: int, q_in: int, q_out: int) -> bo
 
     ``same_chunks((Factor(4, "a"),), 9, 3, 1, 3) -> True``: ``[0,3) [3,6) [6,9) []`` either way
     """
-    sizes = tuple([f.size for f in body if f.axis is not None])
-    if len(sizes) == len(body) and min(n_in, n_out, q_in, q_out) >= 1:
+    sizes = tuple([f[0] for f in body if f[1] is not None])  # the axis factors' sizes
+    if len(sizes) == len(body) and n_in >= 1 and n_out >= 1 and q_in >= 1 and q_out >= 1:
         return same_axis_chunks(sizes, n_in, n_out, q_in, q_out)
     axes = [j for j, f in enumerate(body) if f.axis is not None]
     for combo in cartesian(*(range(body[j].size) for j in axes)):
@@ -539,9 +539,18 @@ def same_axis_chunks(sizes: tuple, n_in: int, n_out: int, q_in: int, q_out: int)
     """
     if not sizes:
         return n_in * q_in == n_out * q_out  # the whole range
-    c_in, full_in, r_in = chunk_counts(n_in, sizes[0])
-    c_out, full_out, r_out = chunk_counts(n_out, sizes[0])
-    if (c_in * q_in, full_in, r_in * q_in) != (c_out * q_out, full_out, r_out * q_out):
+    k = sizes[0]
+    if n_in >= 1 and n_out >= 1:  # chunk_counts(n_in, k) and chunk_counts(n_out, k) inlined
+        c_in = -(-n_in // k)
+        full_in = n_in // c_in
+        r_in = n_in - full_in * c_in
+        c_out = -(-n_out // k)
+        full_out = n_out // c_out
+        r_out = n_out - full_out * c_out
+    else:
+        c_in, full_in, r_in = chunk_counts(n_in, k)
+        c_out, full_out, r_out = chunk_counts(n_out, k)
+    if c_in * q_in != c_out * q_out or full_in != full_out or r_in * q_in != r_out * q_out:
         return False
     rest = sizes[1:]
     if not rest:  # the whole ranges of both chunks: equal, as just compared
