@@ -29,18 +29,22 @@ def propagate(op: str, inputs, *, out_pins=None, cost_model: CostModel | None = 
     (the element type of the inputs, one name or one per input) price the collectives; ``mesh=``
     gives creation ops their mesh; ``subaxes=`` overrides the setting for views.
     """
-    if isinstance(inputs, Sharding):
-        inputs = [inputs]
     opdef = (_REGISTRY.get(op) if type(op) is str else None) or get_op(op)  # a short name is a key as it is
-    if type(inputs) is not list and type(inputs) is not tuple:
-        if isinstance(inputs, (str, bytes, dict)) or not hasattr(inputs, "__iter__"):
+    if type(inputs) is list:  # the common call: exact type tests first
+        inputs = tuple(inputs)
+    elif type(inputs) is not tuple:
+        if isinstance(inputs, Sharding):
+            inputs = [inputs]
+        elif isinstance(inputs, (str, bytes, dict)) or not hasattr(inputs, "__iter__"):
             raise OpError(f"op {opdef.name}: inputs {reprlib.repr(inputs)} are not a list; give one Sharding (or "
                           "constant) per tensor input, e.g. propagate('mm', [a, b])")
-    inputs = tuple(inputs)
+        inputs = tuple(inputs)
     if cost_model is not None and not isinstance(cost_model, CostModel):
         raise OpError(f"op {opdef.name}: cost_model {reprlib.repr(cost_model)} is not a CostModel; pass e.g. "
                       "CostModel(bandwidth={'dp': 25e9}), or None for the default")
-    if isinstance(tensor_dtype, (tuple, list)):
+    if type(tensor_dtype) is str:
+        pass
+    elif isinstance(tensor_dtype, (tuple, list)):
         if len(tensor_dtype) != 1 and len(tensor_dtype) < len(inputs):
             raise OpError(f"op {opdef.name}: tensor_dtype lists {len(tensor_dtype)} dtypes for {len(inputs)} inputs; "
                           "give one dtype name for every operand, or one per input (then one per output)")

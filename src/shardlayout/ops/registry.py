@@ -87,11 +87,20 @@ class Signature:
     names: frozenset = field(init=False, repr=False, compare=False)
     plain: bool = field(init=False, repr=False, compare=False)  # every tensor required, a Sharding
     fields: tuple = field(init=False, repr=False, compare=False)  # per param (name, type, default, nullable, Param)
+    # bind's fast path: every param None, in order (a param defaulting to None binds to None unless given);
+    # the fields of the others (required, or another default); and each param's field by name
+    blank: dict = field(init=False, repr=False, compare=False)
+    valued: tuple = field(init=False, repr=False, compare=False)
+    by_name: dict = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        object.__setattr__(self, "names", frozenset(p.name for p in self.params))
-        object.__setattr__(self, "plain", all(not (t.optional or t.variadic or t.scalar) for t in self.tensors))
-        object.__setattr__(self, "fields", tuple((p.name, p.type, p.default, p.nullable, p) for p in self.params))
+        sa = object.__setattr__
+        sa(self, "names", frozenset(p.name for p in self.params))
+        sa(self, "plain", all(not (t.optional or t.variadic or t.scalar) for t in self.tensors))
+        sa(self, "fields", tuple((p.name, p.type, p.default, p.nullable, p) for p in self.params))
+        sa(self, "blank", dict.fromkeys(p.name for p in self.params))
+        sa(self, "valued", tuple(f for f in self.fields if f[2] is not None))
+        sa(self, "by_name", {f[0]: f for f in self.fields})
 
     def param(self, name: str) -> Param | None:
         """The param called ``name``, or None."""
@@ -291,23 +300,44 @@ def bind(op: str, sig: Signature, inputs: tuple, params: dict) -> dict:
             return _bind_checked(op, sig, inputs, params)
         mesh = x.mesh
     ndim = len(inputs[0].shape) if inputs else None
-    out = {}
-    for name, typ, default, nullable, p in sig.fields:
-        v = params.get(name, default)
-        if v is REQUIRED:
-            return _bind_checked(op, sig, inputs, params)
-        if v is None and nullable:
-            out[name] = None
-            continue
-        if typ == "shape" and type(v) is tuple:  # a shape of positive ints is valid as it is
-            for x in v:
-                if type(x) is not int or x < 1:
-                    break
-            else:
-                out[name] = v
-                continue
-        out[name] = _check_value(op, p, v, ndim)
+    # every param starts None (in signature order); a param defaulting to None stays None unless
+    # given, so only the others and the given ones are checked. A bad value: _bind_checked names
+    # the first bad param in signature order, as a pass in that order would.
+    out = sig.blank.copy()
+    try:
+        for name, typ, default, nullable, p in sig.valued:
+            v = params.get(name, default)
+            if v is REQUIRED:
+                return _bind_checked(op, sig, inputs, params)
+            if v is not None or not nullable:
+                out[name] = _bound_value(op, typ, p, v, ndim)
+        by_name = sig.by_name
+        for name, v in params.items():
+            _, typ, default, nullable, p = by_name[name]
+            if default is not None or (v is None and nullable):
+                continue  # checked above, or None where None is allowed
+            if typ == "shape" and type(v) is tuple:  # _bound_value inlined: a view's shape
+                for x in v:
+                    if type(x) is not int or x < 1:
+                        break
+                else:
+                    out[name] = v
+                    continue
+            out[name] = _check_value(op, p, v, ndim)
+    except OpError:
+        return _bind_checked(op, sig, inputs, params)
     return out
+
+
+def _bound_value(op: str, typ: str, p: Param, v, ndim: int | None):
+    """``_check_value`` with a shape of positive ints taken as it is (the common case)."""
+    if typ == "shape" and type(v) is tuple:
+        for x in v:
+            if type(x) is not int or x < 1:
+                break
+        else:
+            return v
+    return _check_value(op, p, v, ndim)
 
 
 def _bind_checked(op: str, sig: Signature, inputs: tuple, params: dict) -> dict:
@@ -380,8 +410,10 @@ class OpDef:
         cm = cost_model or DEFAULT_COST_MODEL
         pins = None if out_pins is None else tuple(out_pins)
         try:
-            seen = (self, _typed(inputs), _typed(params) if typed_params is None else typed_params, pins, cm,
-                    tensor_dtype, settings.subaxes)
+            ins = inputs if type(inputs) is tuple and len(inputs) == 1 and type(inputs[0]) is Sharding else \
+                _typed(inputs)  # (_typed's answer for one Sharding)
+            seen = (self, ins, _typed(params) if typed_params is None else typed_params, pins, cm, tensor_dtype,
+                    settings.subaxes)
             hit = _SEEN.get(seen)
         except TypeError:  # an unhashable param (a list of lists, a dict): validate and run every time
             seen = hit = None
@@ -442,6 +474,15 @@ def _typed(v):
     if t is dict:
         if len(v) == 1:
             for k, x in v.items():
+                tx = type(x)
+                if tx is tuple:  # a shape, as the case above returns it
+                    for y in x:
+                        if type(y) is not int:
+                            break
+                    else:
+                        return (dict, (k, x))
+                elif tx is int or tx is str or x is None:
+                    return (dict, (k, x))
                 return (dict, (k, _typed(x)))
         return (dict, *sorted([(k, _typed(x)) for k, x in v.items()]))
     return (t, v)

@@ -74,7 +74,6 @@ from ..sharding.factors import chunk_counts
 from ..sharding.shards import _program_ranges, dim_ranges
 
 _new = tuple.__new__  # Factor(...) without the Python-level NamedTuple __new__: the hot path
-_set = object.__setattr__
 
 
 class Kind(str, Enum):
@@ -160,7 +159,13 @@ def flat_pieces(s: Sharding) -> tuple:
         p = 1
         for f in fs:
             p *= f[0]
-        j = len(fs) if p == n else even_prefix(n, fs)  # even dim: every factor is a digit
+        if p == n:  # even dim: every factor is a digit
+            j = len(fs)
+        else:  # even_prefix(n, fs) inlined; q: the product of the even prefix
+            j, q, last_j = 0, 1, len(fs) - 1
+            while j < last_j and n % (q * fs[j][0]) == 0:
+                q *= fs[j][0]
+                j += 1
         i = 0
         for f in fs if p == n else fs[:j]:
             size, axis, _ = f
@@ -175,9 +180,6 @@ def flat_pieces(s: Sharding) -> tuple:
                 last = out[-1] = new(Piece, (LOCAL, (new(Factor, (size, None, 1)),), size, -1, -1))
             i += 1
         if j < len(fs):
-            q = 1
-            for f in fs[:j]:
-                q *= f[0]
             size = n // q
             if size == 1:
                 floating.append(new(Piece, (TAIL, fs[j:], size, d, j)))
@@ -262,7 +264,7 @@ def place_even(pieces: tuple, i: int, cur: tuple, out_shape: tuple, subaxes: boo
         if size % room:
             return blame(pieces, i, room, subaxes)
         if f.axis is not None and not subaxes:
-            return Obstacle(head, 1, f"a boundary cuts {head.size} at {room} and sub-axes are disabled")
+            return _new(Obstacle, (head, 1, f"a boundary cuts {head.size} at {room} and sub-axes are disabled"))
         outer, f = split(f, room)
         items.append((k, outer))
         size //= room
@@ -280,12 +282,12 @@ def blame(pieces: tuple, i: int, room: int, subaxes: bool) -> Obstacle:
     ``blame((Piece(AXIS, (Factor(4, "x"),), 4, 0, 0),), 0, 6, True).keep -> 2``
     """
     head = pieces[i]
-    if head.kind == AXIS:
-        keep = gcd(head.size, room) if subaxes else 1
-        return Obstacle(head, keep, f"a boundary cuts {head.size} at {room}")
+    if head[0] is AXIS:
+        keep = gcd(head[2], room) if subaxes else 1
+        return _new(Obstacle, (head, keep, f"a boundary cuts {head.size} at {room}"))
     for j in (i + 1, i - 1):
-        if 0 <= j < len(pieces) and pieces[j].sharded:
-            return Obstacle(pieces[j], 1, f"a boundary at {room} falls inside local {head.size} next to it")
+        if 0 <= j < len(pieces) and pieces[j][0] is not LOCAL:  # sharded
+            return _new(Obstacle, (pieces[j], 1, f"a boundary at {room} falls inside local {head.size} next to it"))
     raise AssertionError(f"local piece {head} has no sharded neighbour")  # pragma: no cover
 
 
@@ -317,14 +319,14 @@ def place_tail(pieces: tuple, i: int, cur: tuple, out_shape: tuple, subaxes: boo
         return Obstacle(head, 1, "an uneven dim has no output dim to live in")
     size = head.size
     if need == size:
-        return tuple((k, f) for f in head.factors), advance(out_shape, k, 1), pieces
+        return tuple([(k, f) for f in head.factors]), advance(out_shape, k, 1), pieces
     body = tail_body(head)
-    placed = tuple((k, f) for f in body)
+    placed = tuple([(k, f) for f in body])
     if need < size and size % need == 0 and same_chunks(body, size, need, 1, size // need):
         rest = size // need
         k2, room2 = advance(out_shape, k, 1)
         if k2 == len(out_shape) or room2 % rest:
-            return Obstacle(head, 1, "the inner part of an uneven dim straddles a boundary")
+            return _new(Obstacle, (head, 1, "the inner part of an uneven dim straddles a boundary"))
         return placed + ((k2, Factor(rest)),), advance(out_shape, k2, room2 // rest), pieces
     q = need // size if need % size == 0 else 0
     if q > 1 and same_chunks(body, size, size * q, q, 1):
@@ -333,14 +335,16 @@ def place_tail(pieces: tuple, i: int, cur: tuple, out_shape: tuple, subaxes: boo
             return placed, advance(out_shape, k, 1), shrunk
     nf = leading_locals(pieces, i + 1)
     follow = pieces[i + 1 : i + 1 + nf]
-    q = _product(p.size for p in follow)
+    q = 1
+    for p in follow:
+        q *= p[2]  # p.size
     region = size * q
     if region % need == 0 and same_chunks(body, size, need, q, region // need):
         rest = region // need
         spent = tuple(Piece(LOCAL, (Factor(1),), 1, p.dim, p.index) for p in follow)
         new = ((local(rest),) if rest > 1 else ()) + spent
         return placed, advance(out_shape, k, 1), pieces[: i + 1] + new + pieces[i + 1 + nf :]
-    return Obstacle(head, 1, "an uneven dim must end an output dim and stay whole")
+    return _new(Obstacle, (head, 1, "an uneven dim must end an output dim and stay whole"))
 
 
 def place_program(pieces: tuple, i: int, cur: tuple, out_shape: tuple, subaxes: bool):
@@ -372,7 +376,7 @@ def leading_locals(pieces: tuple, j: int) -> int:
     """How many pieces from ``j`` on are local. ``leading_locals((x, local(2), y), 1) -> 1``"""
     n = 0
     for p in pieces[j:]:
-        if p.sharded:
+        if p[0] is not LOCAL:  # p.sharded, without the property call
             break
         n += 1
     return n
@@ -453,24 +457,38 @@ def fit(pieces: tuple, floating: tuple, out_shape: tuple, subaxes: bool):
     ``fit(*flat_pieces(s), (16, 6), True)`` for ``[dp*4, tp*3]`` (``s``):
     ``((dp, 4, tp:(1)2), (tp:(2)2, 3))``.
     """
-    out: list = [()] * len(out_shape)  # per output dim, the factors placed so far
-    cur = advance(out_shape, -1, 1)
+    n = len(out_shape)
+    out: list = [()] * n  # per output dim, the factors placed so far
+    k, room = advance(out_shape, -1, 1)  # the cursor
     i = 0
     programs = False
     while i < len(pieces):
-        kind = pieces[i].kind  # dispatched by identity (an Enum's hash is a Python call)
+        head = pieces[i]
+        kind = head[0]  # .kind, dispatched by identity (an Enum's hash is a Python call)
         if kind is LOCAL or kind is AXIS:
-            step = place_even(pieces, i, cur, out_shape, subaxes)
+            size = head[2]
+            if size <= room:  # place_even's common case inlined: it fits (the hot path)
+                if size != 1:  # (1: used up by a tail or program before it)
+                    if room % size:
+                        return blame(pieces, i, room, subaxes)
+                    out[k] += head[1]  # (f,)
+                    room //= size
+                    while room == 1 and k < n:  # advance(out_shape, k, 1)
+                        k += 1
+                        room = out_shape[k] if k < n else 1
+                i += 1
+                continue
+            step = place_even(pieces, i, (k, room), out_shape, subaxes)
         elif kind is TAIL:
-            step = place_tail(pieces, i, cur, out_shape, subaxes)
+            step = place_tail(pieces, i, (k, room), out_shape, subaxes)
         else:
             programs = True
-            step = place_program(pieces, i, cur, out_shape, subaxes)
+            step = place_program(pieces, i, (k, room), out_shape, subaxes)
         if type(step) is Obstacle:
             return step
-        items, cur, pieces = step
-        for k, item in items:
-            out[k] += (item,)
+        items, (k, room), pieces = step
+        for j, item in items:
+            out[j] += (item,)
         i += 1
     dims = tuple(out)
     if programs:  # a program is alone in its dim
@@ -493,8 +511,8 @@ def same_chunks(body: tuple, n_in: int, n_out: int, q_in: int, q_out: int) -> bo
 
     ``same_chunks((Factor(4, "a"),), 9, 3, 1, 3) -> True``: ``[0,3) [3,6) [6,9) []`` either way
     """
-    sizes = tuple([f.size for f in body if f.axis is not None])
-    if len(sizes) == len(body) and min(n_in, n_out, q_in, q_out) >= 1:
+    sizes = tuple([f[0] for f in body if f[1] is not None])  # the axis factors' sizes
+    if len(sizes) == len(body) and n_in >= 1 and n_out >= 1 and q_in >= 1 and q_out >= 1:
         return same_axis_chunks(sizes, n_in, n_out, q_in, q_out)
     axes = [j for j, f in enumerate(body) if f.axis is not None]
     for combo in cartesian(*(range(body[j].size) for j in axes)):
@@ -521,11 +539,22 @@ def same_axis_chunks(sizes: tuple, n_in: int, n_out: int, q_in: int, q_out: int)
     """
     if not sizes:
         return n_in * q_in == n_out * q_out  # the whole range
-    c_in, full_in, r_in = chunk_counts(n_in, sizes[0])
-    c_out, full_out, r_out = chunk_counts(n_out, sizes[0])
-    if (c_in * q_in, full_in, r_in * q_in) != (c_out * q_out, full_out, r_out * q_out):
+    k = sizes[0]
+    if n_in >= 1 and n_out >= 1:  # chunk_counts(n_in, k) and chunk_counts(n_out, k) inlined
+        c_in = -(-n_in // k)
+        full_in = n_in // c_in
+        r_in = n_in - full_in * c_in
+        c_out = -(-n_out // k)
+        full_out = n_out // c_out
+        r_out = n_out - full_out * c_out
+    else:
+        c_in, full_in, r_in = chunk_counts(n_in, k)
+        c_out, full_out, r_out = chunk_counts(n_out, k)
+    if c_in * q_in != c_out * q_out or full_in != full_out or r_in * q_in != r_out * q_out:
         return False
     rest = sizes[1:]
+    if not rest:  # the whole ranges of both chunks: equal, as just compared
+        return True
     return same_axis_chunks(rest, c_in, c_out, q_in, q_out) and (
         not r_in or same_axis_chunks(rest, r_in, r_out, q_in, q_out)
     )
@@ -625,9 +654,11 @@ def gather_last(s: Sharding, obstacle: Obstacle, out_shape: tuple) -> tuple:
 
     ``[3, x*4] (x=2) -> (4, 6)``: x is in the way, ``([3, 8], [4, 6])``
     """
-    d = obstacle.piece.dim
-    mesh, partial = s.mesh, s.partial
-    target = _built(Sharding, mesh, s.shape, s.dims[:d] + local_dims(s.shape[d : d + 1]) + s.dims[d + 1 :], partial)
+    d = obstacle[0][3]  # obstacle.piece.dim
+    mesh, partial, shape, dims = s.mesh, s.partial, s.shape, s.dims
+    n = shape[d]
+    gathered = ((_new(Factor, (n, None, 1)),),) if n != 1 else ((),)  # local_dims(shape[d : d + 1])
+    target = _built(Sharding, mesh, shape, dims[:d] + gathered + dims[d + 1 :], partial)
     return target, _built(Sharding, mesh, out_shape, local_dims(out_shape), partial)
 
 
@@ -825,14 +856,7 @@ def regroup_even(s: Sharding, out_shape, subaxes: bool):
                 room = out_shape[k] if k < n else 1
             if size == 1:
                 break
-    obj = object.__new__(Sharding)  # dims canonical as built: no checks, no re-canonicalising
-    _set(obj, "mesh", mesh)
-    _set(obj, "shape", out_shape)
-    _set(obj, "dims", tuple(map(tuple, out)))
-    _set(obj, "partial", s.partial)
-    _set(obj, "stream", ())
-    _set(obj, "_hash", None)
-    return obj
+    return _built(Sharding, mesh, out_shape, tuple(map(tuple, out)), s.partial)  # dims canonical as built
 
 
 def infer_view_shape(shape: tuple, out_shape) -> tuple:

@@ -78,11 +78,16 @@ class Propagation:
         """Internal fast constructor (a rule's hot path): the same record as
         ``Propagation(op, inputs, input_targets, outputs, collectives, cost_model=cost_model)``, its
         fields set at once. ``Propagation._trusted("view", (s,), (s,), (out,))``"""
-        p = object.__new__(cls)
-        p.__dict__.update({"op": op, "inputs": inputs, "input_targets": input_targets, "outputs": outputs,
-                           "collectives": collectives, "notes": (), "candidates": (), "cost_model": cost_model,
-                           "local": ()})
-        return p
+        p = _Fields()  # a plain object: its __dict__ set in one store, then made a Propagation
+        p.__dict__ = {"op": op, "inputs": inputs, "input_targets": input_targets, "outputs": outputs,
+                      "collectives": collectives, "notes": (), "candidates": (), "cost_model": cost_model,
+                      "local": ()}
+        if cls is Propagation:
+            p.__class__ = cls
+            return p
+        q = object.__new__(cls)  # a subclass may lay itself out otherwise
+        q.__dict__.update(p.__dict__)
+        return q
 
     @property
     def cost(self) -> float:
@@ -116,6 +121,11 @@ class Propagation:
                 for c in self.candidates
             ],
         }
+
+
+class _Fields:
+    """A Propagation's fields without the frozen dataclass's guard: ``Propagation._trusted`` sets
+    them in one store, then makes the object a Propagation (``__class__`` assignment)."""
 
 
 class ByCoord(NamedTuple):

@@ -297,16 +297,29 @@ class Sharding:
 MAX_DIM = (1 << 63) - 1  # torch's int64 sizes: beyond it a shape is absurd
 
 
+class _Fields:
+    """Sharding's slots without its guard against assignment: ``_built`` fills one with plain
+    attribute stores and then makes it a Sharding (``__class__`` assignment; the layouts are the
+    same), a third of the cost of ``object.__setattr__`` per field. Never seen outside ``_built``."""
+
+    __slots__ = Sharding.__slots__
+
+
 def _built(cls, mesh: Mesh, shape: tuple, dims: tuple, partial: tuple, stream: tuple = ()) -> Sharding:
     """A Sharding of canonical fields, set without checks (``Sharding._trusted`` and friends)."""
-    obj = object.__new__(cls)
-    sa = object.__setattr__
-    sa(obj, "mesh", mesh)
-    sa(obj, "shape", shape)
-    sa(obj, "dims", dims)
-    sa(obj, "partial", partial)
-    sa(obj, "stream", stream)
-    sa(obj, "_hash", None)
+    if cls is not Sharding:  # a subclass may have slots of its own: field by field
+        obj = object.__new__(cls)
+        for name, value in zip(Sharding.__slots__, (mesh, shape, dims, partial, stream, None)):
+            object.__setattr__(obj, name, value)
+        return obj
+    obj = _Fields()
+    obj.mesh = mesh
+    obj.shape = shape
+    obj.dims = dims
+    obj.partial = partial
+    obj.stream = stream
+    obj._hash = None
+    obj.__class__ = Sharding
     return obj
 
 
@@ -343,16 +356,26 @@ def _trusted_dim(mesh: Mesh, shape: tuple, d: int, fs):
     dims merged, an uneven dim's trailing local factors re-derived."""
     if type(fs) is ChunkProgram:
         return fs
-    fs = [f for f in fs if f.size != 1]
+    fs = [f for f in fs if f[0] != 1]  # f.size
+    n = shape[d]
     p = 1
     for f in fs:
-        p *= f.size
-    if p == shape[d]:
+        p *= f[0]
+    if p == n:
         return tuple(_merge_even(fs, mesh))
-    # uneven: local factors after the last axis factor only enumerate their range
-    while fs and fs[-1].axis is None:
+    # uneven: local factors after the last axis factor only enumerate their range;
+    # _canonical_dim then, without its checks (the factors are valid): the innermost local
+    # factor is the extent the axis factors leave (chain_extent), the dim merged if that is even
+    while fs and fs[-1][1] is None:
         fs.pop()
-    return _canonical_dim(mesh, shape, d, fs)
+    ext, p = n, 1
+    for f in fs:
+        ext = -(-ext // f[0])
+        p *= f[0]
+    if ext > 1:
+        fs.append(tuple.__new__(Factor, (ext, None, 1)))
+        p *= ext
+    return tuple(_merge_even(fs, mesh)) if p == n else tuple(fs)
 
 
 def _check_dim_arg(s: Sharding, dim, where: str) -> int:

@@ -93,7 +93,7 @@ def chain_extent(n: int, sizes) -> int:
     ``chain_extent(9, [2, 2]) -> 3``
     """
     for s in sizes:
-        n = ceil_div(n, s)
+        n = -(-n // s)  # ceil_div(n, s)
     return n
 
 
@@ -114,7 +114,7 @@ def chunk_counts(n: int, k: int) -> tuple:
     """
     if n <= 0:
         return (0, 0, 0)
-    c = ceil_div(n, k)
+    c = -(-n // k)  # ceil_div(n, k), inlined: the walk of uneven views calls this often
     q = n // c
     return (c, q, n - q * c)
 
@@ -254,15 +254,20 @@ def _canonical_dim(mesh: Mesh, shape: tuple, d: int, fs: list) -> tuple:
 
 
 def _merge_even(fs: list, mesh: Mesh) -> list:
+    """An even dim's factors with adjacent local factors merged, and adjacent pieces of one axis
+    in order. ``_merge_even([Factor(2), Factor(3)], m) -> [Factor(6)]``"""
     out: list = []
+    new = tuple.__new__  # Factor(...) without the Python-level NamedTuple __new__
     for f in fs:
         if out:
             g = out[-1]
-            if g.local and f.local:
-                out[-1] = Factor(g.size * f.size)
-                continue
-            if g.axis is not None and g.axis == f.axis and g.pre * g.size == f.pre:
-                out[-1] = Factor(g.size * f.size, g.axis, g.pre)
+            axis = g[1]  # g.axis; g[0] g.size, g[2] g.pre
+            if axis is None:
+                if f[1] is None:
+                    out[-1] = new(Factor, (g[0] * f[0], None, 1))
+                    continue
+            elif axis == f[1] and g[2] * g[0] == f[2]:
+                out[-1] = new(Factor, (g[0] * f[0], axis, g[2]))
                 continue
         out.append(f)
     return out
