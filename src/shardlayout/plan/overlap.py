@@ -94,11 +94,14 @@ class ComboFacts:
     every allowed combination shares, else :class:`_Need` (module docstring). ``answers``: a
     memo of every combination's answer per question, shared by the facts of one search."""
 
-    def __init__(self, program, cost_model, rate: float, tables: dict, allowed: dict, answers: dict):
+    def __init__(self, program, cost_model, rate: float, tables: dict, allowed: dict, answers: dict,
+                 touched: set | None = None):
         self.program, self.cost_model, self.rate = program, cost_model, rate
         self.tables, self.allowed, self.answers = tables, allowed, answers
+        self.touched = set() if touched is None else touched  # the ops asked about
 
     def _ask(self, i: int, question: tuple, key):
+        self.touched.add(i)
         vals = self.answers.get(question)
         if vals is None:
             tb = self.tables.get(i)
@@ -118,6 +121,7 @@ class ComboFacts:
 
     def reads(self, i: int, pos: int, want) -> bool:
         """Does op ``i`` read input ``pos`` at ``want`` (``AS_IS``: at its own sharding)?"""
+        self.touched.add(i)
         tb = self.tables.get(i)
         if tb is None:
             raise _Outside(i)
@@ -180,23 +184,32 @@ def stream_options(program, tables, ctx, skip=frozenset()) -> tuple:
 
     index = {program.ops[i].name: i for i in by_index}
 
+    memo = program.__dict__.setdefault("_stream_options", {})
+
     def options(t, src, tgt, move, allowed):
         if any(not ks for ks in allowed.values()):
             return  # an op holding t has no combination with t there: no plan makes this move
+        key = (t, src, tgt, move is not None, cm, ctx.flop_rate)
+        for touched, opts in memo.get(key, ()):  # the same tables of every op asked: the same options
+            if all(by_index.get(i) is tb for i, tb in touched):
+                out.extend(opts)
+                return
         moves = plan_move(src, tgt, program.tensors[t].dtype, cm)
-        if not any(c.kind.communicates for c in moves):
-            return
+        seen: set = set(allowed)
+        opts = []
 
         def ask(allowed):
-            facts = ComboFacts(program, cm, ctx.flop_rate, by_index, allowed, answers)
+            facts = ComboFacts(program, cm, ctx.flop_rate, by_index, allowed, answers, seen)
             return move_candidate(facts, producer, ops_of, t, src, tgt, moves, False)
 
-        for got_allowed, got in _leaves(ask, by_index, allowed):
+        for got_allowed, got in _leaves(ask, by_index, allowed) if any(c.kind.communicates for c in moves) else ():
             if got is None:
                 continue
             saving, choice = got
             conds = tuple((i, ks) for i, ks in sorted(got_allowed.items()) if len(ks) < len(by_index[i].combos))
-            out.append(StreamOption(t, tgt, move, conds, tuple(index[n] for n in choice.ops), saving, choice, src))
+            opts.append(StreamOption(t, tgt, move, conds, tuple(index[n] for n in choice.ops), saving, choice, src))
+        memo.setdefault(key, []).append((tuple((i, by_index.get(i)) for i in sorted(seen)), opts))
+        out.extend(opts)
 
     seen = {}
     for tb in tables:
