@@ -37,7 +37,7 @@ from ..sharding.cost import DEFAULT_COST_MODEL, CostModel
 from . import Plan, _check_keep, kept_views, pin_shardings, plan
 from .chain import segments, shared_inputs, slot_groups, solve_chain
 from .estimate import StepEstimate, check_flop_rate, check_training, estimate
-from .overlap import stream_options
+from .overlap import segment_options
 from .space import Context, _order, domains, evaluate, memory_of, op_table, seed_plans, unify
 
 SMALL_CHAIN = 8
@@ -247,13 +247,13 @@ def _tables(program):
     return table
 
 
-def _solve_full(program, doms, ctx, budget, time_limit, table):
+def _solve_full(program, segs, doms, ctx, budget, time_limit, table):
     from . import ilp
     from .chain import prices_of
 
     tabs = tuple(table(i, doms, ctx) for i in range(len(program.ops)))
     mem = memory_of(program, doms, ctx.training)
-    model = ilp.build(tabs, doms, mem, prices_of(program, ctx), stream_options(program, tabs, ctx))
+    model = ilp.build(tabs, doms, mem, prices_of(program, ctx), segment_options(program, tabs, segs, ctx))
     h = ilp.highs(model, time_limit)
     took = 0.0
     fastest = ilp.solve(h, model)
@@ -408,7 +408,7 @@ def _search(program, segs, doms, ctx, budget, method, time_limit, seeds) -> Foun
             return Found(res.assignment, res.terms, res.memory, res.gap, fastest, res.solver_seconds, "chain",
                          {"blocks": len(segs), "kinds": res.kinds, "solves": res.solves,
                           "gap_bound": "proven" if res.gap == 0 else "lagrangian"}, res.streams)
-    got, smallest, solver_s, fastest = _solve_full(program, doms, ctx, budget, time_limit, table)
+    got, smallest, solver_s, fastest = _solve_full(program, segs, doms, ctx, budget, time_limit, table)
     if got is None:
         _no_fit(budget, smallest)
     assignment, terms, mem, gap, streams = got

@@ -75,6 +75,11 @@ class StreamOption:
         return StreamOption(tensor, self.target, None, (), sites, self.saving, choice, self.source)
 
 
+MAX_LEAVES = 512
+"""A move whose question tree has more leaves than this gets no stream option (the search then
+prices it unstreamed, and the plan runs it so); a block of a transformer has a few dozen."""
+
+
 class _Need(Exception):
     """A question about op ``i`` whose allowed combinations answer differently: ``answers[k]``
     is the answer of combination ``k``."""
@@ -165,7 +170,8 @@ def stream_options(program, tables, ctx, skip=frozenset()) -> tuple:
     """Every :class:`StreamOption` of the search over ``tables`` (``plan.space.OpTable``), in a
     fixed order: per move of the tables (input moves, then the ops' output moves), each leaf of
     ``move_candidate``'s questions with a saving. ``skip``: tensors whose output moves get no
-    option (a chain block's outgoing tensor: its consumers are in the next block).
+    option (a chain block's outgoing tensor: its consumers are in the next block). A question
+    about an op outside ``tables`` drops its leaf (that stream is not an option).
     ``stream_options(prog, tabs, ctx)[0].saving > 0``"""
     from . import _producers_users
 
@@ -202,7 +208,11 @@ def stream_options(program, tables, ctx, skip=frozenset()) -> tuple:
             facts = ComboFacts(program, cm, ctx.flop_rate, by_index, allowed, answers, seen)
             return move_candidate(facts, producer, ops_of, t, src, tgt, moves, False)
 
-        for got_allowed, got in _leaves(ask, by_index, allowed) if any(c.kind.communicates for c in moves) else ():
+        leaves = _leaves(ask, by_index, allowed) if any(c.kind.communicates for c in moves) else ()
+        for n, (got_allowed, got) in enumerate(leaves):
+            if n >= MAX_LEAVES:  # too many ways to reach matmuls: this move is not streamed by the search
+                opts = []
+                break
             if got is None:
                 continue
             saving, choice = got
@@ -235,4 +245,15 @@ def stream_options(program, tables, ctx, skip=frozenset()) -> tuple:
     return tuple(out)
 
 
-__all__ = ["ComboFacts", "StreamOption", "stream_options"]
+def segment_options(program, tables, segs, ctx) -> tuple:
+    """:func:`stream_options` of each block of the chain ``segs`` (``plan.chain.Segment``) over
+    its own tables (``tables[i]``: op ``i``'s): the options the chain solver prices, for the one
+    ILP over the whole program (a stream's ops lie in the block of its move).
+    ``segment_options(prog, tabs, segments(prog), ctx)``"""
+    out = []
+    for s in segs:
+        out.extend(stream_options(program, tables[s.lo:s.hi], ctx, frozenset({s.out}) - {None}))
+    return tuple(out)
+
+
+__all__ = ["MAX_LEAVES", "ComboFacts", "StreamOption", "segment_options", "stream_options"]
