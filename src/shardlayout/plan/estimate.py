@@ -327,7 +327,7 @@ def estimate(plan, training: str = "adam", flop_rate: float | None = None) -> St
     fwd, bwd, comp, ovl = step_terms(plan, training, flop_rate)
     par, other = plan_memory(plan, training)
     return StepEstimate(math.fsum(fwd), math.fsum(bwd), math.fsum(comp), math.fsum(fwd + bwd + comp + ovl),
-                        par + other, par, other, training, check_flop_rate(flop_rate), -math.fsum(ovl))
+                        par + other, par, other, training, check_flop_rate(flop_rate), math.fsum(-x for x in ovl))
 
 
 __all__ = ["ALIASES", "DEFAULT_FLOP_RATE", "StepEstimate", "TRAINING", "TrainingModeError", "check_flop_rate",
