@@ -184,7 +184,8 @@ class AutoPlan:
         lines = [f"auto: HiGHS over {st['choices']} sharding choices, {how}; {proof}; "
                  f"solved in {self.seconds:.2f} s",
                  f"estimated step {e.seconds * 1e6:.1f} µs = forward comm {e.forward * 1e6:.1f} + backward comm "
-                 f"{e.backward * 1e6:.1f} + compute {e.compute * 1e6:.1f} ({e.training}); "
+                 f"{e.backward * 1e6:.1f} + compute {e.compute * 1e6:.1f}"
+                 + (f" - stream overlap {e.overlap * 1e6:.1f}" if e.overlap else "") + f" ({e.training}); "
                  f"memory {fmt_bytes(e.memory)} per device"
                  + (f" of {fmt_bytes(self.budget)}" if self.budget is not None else "")]
         if self.binding == "memory":
