@@ -37,6 +37,7 @@ from ..sharding.cost import DEFAULT_COST_MODEL, CostModel
 from . import Plan, _check_keep, kept_views, pin_shardings, plan
 from .chain import segments, shared_inputs, slot_groups, solve_chain
 from .estimate import StepEstimate, check_flop_rate, check_training, estimate
+from .overlap import segment_options
 from .space import Context, _order, domains, evaluate, memory_of, op_table, seed_plans, unify
 
 SMALL_CHAIN = 8
@@ -183,7 +184,8 @@ class AutoPlan:
         lines = [f"auto: HiGHS over {st['choices']} sharding choices, {how}; {proof}; "
                  f"solved in {self.seconds:.2f} s",
                  f"estimated step {e.seconds * 1e6:.1f} µs = forward comm {e.forward * 1e6:.1f} + backward comm "
-                 f"{e.backward * 1e6:.1f} + compute {e.compute * 1e6:.1f} ({e.training}); "
+                 f"{e.backward * 1e6:.1f} + compute {e.compute * 1e6:.1f}"
+                 + (f" - stream overlap {e.overlap * 1e6:.1f}" if e.overlap else "") + f" ({e.training}); "
                  f"memory {fmt_bytes(e.memory)} per device"
                  + (f" of {fmt_bytes(self.budget)}" if self.budget is not None else "")]
         if self.binding == "memory":
@@ -246,13 +248,13 @@ def _tables(program):
     return table
 
 
-def _solve_full(program, doms, ctx, budget, time_limit, table):
+def _solve_full(program, segs, doms, ctx, budget, time_limit, table):
     from . import ilp
     from .chain import prices_of
 
     tabs = tuple(table(i, doms, ctx) for i in range(len(program.ops)))
     mem = memory_of(program, doms, ctx.training)
-    model = ilp.build(tabs, doms, mem, prices_of(program, ctx))
+    model = ilp.build(tabs, doms, mem, prices_of(program, ctx), segment_options(program, tabs, segs, ctx))
     h = ilp.highs(model, time_limit)
     took = 0.0
     fastest = ilp.solve(h, model)
@@ -265,8 +267,8 @@ def _solve_full(program, doms, ctx, budget, time_limit, table):
         low = ilp.solve(h, model, objective="memory")
         smallest = None if low is None else _memory(mem, low.assignment)
         return None, smallest, took, None
-    terms = evaluate(program, tabs, sol.assignment, ctx)
-    return (sol.assignment, terms, _memory(mem, sol.assignment), sol.gap), None, took, \
+    terms = evaluate(program, tabs, sol.assignment, ctx, sol.streams)
+    return (sol.assignment, terms, _memory(mem, sol.assignment), sol.gap, sol.streams), None, took, \
         _memory(mem, fastest.assignment)
 
 
@@ -278,7 +280,7 @@ def _memory(mem: dict, assignment: dict) -> int:
 class Found:
     """What a solver found: the ``assignment`` of every tensor, its exact step-time ``terms``,
     its ``memory``, the ``gap``, the memory of the fastest plan, the solver's seconds, the
-    ``method`` and statistics."""
+    ``method``, statistics and the ``streams`` chosen (``plan.overlap.StreamOption``)."""
 
     assignment: dict
     terms: tuple
@@ -288,18 +290,20 @@ class Found:
     solver_seconds: float
     method: str
     stats: dict
+    streams: tuple = ()
 
 
 def auto_plan(program, mesh: Mesh, pins: dict | None = None, memory_per_device=None,
               cost_model: CostModel | None = None, flop_rate: float | None = None, training: str = "adam",
-              method: str = "auto", time_limit: float = 60.0, keep=()) -> AutoPlan:
+              method: str = "auto", time_limit: float = 60.0, keep=(), streams: bool = True) -> AutoPlan:
     """The minimum-step-time plan of ``program`` on ``mesh`` within ``memory_per_device`` (bytes
     or a size like ``"80GiB"``; None: no budget), with ``pins`` kept. ``method``: "chain"
     (repeated blocks), "full" (one ILP) or "auto" (the chain when the program has cuts, the
     full ILP when a budget binds a chain of at most ``SMALL_CHAIN`` blocks). ``keep``: pinned
     tensors no collective may move, nor the views made of them in place (a style's or TP plan's
-    promise, as ``plan(..., keep=)``). Raises :class:`NoPlanFits` with the smallest budget that
-    works when nothing fits.
+    promise, as ``plan(..., keep=)``). ``streams``: stream overlaps are options of the search
+    (``plan.overlap``) and the plan runs the ones it chose; False: no overlap at all (the plan
+    runs none). Raises :class:`NoPlanFits` with the smallest budget that works when nothing fits.
     ``auto_plan(llama(layers=8), Mesh.parse("dp=2,tp=4"), memory_per_device="64KiB").plan``"""
     t0 = time.perf_counter()
     mesh = as_mesh(mesh, "auto_plan")
@@ -314,7 +318,7 @@ def auto_plan(program, mesh: Mesh, pins: dict | None = None, memory_per_device=N
     seeds = seed_plans(program, mesh, pins, cm, keep)
     segs = segments(program, training)
     shared = shared_inputs(program, [(s.lo, s.hi) for s in segs]) if len(segs) > 1 else frozenset()
-    ctx = Context.of(program, mesh, cm, training, rate, shared, kept_views(program, keep))
+    ctx = Context.of(program, mesh, cm, training, rate, shared, kept_views(program, keep), streams)
     doms = unify(domains(program, seeds, pins), slot_groups(segs))
     idle, idle_mem = _idle(program, doms, training)
     try:
@@ -327,8 +331,9 @@ def auto_plan(program, mesh: Mesh, pins: dict | None = None, memory_per_device=N
     found = replace(found, assignment={**found.assignment, **idle}, memory=found.memory + idle_mem,
                     fastest_memory=found.fastest_memory + idle_mem)
     final = plan(program, mesh, found.assignment, cm, keep=keep)
+    install_streams(final, found.streams, rate)
     est = estimate(final, training, rate)
-    predicted = math.fsum(found.terms[0] + found.terms[1] + found.terms[2])
+    predicted = math.fsum(sum(found.terms, ()))
     if est.seconds != predicted or est.memory != found.memory:
         raise ModelMismatch(f"auto: the solver predicted {predicted!r} s and {found.memory} bytes, the planner "
                             f"gives {est.seconds!r} s and {est.memory} bytes; the ILP's model of plan() is wrong")
@@ -338,6 +343,35 @@ def auto_plan(program, mesh: Mesh, pins: dict | None = None, memory_per_device=N
              "choices": sum(len(v) for v in doms.values())}
     return AutoPlan(final, est, predicted, found.method, found.gap, time.perf_counter() - t0, found.solver_seconds,
                     budget, found.fastest_memory, styles, _blocks(program, segs, final, seeds), stats)
+
+
+def install_streams(final: Plan, streams, rate: float) -> tuple:
+    """Give ``final`` the stream choices the search priced (``plan.overlap.StreamOption``), at
+    ``rate``, instead of the ones ``plan.stream``'s greedy would choose: what ``estimate``,
+    ``verify``, ``run`` and the report read. Each must be the plan's own candidate for its move
+    to the bit (``plan.stream.move_candidate``) and together they keep the rules (each matmul and
+    each tensor's side in one overlap at most); otherwise :class:`ModelMismatch`.
+    ``install_streams(plan, found.streams, 1e14)`` -> the choices, in program order"""
+    from .stream import _candidates
+
+    have = list(_candidates(final, rate, False)) if streams else []
+    chosen, used = [], set()
+    for v in streams:
+        got = next((x for x in have if x[1] == v.choice), None)
+        if got is None or got[0] != v.saving:
+            raise ModelMismatch(f"auto: the solver chose the stream {v.choice.text} of {v.tensor} ({v.side} "
+                                f"{', '.join(v.choice.ops)}) saving {v.saving!r} s; the planner's plan "
+                                f"{'has no such stream' if got is None else f'saves {got[0]!r} s with it'}")
+        marks = set(v.choice.ops) | {(v.tensor, v.side)}
+        if used & marks:
+            raise ModelMismatch(f"auto: the solver overlapped {sorted(map(str, used & marks))} twice")
+        used |= marks
+        chosen.append(got)
+    order = {op.name: i for i, op in enumerate(final.program.ops)}
+    chosen.sort(key=lambda x: (order[x[1].ops[0]], x[1].tensor))
+    final.flop_rate = rate
+    final.__dict__.setdefault("_stream_chosen", {})[(rate, final.cost_model, False)] = chosen
+    return tuple(c for _, c in chosen)
 
 
 def _idle(program, doms: dict, training: str) -> tuple:
@@ -374,13 +408,14 @@ def _search(program, segs, doms, ctx, budget, method, time_limit, seeds) -> Foun
                     _no_fit(budget, smallest)
             return Found(res.assignment, res.terms, res.memory, res.gap, fastest, res.solver_seconds, "chain",
                          {"blocks": len(segs), "kinds": res.kinds, "solves": res.solves,
-                          "gap_bound": "proven" if res.gap == 0 else "lagrangian"})
-    got, smallest, solver_s, fastest = _solve_full(program, doms, ctx, budget, time_limit, table)
+                          "gap_bound": "proven" if res.gap == 0 else "lagrangian"}, res.streams)
+    got, smallest, solver_s, fastest = _solve_full(program, segs, doms, ctx, budget, time_limit, table)
     if got is None:
         _no_fit(budget, smallest)
-    assignment, terms, mem, gap = got
+    assignment, terms, mem, gap, streams = got
     return Found(assignment, terms, mem, gap, fastest, solver_s, "full",
-                 {"blocks": len(segs), "kinds": 1, "solves": 1, "gap_bound": "proven" if gap == 0 else "time limit"})
+                 {"blocks": len(segs), "kinds": 1, "solves": 1, "gap_bound": "proven" if gap == 0 else "time limit"},
+                 streams)
 
 
 def _no_fit(budget, smallest):
@@ -470,4 +505,5 @@ def plan_style(program, mesh: Mesh, style: str, pins=None, cost_model=None, memo
 
 
 __all__ = ["AutoPlan", "BlockReport", "MemoryBudgetError", "ModelMismatch", "NoPlanFits", "StyleCost", "auto_plan",
+           "install_streams",
            "fmt_bytes", "parse_memory", "plan_style"]

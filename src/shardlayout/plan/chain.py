@@ -45,6 +45,7 @@ from dataclasses import dataclass, field, replace
 from ..program import Program
 from . import ilp
 from .estimate import grads_of, local_bytes, memory_weights
+from .overlap import stream_options
 from .space import _order, evaluate, memory_of, priced_move, priced_reduction
 
 
@@ -222,13 +223,15 @@ def shared_choices(shared, doms: dict) -> tuple:
 class Point:
     """One solution of a block between fixed boundaries: ``terms`` (its exact step-time terms,
     ``plan.space.evaluate``), ``seconds`` (their sum), ``memory`` (bytes of the block's own
-    tensors), ``assignment`` of the representative block's tensors, and HiGHS's ``gap``."""
+    tensors), ``assignment`` of the representative block's tensors, HiGHS's ``gap`` and the
+    ``streams`` chosen (``plan.overlap.StreamOption`` of the representative block)."""
 
     seconds: float
     memory: int
     terms: tuple = field(repr=False)
     assignment: dict = field(repr=False)
     gap: float = 0.0
+    streams: tuple = field(default=(), repr=False)
 
 
 class Block:
@@ -238,11 +241,13 @@ class Block:
     def __init__(self, program, rep: Segment, tables, doms: dict, memory: dict, ctx, time_limit: float):
         self.program, self.rep, self.tables, self.ctx = program, rep, tables, ctx
         self.memory = memory
-        self.model = ilp.build(tables, doms, memory, prices_of(program, ctx))
+        options = stream_options(program, tables, ctx, frozenset({rep.out}) - {None})
+        self.model = ilp.build(tables, doms, memory, prices_of(program, ctx), options)
         self.highs = ilp.highs(self.model, time_limit)
         self.solves = 0
         self.seconds = 0.0
         self._memo: dict = {}
+        self._best: dict = {}
 
     def _fixed(self, a, b) -> dict:
         fixed = {}
@@ -260,16 +265,27 @@ class Block:
         if key not in self._memo:
             sol = ilp.solve(self.highs, self.model, self._fixed(a, b), budget, objective, weight)
             self.solves += 1
-            self._memo[key] = None if sol is None else self.at(sol.assignment, sol.gap)
+            self._memo[key] = None if sol is None else self.at(sol.assignment, sol.gap, sol.streams)
             if sol is not None:
                 self.seconds += sol.seconds
         return self._memo[key]
 
-    def at(self, assignment: dict, gap: float = 0.0) -> Point:
-        """The exact point of an assignment of the representative block's tensors."""
-        terms = evaluate(self.program, self.tables, assignment, self.ctx)
+    def at(self, assignment: dict, gap: float = 0.0, streams: tuple | None = None) -> Point:
+        """The exact point of an assignment of the representative block's tensors with the
+        stream options ``streams`` (None: the best ones for it, one solve of the block with
+        every tensor fixed; KeyError when the assignment is outside the block's space)."""
+        if streams is None:
+            key = frozenset(assignment.items())
+            if key not in self._best:
+                sol = ilp.solve(self.highs, self.model, assignment)
+                self.solves += 1
+                self._best[key] = None if sol is None else sol.streams
+            streams = self._best[key]
+            if streams is None:
+                raise KeyError("the assignment is outside the block's space")
+        terms = evaluate(self.program, self.tables, assignment, self.ctx, streams)
         mem = sum(self.memory.get((t, s), 0) for t, s in assignment.items())
-        return Point(math.fsum(terms[0] + terms[1] + terms[2]), mem, terms, assignment, gap)
+        return Point(_total(terms), mem, terms, assignment, gap, streams)
 
     def fastest(self, a, b):
         """A minimum-time point."""
@@ -331,6 +347,7 @@ class ChainResult:
     solver_seconds: float
     kinds: int
     fastest_memory: int = 0
+    streams: tuple = ()  # the stream options chosen, named as in the program (StreamOption.renamed)
 
 
 def _shortest(options: list, key) -> list | None:
@@ -688,7 +705,7 @@ def _majority(path, ctx) -> dict:
 
 
 def _sum_terms(path) -> tuple:
-    return tuple(sum((p.terms[k] for _, _, p in path), ()) for k in range(3))
+    return tuple(sum((p.terms[k] for _, _, p in path), ()) for k in range(4))
 
 
 def _agreed(path, shared) -> dict | None:
@@ -703,7 +720,7 @@ def _agreed(path, shared) -> dict | None:
 
 
 def _total(terms) -> float:
-    return math.fsum(terms[0] + terms[1] + terms[2])
+    return math.fsum(sum(terms, ()))
 
 
 def _block(program, same, local, ctx, time_limit, table) -> Block:
@@ -745,15 +762,19 @@ def _seed_points(segs, blocks, choice, seeds) -> list:
 
 def _assemble(segs, blocks, path, choice, shared_mem, gap, nkinds) -> ChainResult:
     assignment = dict(choice)
-    terms = ((), (), ())
+    terms, streams = ((), (), (), ()), []
     for seg, (_, _, pt) in zip(segs, path):
-        rep = blocks[seg.key].rep
+        blk = blocks[seg.key]
+        rep = blk.rep
         rename = dict(zip(rep.slots, seg.slots))
         assignment.update({rename[t]: v for t, v in pt.assignment.items() if t in rename})
         terms = tuple(x + y for x, y in zip(terms, pt.terms))
+        if rep.inp is not None:
+            rename[rep.inp] = seg.inp
+        streams.extend(v.renamed(rename, seg.lo - rep.lo, blk.program) for v in pt.streams)
     mem = shared_mem + sum(p.memory for _, _, p in path)
     gap = max([gap] + [p.gap for _, _, p in path])
-    return ChainResult(assignment, terms, mem, gap, 0, 0.0, nkinds)
+    return ChainResult(assignment, terms, mem, gap, 0, 0.0, nkinds, streams=tuple(streams))
 
 
 __all__ = ["Block", "ChainResult", "Point", "Segment", "block_key", "cuts", "kinds", "prices_of", "segments",

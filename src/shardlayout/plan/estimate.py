@@ -91,9 +91,10 @@ def check_flop_rate(rate) -> float:
 
 @dataclass(frozen=True)
 class StepEstimate:
-    """Estimated seconds of one step (``forward`` + ``backward`` communication + ``compute``;
-    ``seconds`` is their exactly rounded sum) and bytes per device (``memory`` =
-    ``parameter_memory`` + ``activation_memory``, inputs included in the latter)."""
+    """Estimated seconds of one step (``forward`` + ``backward`` communication + ``compute`` -
+    ``overlap``, the seconds the plan's streams hide; ``seconds`` is their exactly rounded sum)
+    and bytes per device (``memory`` = ``parameter_memory`` + ``activation_memory``, inputs
+    included in the latter)."""
 
     forward: float
     backward: float
@@ -104,11 +105,12 @@ class StepEstimate:
     activation_memory: int
     training: str
     flop_rate: float
+    overlap: float = 0.0
 
     def to_json(self) -> dict:
         """JSON-able form. ``{"seconds": ..., "memory_bytes": ...}``"""
         return {"seconds": self.seconds, "forward_comm_seconds": self.forward, "backward_comm_seconds": self.backward,
-                "compute_seconds": self.compute, "memory_bytes": self.memory,
+                "compute_seconds": self.compute, "overlap_seconds": self.overlap, "memory_bytes": self.memory,
                 "parameter_memory_bytes": self.parameter_memory, "activation_memory_bytes": self.activation_memory,
                 "training": self.training, "flop_rate": self.flop_rate}
 
@@ -276,8 +278,8 @@ def compute_seconds(flops: int, training: str, flop_rate: float) -> float:
 
 
 def step_terms(plan, training: str = "adam", flop_rate: float | None = None) -> tuple:
-    """``(forward, backward, compute)`` tuples of float terms of ``plan``'s step time.
-    ``math.fsum(sum(step_terms(p), ())) == estimate(p).seconds``"""
+    """``(forward, backward, compute, overlap)`` tuples of float terms of ``plan``'s step time
+    (``overlap``: ``overlap_terms``). ``math.fsum(sum(step_terms(p), ())) == estimate(p).seconds``"""
     check_training(training)
     rate = check_flop_rate(flop_rate)
     prog, cm = plan.program, plan.cost_model
@@ -292,7 +294,16 @@ def step_terms(plan, training: str = "adam", flop_rate: float | None = None) -> 
                    for name, t, pieces in gradient_reductions(plan, grads))
     for op, po in zip(prog.ops, plan.ops):
         comp.append(compute_seconds(op_flops(op.target, po.params, po.input_targets, po.outputs), training, rate))
-    return tuple(fwd), tuple(bwd), tuple(comp)
+    return tuple(fwd), tuple(bwd), tuple(comp), overlap_terms(plan, rate)
+
+
+def overlap_terms(plan, flop_rate: float | None = None) -> tuple:
+    """Minus the saving of each stream ``plan`` runs (``plan.stream``: its stream choices at
+    ``flop_rate``; forward only, each a move overlapped with the matmuls it feeds or is fed by),
+    one float per stream. ``overlap_terms(p) == tuple(-s for s in savings)``"""
+    from .stream import _chosen, _ring
+
+    return tuple(-saving for saving, _ in _chosen(plan, check_flop_rate(flop_rate), _ring(plan, None)))
 
 
 def plan_memory(plan, training: str = "adam") -> tuple:
@@ -313,12 +324,13 @@ def plan_memory(plan, training: str = "adam") -> tuple:
 
 def estimate(plan, training: str = "adam", flop_rate: float | None = None) -> StepEstimate:
     """Step time and memory per device of ``plan`` (module docstring). ``estimate(p).seconds``"""
-    fwd, bwd, comp = step_terms(plan, training, flop_rate)
+    fwd, bwd, comp, ovl = step_terms(plan, training, flop_rate)
     par, other = plan_memory(plan, training)
-    return StepEstimate(math.fsum(fwd), math.fsum(bwd), math.fsum(comp), math.fsum(fwd + bwd + comp),
-                        par + other, par, other, training, check_flop_rate(flop_rate))
+    return StepEstimate(math.fsum(fwd), math.fsum(bwd), math.fsum(comp), math.fsum(fwd + bwd + comp + ovl),
+                        par + other, par, other, training, check_flop_rate(flop_rate), math.fsum(-x for x in ovl))
 
 
 __all__ = ["ALIASES", "DEFAULT_FLOP_RATE", "StepEstimate", "TRAINING", "TrainingModeError", "check_flop_rate",
            "check_training", "compute_seconds", "estimate", "grads_of", "largest_piece", "local_bytes",
-           "memory_weights", "move_terms", "op_flops", "plan_memory", "reduction_seconds", "step_terms"]
+           "memory_weights", "move_terms", "op_flops", "overlap_terms", "plan_memory", "reduction_seconds",
+           "step_terms"]

@@ -8,6 +8,7 @@ Variables (all in [0, 1]):
     m[t, s, d]     t, held as s, is moved to target d (paid once, whichever consumers need it)
     g[t, d, A]     the gradient of t at target d is all-reduced over the axis set A (the sum of
                    the consumers whose contributions arrive partial over exactly A)
+    z[v]           stream option v (``plan.overlap.StreamOption``) is run (binary)
 
 Constraints:
 
@@ -16,10 +17,15 @@ Constraints:
     sum_{c: c_t = s} y[o, c] = x[t, s]         a combination agrees with its tensors
     m[t, s, d] >= sum_{c: moves t s->d} y[o, c]            for each consumer o
     g[t, d, A] >= sum_{c: reduces t at d over A} y[o, c]   for each consumer o
+    z[v] <= m[t, s, d]                         a stream of an input move needs the move
+    z[v] <= sum_{c in C} y[o, c]               for each condition (o, C) of v (plan.overlap)
+    sum_{v: o a site of v} z[v] <= 1           each matmul in one overlap at most
+    sum_{v: of t on side} z[v] <= 1            each tensor's side in one overlap at most
     sum_{t, s} memory[t, s] x[t, s] <= budget  (optional)
 
-Objective: ``sum own[c] y + sum price(s->d) m + sum allreduce(A, d) g`` — the step time of
-``plan.estimate``. With x integral, y is integral too (each op's combination is the one its
+Objective: ``sum own[c] y + sum price(s->d) m + sum allreduce(A, d) g - sum saving[v] z`` — the
+step time of ``plan.estimate`` (streams counted).
+With x integral, y is integral too (each op's combination is the one its
 tensors' shardings name), m and g are 1 exactly for the moves and gradient sums the plan
 makes, so the optimum of the
 program is the minimum of the estimate over the space, and only x need be declared integer.
@@ -76,6 +82,7 @@ class Model:
     ycol: dict
     memory: tuple  # (col, KiB) of the memory row
     tensors: tuple
+    zcol: dict = field(default_factory=dict)  # {col: StreamOption}
 
     @property
     def ncols(self) -> int:
@@ -96,11 +103,13 @@ class Solution:
     memory: int
     status: str
     seconds: float = field(default=0.0, compare=False)
+    streams: tuple = ()  # the stream options chosen (plan.overlap.StreamOption)
 
 
-def build(tables, domains: dict, memory: dict, prices: Prices | None) -> Model:
+def build(tables, domains: dict, memory: dict, prices: Prices | None, streams=()) -> Model:
     """The ILP over ``tables`` (``plan.space.OpTable``) with ``domains`` for every tensor they
-    touch, ``memory`` ({(t, s): bytes} of the counted tensors) and ``prices``."""
+    touch, ``memory`` ({(t, s): bytes} of the counted tensors), ``prices`` and the stream options
+    ``streams`` (``plan.overlap.stream_options``)."""
     costs, lower, upper, integer, rows = [], [], [], [], []
 
     def col(cost=0.0, integral=False):
@@ -147,9 +156,43 @@ def build(tables, domains: dict, memory: dict, prices: Prices | None) -> Model:
         gcol[key] = c = col(prices.reduction(*key) * US)
         for ycs in by_op.values():
             rows.append((-math.inf, 0.0, tuple((y, 1.0) for y in ycs) + ((c, -1.0),)))
+    zcol = _streams(streams, col, rows, mcol, ycol)
     mem = tuple((xcol[k], b / KIB) for k, b in sorted(memory.items(), key=lambda kv: xcol.get(kv[0], -1))
                 if k in xcol and b)
-    return Model(tuple(costs), tuple(lower), tuple(upper), tuple(integer), tuple(rows), xcol, ycol, mem, tensors)
+    return Model(tuple(costs), tuple(lower), tuple(upper), tuple(integer), tuple(rows), xcol, ycol, mem, tensors,
+                 zcol)
+
+
+def _streams(streams, col, rows, mcol: dict, ycol: dict) -> dict:
+    """The stream columns and rows (module docstring): ``{col: StreamOption}``. The options of
+    one move are the leaves of one question tree (``plan.overlap``), so at most one of them runs,
+    and an op's condition sets among them are nested or disjoint: per move, op and condition
+    set C, ``sum_{v: C_v within C} z[v] <= sum_{c in C} y[o, c]`` — the rows of each leaf, summed
+    over the leaves it covers (a tighter relaxation, the same integer points)."""
+    zcol, by_site, by_side, by_move = {}, {}, {}, {}
+    for v in streams:
+        if v.move is not None and v.move not in mcol:
+            continue  # no combination makes the move
+        c = col(-v.saving * US, integral=True)
+        zcol[c] = v
+        by_move.setdefault(v.group, []).append((c, v))
+        for i in v.sites:
+            by_site.setdefault(i, []).append(c)
+        by_side.setdefault((v.tensor, v.side), []).append(c)
+    for members in by_move.values():
+        move = members[0][1].move
+        if move is not None:
+            rows.append((-math.inf, 0.0, tuple((c, 1.0) for c, _ in members) + ((mcol[move], -1.0),)))
+        conds = [(c, dict(v.conditions)) for c, v in members]
+        sets = dict.fromkeys((i, ks) for _, cond in conds for i, ks in cond.items())
+        for i, ks in sets:
+            inner = frozenset(ks)
+            cols = [c for c, cond in conds if i in cond and inner.issuperset(cond[i])]
+            rows.append((-math.inf, 0.0, tuple((c, 1.0) for c in cols) + tuple((ycol[(i, k)], -1.0) for k in ks)))
+    for group in (*by_site.values(), *by_side.values()):
+        if len(group) > 1:
+            rows.append((-math.inf, 1.0, tuple((c, 1.0) for c in group)))
+    return zcol
 
 
 # ------------------------------------------------------------------------------------------
@@ -239,6 +282,9 @@ def solve(h, model: Model, fixed: dict | None = None, budget: int | None = None,
     for t, s in (fixed or {}).items():
         for (_, ss), c in _xcols(model, t):
             upper[c] = 1.0 if ss == s else 0.0
+    if objective == "memory":  # streams do not change memory: none, so the LP is not degenerate in them
+        for c in model.zcol:
+            upper[c] = 0.0
     h.changeColsBounds(n, np.arange(n, dtype=np.int32), np.asarray(model.lower, dtype=float), upper)
     if objective == "memory":
         cost = np.zeros(n)
@@ -270,13 +316,14 @@ def solve(h, model: Model, fixed: dict | None = None, budget: int | None = None,
         if values[c] > 0.5:
             assignment[t] = s
     mem = int(round(sum(v * values[c] for c, v in model.memory) * KIB))
+    streams = tuple(v for c, v in model.zcol.items() if values[c] > 0.5)
     obj = float(info.objective_function_value)
     bound = float(info.mip_dual_bound) if status != highspy.HighsModelStatus.kOptimal else obj
     gap = 0.0 if status == highspy.HighsModelStatus.kOptimal else max(0.0, (obj - bound) / obj if obj else 0.0)
     scale = US if objective == "time" else 1.0
     shift = weight * mem / KIB if objective == "time" else 0.0
     return Solution(assignment, (obj - shift) / scale, (bound - shift) / scale, gap, mem,
-                    h.modelStatusToString(status), took)
+                    h.modelStatusToString(status), took, streams)
 
 
 def _run(h, model: Model):
@@ -301,6 +348,8 @@ def _run(h, model: Model):
             x = np.asarray(h.getSolution().col_value)[ints]
             if np.all(np.abs(x - np.round(x)) <= 1e-9):
                 return status
+    # with stream columns HiGHS's MIP presolve costs more than it saves (a block: 1.1 s -> 0.3 s)
+    h.setOptionValue("presolve", "off" if model.zcol else "choose")
     h.run()
     return h.getModelStatus()
 

@@ -31,7 +31,7 @@ are the same float.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import product
 
 from ..caches import memo
@@ -59,7 +59,8 @@ class Context:
     """What prices a combination besides the shardings: mesh, cost model, training mode, FLOP
     rate, the tensors that carry gradients, ``shared``: tensors several blocks read, which may be
     sliced locally but not moved with communication inside a block (``plan.chain``), and ``kept``:
-    pinned tensors no collective may move (a style's promise, ``plan(..., keep=)``)."""
+    pinned tensors no collective may move (a style's promise, ``plan(..., keep=)``); ``streams``:
+    whether stream overlaps are options of the search (``plan.overlap``)."""
 
     mesh: Mesh
     cost_model: CostModel
@@ -68,27 +69,34 @@ class Context:
     grads: frozenset
     shared: frozenset = frozenset()
     kept: frozenset = frozenset()
+    streams: bool = True
 
     @staticmethod
     def of(program, mesh: Mesh, cost_model: CostModel | None = None, training: str = "adam",
-           flop_rate: float | None = None, shared: frozenset = frozenset(), kept: frozenset = frozenset()) -> "Context":
+           flop_rate: float | None = None, shared: frozenset = frozenset(), kept: frozenset = frozenset(),
+           streams: bool = True) -> "Context":
         """The context of ``program`` on ``mesh``. ``Context.of(prog, mesh).training -> 'adam'``"""
         check_training(training)
         grads = grads_of(program) if training != "inference" else frozenset()
         return Context(mesh, cost_model or DEFAULT_COST_MODEL, training, check_flop_rate(flop_rate), grads,
-                       frozenset(shared), frozenset(kept))
+                       frozenset(shared), frozenset(kept), bool(streams))
 
 
 @dataclass(frozen=True)
 class Combo:
     """One combination of an op's tensors' shardings and what ``plan()`` emits for it:
     ``own`` — ``(forward, backward, compute)`` float terms of the output moves and the compute;
-    ``moves`` — ``(tensor, src, dst)`` input moves; ``reductions`` — ``(tensor, target, axes)``."""
+    ``moves`` — ``(tensor, src, dst)`` input moves; ``reductions`` — ``(tensor, target, axes)``;
+    and what the stream search reads of the op (``plan.overlap``): ``targets`` (where each
+    input is read), ``made`` (the outputs before their moves to their pins), ``params``."""
 
     shardings: tuple
     own: tuple
     moves: tuple
     reductions: tuple
+    targets: tuple = field(default=(), repr=False, compare=False)
+    made: tuple = field(default=(), repr=False, compare=False)
+    params: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def own_seconds(self) -> float:
@@ -228,7 +236,8 @@ def _combo(op, opdef, kw, typed, dtypes, creation, pin, tspec, ctx, cm):
             moves.append((i, a, tgt))
     reductions = op_reductions(op.inputs, p.input_targets, p.outputs, ctx.grads) if ctx.grads else ()
     comp = compute_seconds(op_flops(op.target, params, p.input_targets, p.outputs), ctx.training, ctx.flop_rate)
-    return (tuple(fwd), tuple(bwd), (comp,)), tuple(dict.fromkeys(moves)), reductions
+    return ((tuple(fwd), tuple(bwd), (comp,)), tuple(dict.fromkeys(moves)), reductions, tuple(p.input_targets),
+            tuple(p.outputs), params)
 
 
 def memory_of(program, doms: dict, training: str, counted=None) -> dict:
@@ -250,11 +259,13 @@ def memory_of(program, doms: dict, training: str, counted=None) -> dict:
 # ------------------------------------------------------------------------------------------
 
 
-def evaluate(program, tables, assignment: dict, ctx: Context) -> tuple:
-    """``(forward, backward, compute)`` float terms of the ops in ``tables`` under
-    ``assignment`` (``{tensor: Sharding}``): each op's combo, input moves once per (tensor,
-    target), gradient reductions once per (tensor, target, axes) (``plan.backward``).
-    ``math.fsum(sum(evaluate(prog, tables, p.shardings, ctx), ())) == estimate(p).seconds``"""
+def evaluate(program, tables, assignment: dict, ctx: Context, streams=()) -> tuple:
+    """``(forward, backward, compute, overlap)`` float terms of the ops in ``tables`` under
+    ``assignment`` (``{tensor: Sharding}``) with the stream options ``streams``
+    (``plan.overlap.StreamOption``) chosen: each op's combo, input moves once per (tensor,
+    target), gradient reductions once per (tensor, target, axes) (``plan.backward``), minus each
+    stream's saving (``estimate.overlap_terms``).
+    ``math.fsum(sum(evaluate(prog, tables, p.shardings, ctx, chosen), ())) == estimate(p).seconds``"""
     fwd, bwd, comp = [], [], []
     moves, reductions = {}, {}
     for t in tables:
@@ -273,7 +284,7 @@ def evaluate(program, tables, assignment: dict, ctx: Context) -> tuple:
         bwd.extend(b)
     for name, tgt, axes in reductions:
         bwd.append(priced_reduction(tgt, axes, program.tensors[name].dtype, cm))
-    return tuple(fwd), tuple(bwd), tuple(comp)
+    return tuple(fwd), tuple(bwd), tuple(comp), tuple(-o.saving for o in streams)
 
 
 def _lookup(table: OpTable) -> dict:

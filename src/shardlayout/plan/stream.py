@@ -234,22 +234,23 @@ def _ring_time(src: Sharding, tgt: Sharding, cs: list, d: int, comp: float, cm, 
     return ring_pipelined(a, comp / ring.stream[2], ring.stream[2]), ring, a
 
 
-def _downstream(plan, ops_of, tensor: str, d: int, target, hops: int = 6):
+def _downstream(facts, ops_of, tensor: str, d: int, target, hops: int = 6):
     """``(op index, input position, dim)`` of the matmuls ``tensor``'s dim ``d`` reaches through
     views and pointwise ops (one hop per op): only the consumers that read it at ``target`` (the
-    move's result), and after that ones that read each result as it is (no other move)."""
+    move's result), and after that ones that read each result as it is (no other move).
+    ``facts``: what is read of the plan (:class:`PlanFacts`)."""
     from ..ops.families import pointwise_ops
     from ..ops.result import canonical_op_name
 
-    prog = plan.program
+    prog = facts.program
     stack, seen = [(tensor, d, 0)], set()
     while stack:
         name, dim, n = stack.pop()
-        want = target if n == 0 else plan.shardings[name]
+        want = target if n == 0 else AS_IS
         for i in ops_of.get(name, ()):
             op = prog.ops[i]
             pos = op.inputs.index(name)
-            if plan.ops[i].input_targets[pos] != want:
+            if not facts.reads(i, pos, want):
                 continue
             if canonical_op_name(op.target) in MATMULS:
                 yield i, pos, dim
@@ -262,12 +263,11 @@ def _downstream(plan, ops_of, tensor: str, d: int, target, hops: int = 6):
                 stack.append((op.outputs[0], got, n + 1))  # a pointwise op's any operand (HF: weight * x)
 
 
-def _upstream(plan, producer, tensor: str, d: int, hops: int = 6):
+def _upstream(prog, producer, tensor: str, d: int, hops: int = 6):
     """``(op index, output position, dim)`` of the matmul whose output reaches ``tensor``'s dim
-    ``d`` through views and pointwise ops, or None."""
+    ``d`` through views and pointwise ops (the program's structure alone), or None."""
     from ..ops.result import canonical_op_name
 
-    prog = plan.program
     for _ in range(hops + 1):
         i = producer.get(tensor)
         if i is None:
@@ -287,66 +287,106 @@ def _upstream(plan, producer, tensor: str, d: int, hops: int = 6):
 
 
 def _candidates(plan, rate: float, ring: bool = True):
-    """Every (saving, StreamChoice) the plan allows: each communicating move and the matmuls it
-    feeds (through views and pointwise ops: their compute adds up, one pipeline) or the matmul
-    whose output it reduces, cut along the dim the move gathers or scatters (an all_reduce: the
-    outermost dim that works) when the matmuls pass that dim through. With ``ring``, a gather of
-    one mesh-axis factor is also priced as a ring (``_ring_time``), chosen when strictly faster
-    than every chunk count."""
+    """Every (saving, StreamChoice) the plan allows: one per communicating move at most
+    (:func:`move_candidate`), in the order of ``plan.moves`` by tensor name."""
     from . import _producers_users
 
-    prog, cm = plan.program, plan.cost_model
-    producer, ops_of = _producers_users(prog)  # the planner's, once per program (asserts read no values)
+    producer, ops_of = _producers_users(plan.program)  # the planner's, once per program
+    facts = PlanFacts(plan, rate)
     for (name, tgt), moves in _in_order(plan.moves):
-        cs = [c for c in moves if c.kind.communicates]
-        if not cs:
+        got = move_candidate(facts, producer, ops_of, name, _source(plan, producer, name, tgt), tgt, moves, ring)
+        if got is not None:
+            yield got
+
+
+AS_IS = "as-is"
+"""What :meth:`PlanFacts.reads` is asked for a tensor read where it is (no move of its own)."""
+
+
+class PlanFacts:
+    """What the stream search reads of a plan: whether op ``i`` reads its input ``pos`` at a
+    sharding (or ``AS_IS``), a matmul's index letters and its compute (inference-rated seconds
+    at ``rate``). The auto search answers the same questions for every combination of op
+    strategies (``plan.overlap``), so both price streams with one function."""
+
+    def __init__(self, plan, rate: float):
+        self.plan, self.rate = plan, rate
+        self.program, self.cost_model = plan.program, plan.cost_model
+
+    def reads(self, i: int, pos: int, want) -> bool:
+        """Does op ``i`` read input ``pos`` at ``want`` (``AS_IS``: at the tensor's own sharding)?"""
+        po = self.plan.ops[i]
+        got = po.input_targets[pos]
+        return got == (self.plan.shardings[self.program.ops[i].inputs[pos]] if want is AS_IS else want)
+
+    def letters(self, i: int):
+        """``(input letters, output letters)`` of matmul ``i`` as planned, or None."""
+        po = self.plan.ops[i]
+        return _letters(self.program.ops[i].target, po.params, po.input_targets, po.outputs)
+
+    def compute(self, i: int) -> float:
+        """Forward (inference-rated) seconds of op ``i`` as planned."""
+        po = self.plan.ops[i]
+        return compute_seconds(op_flops(self.program.ops[i].target, po.params, po.input_targets, po.outputs),
+                               "inference", self.rate)
+
+
+def move_candidate(facts, producer: dict, ops_of: dict, name: str, src: Sharding, tgt: Sharding, moves,
+                   ring: bool = False):
+    """``(saving, StreamChoice)`` of the move of ``name`` from ``src`` to ``tgt`` (``moves``: its
+    collectives) and the matmuls it feeds (through views and pointwise ops: their compute adds
+    up, one pipeline) or the matmul whose output it reduces, cut along the dim the move gathers
+    or scatters (an all_reduce: the outermost dim that works) when the matmuls pass that dim
+    through; None when no stream saves ``MIN_SAVING``. With ``ring``, a gather of one mesh-axis
+    factor is also priced as a ring (``_ring_time``), chosen when strictly faster than every
+    chunk count. ``facts`` answers what depends on the ops' strategies (:class:`PlanFacts`)."""
+    prog, cm = facts.program, facts.cost_model
+    cs = [c for c in moves if c.kind.communicates]
+    if not cs:
+        return None
+    dims = {d for c in cs for d in c.dims}
+    reduces = all(c.kind.value == "all_reduce" for c in cs)
+    if reduces:
+        dims = [d for d in range(src.ndim) if src.shape[d] > 1]
+    elif len(dims) != 1:
+        return None  # one dim to cut along
+    gathers = all(c.kind.value in ("all_gather", "all_to_all") for c in cs)
+    whole = sum(cm.seconds(c) for c in cs)
+    for d in sorted(dims):
+        if any(f.axis is not None for f in src.dims[d]) and any(f.axis is not None for f in tgt.dims[d]):
+            continue  # both sides cut along d: a stream chunk of one is not a chunk of the other
+        if gathers:  # the gathered input of matmuls: collective matmul
+            sites = sorted({i for i, pos, dd in _downstream(facts, ops_of, name, d, tgt)
+                            if _passes(facts, i, pos, dd, True)})
+            side = "before"
+        else:  # a reduction of a matmul's partial output
+            up = _upstream(prog, producer, name, d)
+            sites = [up[0]] if up is not None and _passes(facts, up[0], up[1], up[2], False) else []
+            side = "after"
+        # shown (and chunked after) the side whose dim d is sharded
+        shown = tgt if any(f.axis is not None for f in tgt.dims[d]) and not any(
+            f.axis is not None for f in src.dims[d]) else src
+        comp = math.fsum(facts.compute(i) for i in sites)
+        if not sites or comp <= 0:
             continue
-        src = _source(plan, producer, name, tgt)
-        dims = {d for c in cs for d in c.dims}
-        reduces = all(c.kind.value == "all_reduce" for c in cs)
-        if reduces:
-            dims = [d for d in range(src.ndim) if src.shape[d] > 1]
-        elif len(dims) != 1:
-            continue  # one dim to cut along
-        gathers = all(c.kind.value in ("all_gather", "all_to_all") for c in cs)
-        whole = sum(cm.seconds(c) for c in cs)
-        for d in sorted(dims):
-            if any(f.axis is not None for f in src.dims[d]) and any(f.axis is not None for f in tgt.dims[d]):
-                continue  # both sides cut along d: a stream chunk of one is not a chunk of the other
-            if gathers:  # the gathered input of matmuls: collective matmul
-                sites = sorted({i for i, pos, dd in _downstream(plan, ops_of, name, d, tgt)
-                                if _passes(plan, i, pos, dd, True)})
-                side = "before"
-            else:  # a reduction of a matmul's partial output
-                up = _upstream(plan, producer, name, d)
-                sites = [up[0]] if up is not None and _passes(plan, up[0], up[1], up[2], False) else []
-                side = "after"
-            # shown (and chunked after) the side whose dim d is sharded
-            shown = tgt if any(f.axis is not None for f in tgt.dims[d]) and not any(
-                f.axis is not None for f in src.dims[d]) else src
-            comp = math.fsum(compute_seconds(op_flops(prog.ops[i].target, plan.ops[i].params, plan.ops[i].input_targets,
-                                                      plan.ops[i].outputs), "inference", rate) for i in sites)
-            if not sites or comp <= 0:
+        best = None
+        for k in CHUNKS:
+            if chunk_layout(shown.dims[d], shown.shape[d], k) is None:
                 continue
-            best = None
-            for k in CHUNKS:
-                if chunk_layout(shown.dims[d], shown.shape[d], k) is None:
-                    continue
-                a = sum(cm.seconds(c.with_bytes(math.ceil(c.bytes / k))) for c in cs)
-                t = pipelined(a, comp / k, k)
-                if best is None or t < best[0] - 1e-15:
-                    best = (t, k, a)
-            streamed = shown.with_stream(d, best[1]) if best is not None else None
-            rt = _ring_time(src, tgt, cs, d, comp, cm, prog.tensors[name].dtype) if ring and gathers else None
-            if rt is not None and (best is None or rt[0] < best[0] - 1e-15):
-                best, streamed = (rt[0], rt[1].stream[2], rt[2]), rt[1]
-            if best is None or best[0] > (whole + comp) * (1 - MIN_SAVING):
-                continue
-            names = tuple(prog.ops[i].name for i in sites)
-            yield (whole + comp - best[0], StreamChoice(names, name, side, streamed, whole,
-                                                        comp, whole + comp, best[0], best[2],
-                                                        tuple(sorted({c.kind.value for c in cs}))))
-            break  # the outermost dim that works
+            a = sum(cm.seconds(c.with_bytes(math.ceil(c.bytes / k))) for c in cs)
+            t = pipelined(a, comp / k, k)
+            if best is None or t < best[0] - 1e-15:
+                best = (t, k, a)
+        streamed = shown.with_stream(d, best[1]) if best is not None else None
+        rt = _ring_time(src, tgt, cs, d, comp, cm, prog.tensors[name].dtype) if ring and gathers else None
+        if rt is not None and (best is None or rt[0] < best[0] - 1e-15):
+            best, streamed = (rt[0], rt[1].stream[2], rt[2]), rt[1]
+        if best is None or best[0] > (whole + comp) * (1 - MIN_SAVING):
+            continue
+        names = tuple(prog.ops[i].name for i in sites)
+        return (whole + comp - best[0], StreamChoice(names, name, side, streamed, whole, comp, whole + comp,
+                                                     best[0], best[2], tuple(sorted({c.kind.value for c in cs}))))
+    return None
 
 
 def _in_order(moves: dict) -> list:
@@ -372,10 +412,9 @@ def _source(plan, producer: dict, name: str, target) -> Sharding:
     return plan.shardings[name]
 
 
-def _passes(plan, i: int, pos: int, d: int, is_input: bool) -> bool:
+def _passes(facts, i: int, pos: int, d: int, is_input: bool) -> bool:
     """Does matmul ``i`` pass dim ``d`` of its input (or output) ``pos`` through (not contracted)?"""
-    op, po = plan.program.ops[i], plan.ops[i]
-    got = _letters(op.target, po.params, po.input_targets, po.outputs)
+    got = facts.letters(i)
     if got is None:
         return False
     ins, outs = got
