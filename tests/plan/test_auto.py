@@ -84,6 +84,30 @@ def test_Chain_UnderABudget_IsWithinItsReportedGapOfTheFullIlp(layers, mesh, bud
     assert max(chain.estimate.memory, full.estimate.memory) <= parse_memory(budget)
 
 
+def test_a_styles_plan_as_first_incumbent_leaves_the_binding_budget_optimum_unchanged(monkeypatch):
+    """The full ILP under a binding budget starts its branch and bound from the best style plan
+    that fits (``ilp._incumbent``: a feasible point, never below the optimum); the optimum found is
+    the same as without it."""
+    from shardlayout.plan import ilp
+
+    prog, m = llama(layers=2), Mesh.parse("tp=2")
+    got = []
+    real = ilp._incumbent
+
+    def spy(h, model, upper, starts):
+        values = real(h, model, upper, starts)
+        got.append(values)
+        return values
+
+    monkeypatch.setattr(ilp, "_incumbent", spy)
+    warm = auto_plan(prog, m, memory_per_device="90KiB", method="full")
+    assert got and got[0] is not None  # a style fits 90 KiB: its completion was handed over
+    monkeypatch.setattr(ilp, "_incumbent", lambda *a: None)
+    cold = auto_plan(prog, m, memory_per_device="90KiB", method="full")
+    assert warm.gap == cold.gap == 0 and warm.binding == "memory"
+    assert warm.estimate.seconds == pytest.approx(cold.estimate.seconds, rel=1e-12)
+
+
 CASES = [(llama(layers=1), MESH, None), (llama(layers=1), MESH, "64KiB"), (llama(layers=2), MESH, None),
          (llama(layers=2), "tp=2", "90KiB"), (moe(), MESH, None), (moe(), MESH, "60KiB")]
 

@@ -248,7 +248,7 @@ def _tables(program):
     return table
 
 
-def _solve_full(program, segs, doms, ctx, budget, time_limit, table):
+def _solve_full(program, segs, doms, ctx, budget, time_limit, table, seeds=()):
     from . import ilp
     from .chain import prices_of
 
@@ -261,7 +261,8 @@ def _solve_full(program, segs, doms, ctx, budget, time_limit, table):
     took += fastest.seconds if fastest else 0.0
     sol = fastest
     if fastest is not None and budget is not None and _memory(mem, fastest.assignment) > budget:
-        sol = ilp.solve(h, model, budget=budget)
+        starts = [{t: p.shardings[t] for t in model.tensors if t in p.shardings} for _, p in seeds]
+        sol = ilp.solve(h, model, budget=budget, starts=starts)
         took += sol.seconds if sol else 0.0
     if sol is None:
         low = ilp.solve(h, model, objective="memory")
@@ -390,7 +391,8 @@ def _idle(program, doms: dict, training: str) -> tuple:
 def _search(program, segs, doms, ctx, budget, method, time_limit, seeds) -> Found:
     """The chain solver or the full ILP, as ``method`` and the budget say (``auto_plan``)."""
     chainable = len(segs) > 1 and not (ctx.shared & ctx.grads)
-    use = ("chain" if chainable else "full") if method == "auto" else method
+    short = budget is not None and len(segs) <= SMALL_CHAIN  # a budget may bind: the one exact ILP at once
+    use = ("chain" if chainable and not short else "full") if method == "auto" else method
     if use == "chain" and not chainable:
         raise ShardingError("auto_plan: method='chain' needs a program with cuts and no shared tensor with a "
                             "gradient; use method='full'")
@@ -409,7 +411,7 @@ def _search(program, segs, doms, ctx, budget, method, time_limit, seeds) -> Foun
             return Found(res.assignment, res.terms, res.memory, res.gap, fastest, res.solver_seconds, "chain",
                          {"blocks": len(segs), "kinds": res.kinds, "solves": res.solves,
                           "gap_bound": "proven" if res.gap == 0 else "lagrangian"}, res.streams)
-    got, smallest, solver_s, fastest = _solve_full(program, segs, doms, ctx, budget, time_limit, table)
+    got, smallest, solver_s, fastest = _solve_full(program, segs, doms, ctx, budget, time_limit, table, seeds)
     if got is None:
         _no_fit(budget, smallest)
     assignment, terms, mem, gap, streams = got

@@ -268,12 +268,14 @@ def highs(model: Model, time_limit: float = 60.0):
 
 
 def solve(h, model: Model, fixed: dict | None = None, budget: int | None = None,
-          objective: str = "time", weight: float = 0.0) -> Solution | None:
+          objective: str = "time", weight: float = 0.0, starts=()) -> Solution | None:
     """Solve with tensors in ``fixed`` ({t: Sharding}) pinned, the memory row bounded by
     ``budget`` bytes (None: unbounded), minimising ``"time"`` (plus ``weight`` µs per KiB of
     memory: a Lagrangian price) or ``"memory"``; None when infeasible. HiGHS's state (bounds,
     costs) is set afresh on every call; ``objective`` of the result is the time part in seconds
-    (``"memory"``: KiB). ``solve(h, m, {"x": s}, budget=64 * 1024).assignment``"""
+    (``"memory"``: KiB). ``starts``: assignments ``{t: Sharding}`` (a style's plan) whose best
+    completion within the budget is handed to the branch and bound as its first incumbent (the
+    answer is the same; a good incumbent prunes). ``solve(h, m, {"x": s}, budget=64 * 1024).assignment``"""
     import highspy
     import numpy as np
 
@@ -299,7 +301,8 @@ def solve(h, model: Model, fixed: dict | None = None, budget: int | None = None,
         hi = (budget + 0.5) / KIB if budget is not None else highspy.kHighsInf  # integral bytes: <= budget
         h.changeRowBounds(len(model.rows), -highspy.kHighsInf, hi)
     t0 = time.perf_counter()
-    status = _run(h, model)
+    start = _incumbent(h, model, upper, starts) if starts else None
+    status = _run(h, model, start)
     took = time.perf_counter() - t0
     if status == highspy.HighsModelStatus.kInfeasible:
         return None
@@ -326,7 +329,31 @@ def solve(h, model: Model, fixed: dict | None = None, budget: int | None = None,
                     h.modelStatusToString(status), took, streams)
 
 
-def _run(h, model: Model):
+def _incumbent(h, model: Model, upper, starts):
+    """The best feasible point among ``starts`` each pinned and completed by HiGHS (every tensor
+    fixed: quick), as column values, or None; the bounds ``upper`` are restored."""
+    import highspy
+    import numpy as np
+
+    n = model.ncols
+    cols, lower = np.arange(n, dtype=np.int32), np.asarray(model.lower, dtype=float)
+    best = None
+    for fixed in starts:
+        up = upper.copy()
+        for t, s in fixed.items():
+            for (_, ss), c in _xcols(model, t):
+                up[c] = 1.0 if ss == s and upper[c] > 0 else 0.0
+        h.changeColsBounds(n, cols, lower, up)
+        h.run()
+        if h.getModelStatus() == highspy.HighsModelStatus.kOptimal:
+            obj = float(h.getInfo().objective_function_value)
+            if best is None or obj < best[0]:
+                best = (obj, np.asarray(h.getSolution().col_value).copy())
+    h.changeColsBounds(n, cols, lower, upper)
+    return None if best is None else best[1]
+
+
+def _run(h, model: Model, start=None):
     """Run HiGHS: the LP relaxation first; when its optimum gives every tensor exactly one
     sharding (x integral) that optimum is the integer program's too (it is feasible for it and
     no integer point is below the relaxation), else the branch and bound. The model status."""
@@ -350,6 +377,10 @@ def _run(h, model: Model):
                 return status
     # with stream columns HiGHS's MIP presolve costs more than it saves (a block: 1.1 s -> 0.3 s)
     h.setOptionValue("presolve", "off" if model.zcol else "choose")
+    if start is not None:
+        sol = highspy.HighsSolution()
+        sol.col_value = list(start)
+        h.setSolution(sol)
     h.run()
     return h.getModelStatus()
 
