@@ -239,28 +239,53 @@ def _downstream(facts, ops_of, tensor: str, d: int, target, hops: int = 6):
     views and pointwise ops (one hop per op): only the consumers that read it at ``target`` (the
     move's result), and after that ones that read each result as it is (no other move).
     ``facts``: what is read of the plan (:class:`PlanFacts`)."""
-    from ..ops.families import pointwise_ops
-    from ..ops.result import canonical_op_name
-
     prog = facts.program
     stack, seen = [(tensor, d, 0)], set()
     while stack:
         name, dim, n = stack.pop()
         want = target if n == 0 else AS_IS
+        for i, pos, mm, out, got in _edges(prog, ops_of, name, dim):
+            if not facts.reads(i, pos, want):
+                continue
+            if mm:
+                yield i, pos, dim
+                continue
+            if n >= hops or out is None or (i, dim) in seen:
+                continue
+            seen.add((i, dim))
+            if got is not None:
+                stack.append((out, got, n + 1))
+
+
+def _edges(prog, ops_of, name: str, dim: int) -> tuple:
+    """The consumers of ``name`` as ``_downstream`` walks them, read off the program once per
+    tensor and dim (the auto search asks per combination of strategies): ``(op index, input
+    position, is a matmul, its one output or None, where dim ``dim`` lands in it or None)``; a
+    pointwise op passes a chunk of any operand (HF's RMSNorm: ``weight * x``), another op of its
+    first."""
+    memo = prog.__dict__.setdefault("_stream_edges", {})
+    key = (name, dim)
+    got = memo.get(key)
+    if got is None:
+        from ..ops.families import pointwise_ops
+        from ..ops.result import canonical_op_name
+
+        out = []
         for i in ops_of.get(name, ()):
             op = prog.ops[i]
             pos = op.inputs.index(name)
-            if not facts.reads(i, pos, want):
+            base = canonical_op_name(op.target)
+            if base in MATMULS:
+                out.append((i, pos, True, None, None))
                 continue
-            if canonical_op_name(op.target) in MATMULS:
-                yield i, pos, dim
+            if len(op.outputs) != 1:
+                out.append((i, pos, False, None, None))
                 continue
-            if n >= hops or len(op.outputs) != 1 or (i, dim) in seen:
-                continue
-            seen.add((i, dim))
-            got = _through(op, dim, prog.tensors[name].shape, prog.tensors[op.outputs[0]].shape)
-            if got is not None and (pos == 0 or canonical_op_name(op.target) in pointwise_ops()):
-                stack.append((op.outputs[0], got, n + 1))  # a pointwise op's any operand (HF: weight * x)
+            land = _through(op, dim, prog.tensors[name].shape, prog.tensors[op.outputs[0]].shape)
+            ok = land is not None and (pos == 0 or base in pointwise_ops())
+            out.append((i, pos, False, op.outputs[0], land if ok else None))
+        got = memo[key] = tuple(out)
+    return got
 
 
 def _upstream(prog, producer, tensor: str, d: int, hops: int = 6):
