@@ -107,22 +107,21 @@ class ComboFacts:
 
     def _ask(self, i: int, question: tuple, key):
         self.touched.add(i)
-        vals = self.answers.get(question)
-        if vals is None:
-            tb = self.tables.get(i)
-            if tb is None:
-                raise _Outside(i)
-            vals = self.answers[question] = tuple(key(c) for c in tb.combos)
         ks = self.allowed.get(i)
-        if ks is None:
-            first = vals[0]
-            if any(v != first for v in vals):
-                raise _Need(i, vals)
-            return first
-        first = vals[ks[0]]
-        if any(vals[k] != first for k in ks):
-            raise _Need(i, vals)
-        return first
+        verdict = self.answers.get((question, ks))  # (shared, answer or every combination's answers)
+        if verdict is None:
+            vals = self.answers.get(question)
+            if vals is None:
+                tb = self.tables.get(i)
+                if tb is None:
+                    raise _Outside(i)
+                vals = self.answers[question] = tuple(key(c) for c in tb.combos)
+            first = vals[0] if ks is None else vals[ks[0]]
+            shared = all(v == first for v in vals) if ks is None else all(vals[k] == first for k in ks)
+            verdict = self.answers[(question, ks)] = (shared, first if shared else vals)
+        if not verdict[0]:
+            raise _Need(i, verdict[1])
+        return verdict[1]
 
     def reads(self, i: int, pos: int, want) -> bool:
         """Does op ``i`` read input ``pos`` at ``want`` (``AS_IS``: at its own sharding)?"""
