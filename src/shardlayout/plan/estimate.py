@@ -300,10 +300,10 @@ def step_terms(plan, training: str = "adam", flop_rate: float | None = None) -> 
 def overlap_terms(plan, flop_rate: float | None = None) -> tuple:
     """Minus the saving of each stream ``plan`` runs (``plan.stream``: its stream choices at
     ``flop_rate``; forward only, each a move overlapped with the matmuls it feeds or is fed by),
-    one float per stream. ``overlap_terms(p) == tuple(-s for s in savings)``"""
-    from .stream import _chosen, _ring
-
-    return tuple(-saving for saving, _ in _chosen(plan, check_flop_rate(flop_rate), _ring(plan, None)))
+    one float per stream: its pipelined seconds less its serial ones, as the stream search made
+    them (``Plan.stream_choices``; read through the plan, so this module needs nothing of
+    ``plan.stream``, which prices with it). ``overlap_terms(p) == tuple(-s for s in savings)``"""
+    return tuple(c.overlapped - c.serial for c in plan.stream_choices(check_flop_rate(flop_rate)))
 
 
 def plan_memory(plan, training: str = "adam") -> tuple:
