@@ -42,18 +42,22 @@ def propagate(op: str, inputs, *, out_pins=None, cost_model: CostModel | None = 
     if cost_model is not None and not isinstance(cost_model, CostModel):
         raise OpError(f"op {opdef.name}: cost_model {reprlib.repr(cost_model)} is not a CostModel; pass e.g. "
                       "CostModel(bandwidth={'dp': 25e9}), or None for the default")
-    if type(tensor_dtype) is str:
-        pass
-    elif isinstance(tensor_dtype, (tuple, list)):
-        if len(tensor_dtype) != 1 and len(tensor_dtype) < len(inputs):
-            raise OpError(f"op {opdef.name}: tensor_dtype lists {len(tensor_dtype)} dtypes for {len(inputs)} inputs; "
-                          "give one dtype name for every operand, or one per input (then one per output)")
-        tensor_dtype = tuple(map(str, tensor_dtype))
-    else:
-        tensor_dtype = str(tensor_dtype)
+    if type(tensor_dtype) is not str:  # the common call gives one dtype name: nothing to convert
+        tensor_dtype = _dtypes(opdef, tensor_dtype, len(inputs))
     if out_pins is not None:
         out_pins = _check_out_pins(opdef, inputs, params, out_pins)
     return opdef.resolve(inputs, params, out_pins, cost_model or DEFAULT_COST_MODEL, tensor_dtype)[0]
+
+
+def _dtypes(opdef, tensor_dtype, n_inputs: int):
+    """``tensor_dtype`` given otherwise than as one name: a tuple of names (one for every operand,
+    or one per input and then one per output), or one value read as a name."""
+    if isinstance(tensor_dtype, (tuple, list)):
+        if len(tensor_dtype) != 1 and len(tensor_dtype) < n_inputs:
+            raise OpError(f"op {opdef.name}: tensor_dtype lists {len(tensor_dtype)} dtypes for {n_inputs} inputs; "
+                          "give one dtype name for every operand, or one per input (then one per output)")
+        return tuple(map(str, tensor_dtype))
+    return str(tensor_dtype)
 
 
 def _check_out_pins(opdef, inputs: tuple, params: dict, out_pins) -> tuple:
