@@ -165,3 +165,26 @@ def test_a_budget_equal_to_the_smallest_that_fits_is_solved():
         auto_plan(prog, mesh, memory_per_device=1, training="adam")
     a = auto_plan(prog, mesh, memory_per_device=e.value.smallest, training="adam")
     assert a.estimate.memory <= e.value.smallest and a.estimate.seconds == a.predicted
+
+
+def test_a_budgeted_chain_reuses_the_unbudgeted_calls_blocks_and_gets_the_same_plan():
+    """``solve_chain(..., built=)``: the budgeted call after the unbudgeted one (what auto does
+    when the budget binds) re-solves none of the first call's block points — its solve count is
+    what it adds — and its plan equals a call on fresh blocks."""
+    from shardlayout.plan.auto import _tables
+    from shardlayout.plan.chain import solve_chain
+
+    prog, mesh = llama(layers=3), Mesh.parse("dp=2,tp=4")
+    segs = segments(prog)
+    doms = unify(domains(prog, seed_plans(prog, mesh, {})), slot_groups(segs))
+    ctx = Context.of(prog, mesh)
+    free, _ = solve_chain(prog, segs, doms, ctx, None, 60.0, _tables(prog))
+    budget = int(free.memory * 0.8)
+    fresh, _ = solve_chain(prog, segs, doms, ctx, budget, 60.0, _tables(prog))
+    built: dict = {}
+    first, _ = solve_chain(prog, segs, doms, ctx, None, 60.0, _tables(prog), built=built)
+    again, _ = solve_chain(prog, segs, doms, ctx, budget, 60.0, _tables(prog), built=built)
+    assert fresh is not None and fresh.memory <= budget < free.memory
+    assert (again.assignment, again.terms, again.memory, again.gap) == \
+        (fresh.assignment, fresh.terms, fresh.memory, fresh.gap)
+    assert first.solves == free.solves and again.solves < fresh.solves

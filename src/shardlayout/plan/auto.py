@@ -38,7 +38,7 @@ from . import Plan, _check_keep, kept_views, pin_shardings, plan
 from .chain import segments, shared_inputs, slot_groups, solve_chain
 from .estimate import StepEstimate, check_flop_rate, check_training, estimate
 from .overlap import segment_options
-from .space import Context, _order, domains, evaluate, memory_of, op_table, seed_plans, unify
+from .space import Context, _order, domains, evaluate, memory_of, op_table, seed_plans, twin_tables, unify
 
 SMALL_CHAIN = 8
 """Under a binding budget, a chain of at most this many blocks is solved as one ILP (proven
@@ -252,9 +252,9 @@ def _solve_full(program, segs, doms, ctx, budget, time_limit, table, seeds=()):
     from . import ilp
     from .chain import prices_of
 
-    tabs = tuple(table(i, doms, ctx) for i in range(len(program.ops)))
+    tabs, twins = twin_tables(program, segs, doms, ctx, table)
     mem = memory_of(program, doms, ctx.training)
-    model = ilp.build(tabs, doms, mem, prices_of(program, ctx), segment_options(program, tabs, segs, ctx))
+    model = ilp.build(tabs, doms, mem, prices_of(program, ctx), segment_options(program, tabs, segs, ctx, twins))
     h = ilp.highs(model, time_limit)
     took = 0.0
     fastest = ilp.solve(h, model)
@@ -396,16 +396,16 @@ def _search(program, segs, doms, ctx, budget, method, time_limit, seeds) -> Foun
     if use == "chain" and not chainable:
         raise ShardingError("auto_plan: method='chain' needs a program with cuts and no shared tensor with a "
                             "gradient; use method='full'")
-    table = _tables(program)
+    table, built = _tables(program), {}
     if use == "chain":
-        res, smallest = solve_chain(program, segs, doms, ctx, None, time_limit, table, seeds)
+        res, smallest = solve_chain(program, segs, doms, ctx, None, time_limit, table, seeds, built)
         if res is None:
             _no_fit(budget, smallest)
         binds = budget is not None and res.memory > budget
         if not binds or method == "chain" or len(segs) > SMALL_CHAIN:
             fastest = res.memory
             if binds:
-                res, smallest = solve_chain(program, segs, doms, ctx, budget, time_limit, table, seeds)
+                res, smallest = solve_chain(program, segs, doms, ctx, budget, time_limit, table, seeds, built)
                 if res is None:
                     _no_fit(budget, smallest)
             return Found(res.assignment, res.terms, res.memory, res.gap, fastest, res.solver_seconds, "chain",

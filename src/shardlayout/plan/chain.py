@@ -530,11 +530,13 @@ def _useful(segs, fast: list, lean: list, cap: int, ub: float) -> set:
     return keep
 
 
-def solve_chain(program, segs, doms: dict, base_ctx, budget: int | None, time_limit: float, table, seeds=()):
+def solve_chain(program, segs, doms: dict, base_ctx, budget: int | None, time_limit: float, table, seeds=(),
+                built: dict | None = None):
     """The optimum over the chain ``segs`` (module docstring): ``(ChainResult, None)``, or
     ``(None, smallest budget)`` when nothing fits ``budget``. ``table(i, doms, ctx)`` builds op
     ``i``'s table (memoised by the caller); ``seeds`` (``(label, Plan)``) add their own blocks'
-    points to the choices under a budget.
+    points to the choices under a budget. ``built``: the blocks of an earlier call over the same
+    ``doms`` (filled here; a second call, with a budget, re-solves none of the first's points).
 
     Shared tensors (the RoPE tables): first every block may choose their shardings freely — a
     relaxation of every tuple. When its fastest chain agrees on them (and fits) it is the
@@ -545,12 +547,13 @@ def solve_chain(program, segs, doms: dict, base_ctx, budget: int | None, time_li
     ctx = replace(base_ctx, shared=shared)
     groups = kinds(segs)
     stats = [0, 0.0]
+    built = {} if built is None else built
     if shared:
-        free = _attempt(program, segs, groups, doms, ctx, None, None, time_limit, table, seeds, stats)
+        free = _attempt(program, segs, groups, doms, ctx, None, None, time_limit, table, seeds, stats, built)
         if free.result is not None and (budget is None or free.fastest[1] <= budget):
             return _finish(free, stats)
         if free.hint is not None:
-            got = _attempt(program, segs, groups, doms, ctx, free.hint, budget, time_limit, table, seeds, stats)
+            got = _attempt(program, segs, groups, doms, ctx, free.hint, budget, time_limit, table, seeds, stats, built)
             res = got.result
             if res is not None and budget is None and _total(res.terms) <= free.bound:
                 return _finish(got, stats)
@@ -561,7 +564,7 @@ def solve_chain(program, segs, doms: dict, base_ctx, budget: int | None, time_li
                 return _finish(replace(got, result=replace(res, gap=0.0 if gap < 1e-9 else gap)), stats)
     best, smallest, fastest = None, None, None
     for choice in shared_choices(shared, doms):
-        got = _attempt(program, segs, groups, doms, ctx, choice, budget, time_limit, table, seeds, stats)
+        got = _attempt(program, segs, groups, doms, ctx, choice, budget, time_limit, table, seeds, stats, built)
         if got.fastest is not None and (fastest is None or got.fastest < fastest):
             fastest = got.fastest
         if got.smallest is not None:
@@ -595,12 +598,18 @@ def _finish(got: Attempt, stats) -> tuple:
     return replace(got.result, solves=stats[0], solver_seconds=stats[1], fastest_memory=got.fastest[1]), None
 
 
-def _attempt(program, segs, groups, doms, ctx, choice, budget, time_limit, table, seeds, stats) -> Attempt:
+def _attempt(program, segs, groups, doms, ctx, choice, budget, time_limit, table, seeds, stats, built) -> Attempt:
     """The chain with the shared tensors fixed to ``choice`` — or, ``choice`` None, free in every
-    block, with no budget (see :func:`solve_chain`)."""
+    block, with no budget (see :func:`solve_chain`); ``built``: blocks by (kind, choice), reused."""
     weights = memory_weights(program, ctx.training)
     local = dict(doms) if choice is None else {**doms, **{t: (s,) for t, s in choice.items()}}
-    blocks = {key: _block(program, same, local, ctx, time_limit, table) for key, same in groups.items()}
+    fixed = None if choice is None else tuple(sorted(choice.items(), key=lambda kv: kv[0]))
+    blocks = {}
+    for key, same in groups.items():
+        if (key, fixed, ctx) not in built:
+            built[(key, fixed, ctx)] = _block(program, same, local, ctx, time_limit, table)
+        blocks[key] = built[(key, fixed, ctx)]
+    before = {key: (b.solves, b.seconds) for key, b in blocks.items()}  # a reused block's earlier solves
 
     def options(pick):
         return [[(a, b, pt) for a in (local[s.inp] if s.inp is not None else (None,))
@@ -611,8 +620,8 @@ def _attempt(program, segs, groups, doms, ctx, choice, budget, time_limit, table
         return sum(weights.get(t, 0) * local_bytes(v, program.tensors[t].dtype) for t, v in ch.items())
 
     def done(path, gap, fastest, smallest=None, **more):
-        stats[0] += sum(b.solves for b in blocks.values())
-        stats[1] += sum(b.seconds for b in blocks.values())
+        stats[0] += sum(b.solves - before[k][0] for k, b in blocks.items())
+        stats[1] += sum(b.seconds - before[k][1] for k, b in blocks.items())
         res = None
         ch = choice if choice is not None else (_agreed(path, ctx.shared) if path is not None else None)
         if path is not None and ch is not None:

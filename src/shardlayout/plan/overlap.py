@@ -65,14 +65,20 @@ class StreamOption:
         """``"before"`` (the move feeds the matmuls) or ``"after"`` (it reduces their output)."""
         return self.choice.side
 
-    def renamed(self, rename: dict, shift: int, program) -> "StreamOption":
+    def renamed(self, rename: dict, shift: int, program, twin: bool = False) -> "StreamOption":
         """The same option in another block of the same kind: tensors renamed by ``rename``, op
-        indices shifted by ``shift`` (names read from ``program``); conditions dropped (they
-        belong to the block the search solved)."""
+        indices shifted by ``shift`` (names read from ``program``). Conditions are dropped (they
+        belong to the block the search solved) unless ``twin``: the other block's tables are
+        this block's renamed (``plan.space.renamed_table``), so its combinations are numbered
+        alike and the conditions and the move carry over."""
         tensor = rename.get(self.tensor, self.tensor)
         sites = tuple(i + shift for i in self.sites)
         choice = replace(self.choice, ops=tuple(program.ops[i].name for i in sites), tensor=tensor)
-        return StreamOption(tensor, self.target, None, (), sites, self.saving, choice, self.source)
+        if not twin:
+            return StreamOption(tensor, self.target, None, (), sites, self.saving, choice, self.source)
+        move = None if self.move is None else (tensor, *self.move[1:])
+        conditions = tuple((i + shift, ks) for i, ks in self.conditions)
+        return StreamOption(tensor, self.target, move, conditions, sites, self.saving, choice, self.source)
 
 
 MAX_LEAVES = 512
@@ -244,14 +250,22 @@ def stream_options(program, tables, ctx, skip=frozenset()) -> tuple:
     return tuple(out)
 
 
-def segment_options(program, tables, segs, ctx) -> tuple:
+def segment_options(program, tables, segs, ctx, twins=None) -> tuple:
     """:func:`stream_options` of each block of the chain ``segs`` (``plan.chain.Segment``) over
     its own tables (``tables[i]``: op ``i``'s): the options the chain solver prices, for the one
-    ILP over the whole program (a stream's ops lie in the block of its move).
-    ``segment_options(prog, tabs, segments(prog), ctx)``"""
-    out = []
-    for s in segs:
-        out.extend(stream_options(program, tables[s.lo:s.hi], ctx, frozenset({s.out}) - {None}))
+    ILP over the whole program (a stream's ops lie in the block of its move). ``twins``
+    (``{block index: (earlier block index, rename)}``, ``plan.space.twin_tables``): a block whose
+    tables are an earlier block's renamed takes that block's options renamed (the same questions
+    get the same answers). ``segment_options(prog, tabs, segments(prog), ctx)``"""
+    out, mine = [], {}
+    for k, s in enumerate(segs):
+        if twins and k in twins:
+            r, rename = twins[k]
+            got = tuple(v.renamed(rename, s.lo - segs[r].lo, program, twin=True) for v in mine[r])
+        else:
+            got = stream_options(program, tables[s.lo:s.hi], ctx, frozenset({s.out}) - {None})
+        mine[k] = got
+        out.extend(got)
     return tuple(out)
 
 

@@ -212,6 +212,54 @@ def op_table(program, index: int, doms: dict, ctx: Context) -> OpTable:
     return OpTable(index, tensors, tuple(combos))
 
 
+def renamed_table(table: OpTable, rename: dict, shift: int) -> OpTable:
+    """``table`` as the op ``shift`` places later whose tensors are ``rename``'s (names not in it
+    kept): the same combinations in the same order, their moves and reductions renamed.
+    ``renamed_table(t, {"layers.0.x": "layers.1.x"}, 50).index == t.index + 50``"""
+    def name(t):
+        return rename.get(t, t)
+
+    combos = tuple(Combo(c.shardings, c.own, tuple((name(t), a, b) for t, a, b in c.moves),
+                         tuple((name(t), d, axes) for t, d, axes in c.reductions), c.targets, c.made, c.params)
+                   for c in table.combos)
+    return OpTable(table.index + shift, tuple(name(t) for t in table.tensors), combos)
+
+
+def twin_tables(program, segs, doms: dict, ctx: Context, table) -> tuple:
+    """``(tables, twins)``: every op's table (``table(i, doms, ctx)``, op ``i``'s), where a block
+    of ``segs`` (``plan.chain.Segment``) of the kind of an earlier one whose tensors have the
+    same domains (and the same gradient, shared and kept roles) takes that block's tables
+    renamed (:func:`renamed_table`: what ``op_table`` makes for it, without resolving every
+    combination again); ``twins``: ``{block index: (earlier block index, rename)}``.
+    ``twin_tables(llama(layers=4), segments(prog), doms, ctx, table)[1]``"""
+    tables: list = [None] * len(program.ops)
+    twins, first = {}, {}
+    for k, s in enumerate(segs):
+        r = first.setdefault(s.key, k)
+        rep = segs[r]
+        rename = dict(zip(rep.slots, s.slots))
+        if rep.inp is not None:
+            rename[rep.inp] = s.inp
+        if r != k and _alike(rep, rename, doms, ctx):
+            twins[k] = (r, rename)
+            for j in range(s.hi - s.lo):
+                tables[s.lo + j] = renamed_table(tables[rep.lo + j], rename, s.lo - rep.lo)
+        else:
+            for i in range(s.lo, s.hi):
+                tables[i] = table(i, doms, ctx)
+    return tuple(tables), twins
+
+
+def _alike(rep, rename: dict, doms: dict, ctx: Context) -> bool:
+    """Do the tensors ``rename`` maps (a block's own tensors and its input) have the same domains
+    and roles as their images?"""
+    for a, b in rename.items():
+        if doms.get(a) != doms.get(b) or (a in ctx.grads) != (b in ctx.grads) or \
+                (a in ctx.shared) != (b in ctx.shared) or (a in ctx.kept) != (b in ctx.kept):
+            return False
+    return True
+
+
 def _combo(op, opdef, kw, typed, dtypes, creation, pin, tspec, ctx, cm):
     args = tuple(pin[i] if type(i) is str else i for i in op.inputs)
     if creation:
@@ -296,4 +344,4 @@ def _lookup(table: OpTable) -> dict:
 
 
 __all__ = ["Combo", "Context", "NoCandidates", "OpTable", "domains", "evaluate", "memory_of", "op_table",
-           "priced_move", "priced_reduction", "seed_plans", "unify"]
+           "priced_move", "priced_reduction", "renamed_table", "seed_plans", "twin_tables", "unify"]
