@@ -120,11 +120,18 @@ def local_indices(s: ShardingLike, rank: int) -> tuple:
     return tuple(out)
 
 
+_NONE = np.zeros(0, dtype=np.int64)
+_NONE.setflags(write=False)
+
+
 @memo(1 << 16)
 def _dim_indices(n: int, factors, digits: tuple) -> np.ndarray:
+    """The global indices of one dim at ``digits`` (read-only; every empty piece gets one shared
+    empty array, so ranks holding nothing there hold the same array)."""
     rs = dim_ranges(n, factors, digits)
-    idx = np.arange(*rs[0]) if len(rs) == 1 else np.concatenate([np.arange(lo, hi) for lo, hi in rs]) if rs \
-        else np.zeros(0, dtype=np.int64)
+    if not rs:
+        return _NONE
+    idx = np.arange(*rs[0]) if len(rs) == 1 else np.concatenate([np.arange(lo, hi) for lo, hi in rs])
     idx.setflags(write=False)
     return idx
 
