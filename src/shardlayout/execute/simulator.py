@@ -84,13 +84,18 @@ def collective_piece(c, rank: int, pieces: dict, want=None, held=None):
     out = np.zeros(shape, dtype=dtype)
     stacked = []
     wheres = [_where(w, n) for w, n in zip(want, src.shape)]
+    placed: dict = {}  # a member's index arrays (by identity, kept alive here) -> where to read and write
     for q in group:
         mine = src.indices(q) if held is None else held[q]
         if not reduce_op and any(len(h) == 0 for h in mine):
             continue  # an empty piece gives nothing
-        pos = [_positions(h, wh) for h, wh in zip(mine, wheres)]
-        block = np.asarray(pieces[q])[grid([k for k, _ in pos])] if pos else np.asarray(pieces[q])
-        at = grid([j for _, j in pos]) if pos else ()
+        got = placed.get(tuple(map(id, mine)))
+        if got is None:
+            pos = [_positions(h, wh) for h, wh in zip(mine, wheres)]
+            got = placed[tuple(map(id, mine))] = (mine, pos, grid([k for k, _ in pos]) if pos else (),
+                                                 grid([j for _, j in pos]) if pos else ())
+        _, pos, take, at = got
+        block = np.asarray(pieces[q])[take] if pos else np.asarray(pieces[q])
         if reduce_op:
             if any(len(j) != len(w) for (_, j), w in zip(pos, want)):
                 raise ShardMismatch(
