@@ -49,9 +49,9 @@ import numpy as np
 from ..errors import ShardingError, ShardMismatch, SimulationUnsupported
 from ..mesh import Mesh
 from ..ops.registry import get_op
-from ..ops.result import at_rank
+from ..ops.result import at_rank, coord_axes
 from ..sharding import Sharding
-from .classes import axis_group, group_ranks, rank_classes, representatives
+from .classes import axis_group, dim_axes, group_ranks, rank_classes, representatives
 from .indexmap import IndexMap, index_map
 from .proof import Check, check_collective, check_op, check_wiring
 from .simulator import collective_piece, grid
@@ -97,17 +97,26 @@ _MASK = (1 << 64) - 1
 _M1, _M2, _G = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB), np.uint64(0x9E3779B97F4A7C15)
 
 
-def hashed(seed: int, offsets, slot: int = 0) -> np.ndarray:
+def hashed(seed: int, offsets, slot=0) -> np.ndarray:
     """Floats in [-1, 1), one per global offset, a pure function of ``(seed, offset, slot)``
-    (splitmix64). ``hashed(0, np.arange(3)).shape -> (3,)``"""
+    (splitmix64); ``slot`` a sequence: one row per slot, drawn in one pass (row ``i`` is
+    ``hashed(seed, offsets, slot[i])``). ``hashed(0, np.arange(3)).shape -> (3,)``"""
     x = np.asarray(offsets, dtype=np.uint64).reshape(-1) * _G
-    x = x + np.uint64((seed * 0x632BE59BD9B4E019 + (slot + 1) * 0xD1B54A32D192ED03) & _MASK)
+    if isinstance(slot, (int, np.integer)):
+        x = x + np.uint64(_lane(seed, slot))
+    else:
+        x = x[None, :] + np.array([_lane(seed, s) for s in slot], dtype=np.uint64).reshape(-1, 1)
     x ^= x >> np.uint64(30)
     x *= _M1
     x ^= x >> np.uint64(27)
     x *= _M2
     x ^= x >> np.uint64(31)
     return (x >> np.uint64(11)).astype(np.float64) * (2.0 ** -52) - 1.0
+
+
+def _lane(seed: int, slot: int) -> int:
+    """What ``hashed`` adds to every scaled offset for ``(seed, slot)``."""
+    return (seed * 0x632BE59BD9B4E019 + (int(slot) + 1) * 0xD1B54A32D192ED03) & _MASK
 
 
 @dataclass(frozen=True)
@@ -162,6 +171,16 @@ def at_offsets(op: Operand, offsets, rank: int) -> np.ndarray:
     return _transform(kind, hashed(op.seed, offsets, slot))
 
 
+def summands(op: Operand, lists, ranks) -> np.ndarray:
+    """``summand(op, lists, q)`` for every ``q`` of ``ranks``, stacked (one draw for all of them).
+    ``summands(op, s.indices(0), (0, 1))[1]`` equals ``summand(op, s.indices(0), 1)``"""
+    s = op.sharding
+    kind = op.kind if not s.partial else (op.kind if op.kind == "positive" else None)
+    slots = [_slot(s.mesh, _partial_axes(s), s.mesh.coord(q)) if s.partial else 0 for q in ranks]
+    shape = (len(slots),) + tuple(len(x) for x in lists)
+    return _transform(kind, hashed(op.seed, _offsets(s.shape, lists), slots)).reshape(shape)
+
+
 _REDUCE = {"sum": np.sum, "avg": np.mean, "max": np.max, "min": np.min}
 
 
@@ -178,14 +197,15 @@ def global_value(op: Operand, lists, keep: dict | None = None) -> np.ndarray:
     kind = op.kind if op.kind == "positive" else None
     axes = _partial_axes(s)
     free = [a for a in axes if a not in keep]
-    offs = _offsets(s.shape, lists)
-    grid = np.zeros(tuple(mesh.axis_size(a) for a in free) + shape)
-    for digits in np.ndindex(*[mesh.axis_size(a) for a in free]):
+    sizes = tuple(mesh.axis_size(a) for a in free)
+    slots = []
+    for digits in np.ndindex(*sizes):
         at = dict(zip(free, digits), **keep)
         slot = 0
         for a in axes:
             slot = slot * mesh.axis_size(a) + at[a]
-        grid[digits] = _transform(kind, hashed(op.seed, offs, slot)).reshape(shape)
+        slots.append(slot)
+    grid = _transform(kind, hashed(op.seed, _offsets(s.shape, lists), slots)).reshape(sizes + shape)
     ops = dict(s.partial)
     for a in free:
         grid = _REDUCE[ops[a]](grid, axis=0)
@@ -343,23 +363,35 @@ def run_op(opdef, params: dict, inputs: tuple, outputs: tuple, dtypes: tuple, im
                 return Run("failed", f"the op's numpy implementation gives output {k} the shape {np.shape(r_)}, the "
                                      f"program says {o.shape}", classes=len(classes))
     worst, runs = 0.0, 0
-    local: dict = {}  # (member, box tag) -> its outputs; without a box they serve every representative
+    local: dict = {}  # what a local run reads (_run_key) -> its outputs: equal readings run once
+    reads = _axes_read(mesh, tensors, coord_axes(dict(local_params)) if local_params else ())
+    own = _axes_read(mesh, list(outputs) + ([] if small else tensors), set(partial) - set.intersection(
+        *(set(_partial_axes(o)) for o in outputs)) if outputs else (), partial=False)
+    compared: set = set()  # _rep_key: what a representative's check reads; equal readings, equal verdicts
+    hold: list = []  # the index arrays keyed by identity, kept alive while keys are compared
     for r in reps:
+        seen = _rep_key(mesh, members_of[r][0], r, reads, own)
+        if seen in compared:
+            continue  # the same local runs, reduced the same way, against the same reference entries
+        compared.add(seen)
         box = None if small else _letter_boxes(imap, inputs, outputs, r, sample, budget)
         if box is None and not small:
             return Run("skipped", "no sampled box of the op fits the budget", classes=len(classes), simulated=runs)
-        tag = None if box is None else r
+        tag = _box_key(box)
+        outs_of = {}
         for q in members_of[r]:
-            if (q, tag) not in local:
-                here = at_rank({**params, **dict(local_params)}, mesh, q) if local_params else params
+            here = at_rank({**params, **dict(local_params)}, mesh, q) if local_params else params
+            key = _run_key(ops, inputs, outputs, q, here.get("local") if local_params else None, tag, hold)
+            if key not in local:
                 outs = _local_run(opdef, here, ops, inputs, outputs, imap, q, box, whole)
                 if isinstance(outs, str):
                     return Run("failed", outs, classes=len(classes), simulated=runs)
-                local[(q, tag)] = outs
+                local[key] = outs
                 runs += 1
+            outs_of[q] = local[key]
         for k, o in enumerate(outputs):
             group = axis_group(mesh, r, _partial_axes(o))
-            got = _reduce_members({q: local[(q, tag)][k] for q in group}, group, mesh, o.partial)
+            got = _reduce_members({q: outs_of[q][k] for q in group}, group, mesh, o.partial)
             lists = list(o.indices(r))
             if small:
                 want = ref[k][grid(lists)] if lists else ref[k]
@@ -375,6 +407,62 @@ def run_op(opdef, params: dict, inputs: tuple, outputs: tuple, dtypes: tuple, im
                 return Run("failed", f"rank {r}: output {k} differs from the op on the global values "
                                      f"(max error {err:.3g}; sharding {o})", err, len(classes), runs)
     return Run("ok", "", worst, len(classes), runs)
+
+
+def _axes_read(mesh: Mesh, shardings, extra=(), partial: bool = True) -> tuple:
+    """The mesh axes (mesh order) the pieces of ``shardings`` depend on: those their dims read and,
+    with ``partial``, their partial axes (a summand's slot); plus ``extra``.
+    ``_axes_read(m, (Sharding.parse("[dp*4, 12] +sum(tp)", m),)) -> ('dp', 'tp')``"""
+    used = set(extra)
+    for s in shardings:
+        for fs in s.dims:
+            used.update(dim_axes(mesh, fs))
+        if partial:
+            used.update(_partial_axes(s))
+    return tuple(a for a in mesh.names if a in used)
+
+
+def _rep_key(mesh: Mesh, base: int, rank: int, reads: tuple, own: tuple) -> tuple:
+    """What a representative's numeric check depends on, as coordinates: its group's (``base``,
+    the group's first rank; the members vary only the group's digits from it) on the axes the
+    pieces read, and its own on the axes its target pieces read. Two representatives with equal
+    keys run the same local programs on the same global indices and compare the same entries: the
+    second run would repeat the first, value for value. ``_rep_key(m, 0, 0, ("tp",), ()) -> ((0,), ())``"""
+    b, c = mesh.coord(base), mesh.coord(rank)
+    return tuple(b[mesh.axis_index(a)] for a in reads), tuple(c[mesh.axis_index(a)] for a in own)
+
+
+def _same(arrays, hold: list) -> tuple:
+    """A key of index arrays by identity: the shard memo (``sharding.shards.local_indices``) hands
+    ranks with the same digits the same read-only array (and every empty piece one empty array),
+    so equal keys mean equal contents; unequal keys may still be equal contents, then the work is
+    only done twice. ``hold`` keeps the arrays alive while keys are compared (an id is reused only
+    once its object is freed). ``_same((a, b), []) == _same((a, b), [])``"""
+    hold.append(arrays)
+    return tuple(map(id, arrays))
+
+
+def _box_key(box) -> tuple | None:
+    """A sampled box (``_letter_boxes``) as a hashable value; None for no box."""
+    return None if box is None else tuple((L, x.tobytes()) for L, x in sorted(box.items()))
+
+
+def _slot_of(s: Sharding, q: int):
+    """The partial slot ``q``'s summand of ``s`` is drawn from; None when ``s`` is not partial."""
+    return _slot(s.mesh, _partial_axes(s), s.mesh.coord(q)) if s.partial else None
+
+
+def _run_key(ops, inputs, outputs, q: int, local, box_tag, hold: list) -> tuple:
+    """Everything rank ``q``'s local run reads (``_local_run``), as a key: per operand its index
+    arrays and partial slot (its values are the hash of those), per output its piece's shape,
+    the rank's resolved ``local`` param and the sampled box. Two ranks with equal keys run the
+    same op on the same arrays: one run stands for both. ``local`` unhashable: keyed by the rank."""
+    try:
+        hash(local)
+    except TypeError:
+        local = ("rank", q)
+    return (tuple(None if o is None else (_same(x.indices(q), hold), _slot_of(x, q)) for o, x in zip(ops, inputs)),
+            tuple(o.local_shape(q) for o in outputs), local, box_tag)
 
 
 def _local_run(opdef, params, ops, inputs, outputs, imap, q: int, box, whole=None):
@@ -486,33 +574,48 @@ def run_collective_classes(c, seed: int = 0, rtol: float = 1e-6, atol: float = 1
     classes, reps = _ranks_to_run(mesh, (c.src, c.dst), False)
     src = Operand(c.src, seed)
     worst, runs = 0.0, 0
-    made: dict = {}  # member -> (indices it holds, its piece), shared by the representatives
+    made: dict = {}  # a member's held arrays and partial slot -> its piece, shared by every group holding it
+    compared: set = set()  # _rep_key: what a representative's run reads; equal readings, equal verdicts
+    same: set = set()  # the same by content: its members' held arrays and slots, its wanted entries
+    hold: list = []  # the index arrays keyed by identity (_same), kept alive while keys are compared
+    reads = _axes_read(mesh, (c.src, c.dst))
+    own = _axes_read(mesh, (c.dst,))  # the target piece and the partial slots it keeps
     for r in reps:
         group = group_ranks(mesh, r, c.axes)
         if len(group) > MAX_GROUP:
             return Run("skipped", f"a group of {len(group)} ranks", classes=len(classes))
+        cheap = _rep_key(mesh, group[0], r, reads, own)
+        if cheap in compared:
+            continue  # the same member pieces put together into the same entries of the same target
+        compared.add(cheap)
         full = list(c.dst.indices(r))
         want = _sampled(full, max(budget // (16 * len(group)), 1))
         whole = all(len(w) == len(f) for w, f in zip(want, full))
-        held, pieces = {}, {}
-        todo = [q for q in group if (q if whole else (q, r)) not in made]
-        kept = {q: list(c.src.indices(q)) for q in todo}
+        held = {q: list(c.src.indices(q)) for q in group}
         if not whole:
-            kept = {q: [x[np.isin(x, w)] for x, w in zip(h, want)] for q, h in kept.items()}
+            held = {q: [x[np.isin(x, w)] for x, w in zip(h, want)] for q, h in held.items()}
+        keys = {q: (_same(held[q], hold), _slot_of(c.src, q)) for q in group}
+        coord = mesh.coord(r)
+        seen = (tuple(keys[q] for q in group), _same(want, hold),
+                tuple(coord[mesh.axis_index(a)] for a, _ in c.dst.partial))
+        if seen in same:
+            continue
+        same.add(seen)
+        todo = list({keys[q]: q for q in group if keys[q] not in made}.values())
         if todo and not c.src.partial and c.src.shape:  # every member's piece cut from one draw of their union
-            union = [np.unique(np.concatenate([kept[q][d] for q in todo])) for d in range(len(c.src.shape))]
+            union = [np.unique(np.concatenate([held[q][d] for q in todo])) for d in range(len(c.src.shape))]
             values = global_value(src, union)
             for q in todo:
-                at = [np.searchsorted(u, x) for u, x in zip(union, kept[q])]
-                made[q if whole else (q, r)] = (kept[q], values[grid(at)])
+                at = [np.searchsorted(u, x) for u, x in zip(union, held[q])]
+                made[keys[q]] = values[grid(at)]
+        alike: dict = {}  # partial members holding the same indices: their summands drawn at once
         for q in todo:
-            key = q if whole else (q, r)
-            if key not in made:
-                made[key] = (kept[q], summand(src, kept[q], q))
-        for q in group:
-            held[q], pieces[q] = made[q if whole else (q, r)]
+            if keys[q] not in made:
+                alike.setdefault(keys[q][0], []).append(q)
+        for qs in alike.values():
+            made.update(zip((keys[q] for q in qs), summands(src, held[qs[0]], qs)))
         try:
-            got = collective_piece(c, r, pieces, want, held)
+            got = collective_piece(c, r, {q: made[keys[q]] for q in group}, want, held)
         except ShardingError as e:
             return Run("failed", f"rank {r}: {e}", classes=len(classes), simulated=runs)
         runs += 1
@@ -798,5 +901,5 @@ def verify(plan, mode: str = "classes", seed: int = 0, rtol: float = 1e-6, atol:
 
 
 __all__ = ["DEFAULT_BUDGET", "MODES", "Operand", "Run", "Verification", "VerifyError", "expected_after",
-           "global_value", "hashed", "run_collective_classes", "run_op", "summand", "verify", "verify_full",
+           "global_value", "hashed", "run_collective_classes", "run_op", "summand", "summands", "verify", "verify_full",
            "verify_plan"]
