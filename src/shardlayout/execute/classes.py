@@ -57,6 +57,7 @@ class RankClass:
     representatives: tuple
 
 
+@memo(1 << 14)
 def dim_axes(mesh: Mesh, factors) -> tuple:
     """Mesh axes a dim's factors read, in mesh order. ``dim_axes(m, (Factor(2, "dp"), Factor(4))) -> ('dp',)``"""
     used = {f.axis for f in factors if f.axis is not None}
@@ -136,10 +137,9 @@ def component_classes(mesh: Mesh, axes: tuple, items: tuple) -> tuple:
     -> ``((((2,),), 1, (0,), (0,)), (((1,),), 1, (1,), (1,)))``"""
     seen: dict = {}
     order = []
+    reads = [(n, fs, tuple(axes.index(a) for a in dim_axes(mesh, fs))) for n, fs in items]
     for coords in coordinates(mesh, axes):
-        at = dict(zip(axes, coords))
-        key = tuple(chunk_lengths(ranges_at(mesh, n, fs, tuple(at[a] for a in dim_axes(mesh, fs))))
-                    for n, fs in items)
+        key = tuple(chunk_lengths(ranges_at(mesh, n, fs, tuple(coords[i] for i in pos))) for n, fs, pos in reads)
         hit = seen.get(key)
         if hit is None:
             seen[key] = [1, coords, coords]
@@ -197,6 +197,8 @@ def axis_group(mesh: Mesh, rank: int, axes) -> tuple:
     ``axis_group(Mesh.parse("dp=2,tp=4"), 5, ("dp",)) -> (1, 5)``"""
     from ..sharding.collective import AxisPiece
 
+    if not axes:
+        return (rank,)
     return group_ranks(mesh, rank, tuple(AxisPiece(a, mesh.axis_size(a)) for a in axes))
 
 

@@ -364,6 +364,10 @@ def run_op(opdef, params: dict, inputs: tuple, outputs: tuple, dtypes: tuple, im
                                      f"program says {o.shape}", classes=len(classes))
     worst, runs = 0.0, 0
     local: dict = {}  # what a local run reads (_run_key) -> its outputs: equal readings run once
+    full = frozenset(i for i, (o, x) in enumerate(zip(ops, inputs))
+                     if o is not None and not x.partial and not _axes_read(mesh, (x,)))  # whole on every rank
+    if small and not local_params and len(full) == sum(o is not None for o in ops):
+        local[_whole_key(ops, outputs)] = ref  # a rank holding every operand whole makes the reference call
     reads = _axes_read(mesh, tensors, coord_axes(dict(local_params)) if local_params else ())
     own = _axes_read(mesh, list(outputs) + ([] if small else tensors), set(partial) - set.intersection(
         *(set(_partial_axes(o)) for o in outputs)) if outputs else (), partial=False)
@@ -378,17 +382,21 @@ def run_op(opdef, params: dict, inputs: tuple, outputs: tuple, dtypes: tuple, im
         if box is None and not small:
             return Run("skipped", "no sampled box of the op fits the budget", classes=len(classes), simulated=runs)
         tag = _box_key(box)
-        outs_of = {}
+        outs_of, todo = {}, {}
         for q in members_of[r]:
             here = at_rank({**params, **dict(local_params)}, mesh, q) if local_params else params
-            key = _run_key(ops, inputs, outputs, q, here.get("local") if local_params else None, tag, hold)
-            if key not in local:
-                outs = _local_run(opdef, here, ops, inputs, outputs, imap, q, box, whole)
-                if isinstance(outs, str):
-                    return Run("failed", outs, classes=len(classes), simulated=runs)
-                local[key] = outs
-                runs += 1
-            outs_of[q] = local[key]
+            key = _run_key(ops, inputs, outputs, q, here.get("local") if local_params else None, tag, full, hold)
+            outs_of[q] = key
+            if key not in local and key not in todo:
+                todo[key] = (q, here)
+        drawn = _drawn(ops, inputs, imap, [q for q, _ in todo.values()], box, whole, budget)
+        for key, (q, here) in todo.items():
+            outs = _local_run(opdef, here, ops, inputs, outputs, imap, q, box, whole, drawn)
+            if isinstance(outs, str):
+                return Run("failed", outs, classes=len(classes), simulated=runs)
+            local[key] = outs
+            runs += 1
+        outs_of = {q: local[key] for q, key in outs_of.items()}
         for k, o in enumerate(outputs):
             group = axis_group(mesh, r, _partial_axes(o))
             got = _reduce_members({q: outs_of[q][k] for q in group}, group, mesh, o.partial)
@@ -452,23 +460,62 @@ def _slot_of(s: Sharding, q: int):
     return _slot(s.mesh, _partial_axes(s), s.mesh.coord(q)) if s.partial else None
 
 
-def _run_key(ops, inputs, outputs, q: int, local, box_tag, hold: list) -> tuple:
-    """Everything rank ``q``'s local run reads (``_local_run``), as a key: per operand its index
-    arrays and partial slot (its values are the hash of those), per output its piece's shape,
-    the rank's resolved ``local`` param and the sampled box. Two ranks with equal keys run the
-    same op on the same arrays: one run stands for both. ``local`` unhashable: keyed by the rank."""
+def _run_key(ops, inputs, outputs, q: int, local, box_tag, full: frozenset, hold: list) -> tuple:
+    """Everything rank ``q``'s local run reads (``_local_run``), as a key: per operand what its
+    piece holds (``_piece_key``; ``"whole"`` for the positions in ``full``, held whole by every
+    rank), per output its piece's shape, the rank's resolved ``local`` param and the sampled box.
+    Two ranks with equal keys run the same op on the same arrays: one run stands for both.
+    ``local`` unhashable: keyed by the rank."""
     try:
         hash(local)
     except TypeError:
         local = ("rank", q)
-    return (tuple(None if o is None else (_same(x.indices(q), hold), _slot_of(x, q)) for o, x in zip(ops, inputs)),
+    return (tuple(None if o is None else "whole" if i in full else _piece_key(x, q, hold)
+                  for i, (o, x) in enumerate(zip(ops, inputs))),
             tuple(o.local_shape(q) for o in outputs), local, box_tag)
 
 
-def _local_run(opdef, params, ops, inputs, outputs, imap, q: int, box, whole=None):
+def _whole_key(ops, outputs) -> tuple:
+    """The ``_run_key`` of a rank holding every operand and output whole, with the op's own params:
+    its local run is the reference call (the op on the global values) itself."""
+    return tuple(None if o is None else "whole" for o in ops), tuple(o.shape for o in outputs), None, None
+
+
+def _piece_key(x: Sharding, q: int, hold: list) -> tuple:
+    """What rank ``q``'s piece of operand ``x`` holds, as a key: its index arrays (``_same``) and
+    partial slot, or, when a dim is empty, its shape alone (an empty array has no values)."""
+    held = x.indices(q)
+    if any(len(h) == 0 for h in held):
+        return "empty", tuple(len(h) for h in held)
+    return _same(held, hold), _slot_of(x, q)
+
+
+def _drawn(ops, inputs, imap, members, box, whole: dict, budget: int) -> dict:
+    """``{(operand position, rank): values}``: the summands of the operands ``members``' local runs
+    draw (not cut from ``whole``), one draw per piece for every member holding it (the members of
+    a partial group hold the same indices with different slots), at most ``budget`` elements a draw."""
+    out: dict = {}
+    for i, (o, x) in enumerate(zip(ops, inputs)):
+        if o is None or i in whole:
+            continue
+        lt = imap.inputs[i] if imap is not None else None
+        alike: dict = {}
+        for q in members:
+            held = x.indices(q)
+            alike.setdefault(tuple(map(id, held)), (held, []))[1].append(q)
+        for held, qs in alike.values():
+            lists = _restrict(list(held), lt, box) if box is not None and lt is not None else list(held)
+            step = max(1, budget // max(1, int(np.prod([len(h) for h in lists]))))
+            for j in range(0, len(qs), step):
+                out.update(((i, q), v) for q, v in zip(qs[j:j + step], summands(o, lists, qs[j:j + step])))
+    return out
+
+
+def _local_run(opdef, params, ops, inputs, outputs, imap, q: int, box, whole=None, drawn=None):
     """Rank ``q``'s local outputs (restricted to ``box`` when given), or a message saying why the
     local op cannot make the pieces its outputs name. ``whole``: operand position -> its global
-    values already drawn (not partial): the piece is cut from them instead of drawn again."""
+    values already drawn (not partial): the piece is cut from them instead of drawn again;
+    ``drawn``: ``{(operand position, rank): piece}`` drawn already (``_drawn``)."""
     no_map = [None] * max(len(inputs), len(outputs))
     args, shapes = [], []
     for i, (o, x, lt) in enumerate(zip(ops, inputs, imap.inputs if imap is not None else no_map)):
@@ -480,6 +527,8 @@ def _local_run(opdef, params, ops, inputs, outputs, imap, q: int, box, whole=Non
         if whole and i in whole:
             g = whole[i]
             args.append(g[grid(lists)] if lists else g)
+        elif drawn and (i, q) in drawn:
+            args.append(drawn[(i, q)])
         else:
             args.append(summand(o, lists, q))
     for o, lt in zip(outputs, imap.outputs if imap is not None else no_map):
