@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import product
+from operator import itemgetter
 
 import numpy as np
 
@@ -101,13 +102,17 @@ def _reader(mesh: Mesh, n: int, fs, axes: tuple):
     """``coords -> _at(mesh, n, fs, axes, coords)``, each made once per distinct coordinate of the
     axes the dim reads (a check enumerates every coordinate of ``axes``; most dims read few)."""
     pos = tuple(axes.index(a) for a in dim_axes(mesh, fs))
+    if not pos:
+        const = _merge(ranges_at(mesh, n, fs, ()))
+        return lambda coords: const
+    pick = itemgetter(*pos)  # one position: the coordinate itself, several: a tuple
     made: dict = {}
 
     def at(coords: tuple) -> tuple:
-        key = tuple(coords[i] for i in pos)
+        key = pick(coords)
         got = made.get(key)
         if got is None:
-            got = made[key] = _merge(ranges_at(mesh, n, fs, key))
+            got = made[key] = _merge(ranges_at(mesh, n, fs, key if len(pos) > 1 else (key,)))
         return got
 
     return at
@@ -625,8 +630,12 @@ def check_collective(c) -> Check:
             else:
                 pieces = [have_at(q) for q in members]
                 have = _intersection(pieces) if every else _union(pieces)
+            asked = set()  # the wanted ranges already found in ``have`` (readers return one object per key)
             for coords in members:
                 want = want_at(coords)
+                if id(want) in asked:
+                    continue
+                asked.add(id(want))
                 if not _contains(have, want):
                     who = "the rank itself" if local else ("every member of its group" if every else "its group")
                     return _fail(
