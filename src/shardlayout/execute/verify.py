@@ -51,7 +51,7 @@ from ..mesh import Mesh
 from ..ops.registry import get_op
 from ..ops.result import at_rank, coord_axes
 from ..sharding import Sharding
-from .classes import axis_group, dim_axes, group_ranks, rank_classes, representatives
+from .classes import axis_group, group_ranks, rank_classes, representatives
 from .indexmap import IndexMap, index_map
 from .proof import Check, check_collective, check_op, check_wiring
 from .simulator import collective_piece, grid
@@ -427,7 +427,7 @@ def _axes_read(mesh: Mesh, shardings, extra=(), partial: bool = True) -> tuple:
     used = set(extra)
     for s in shardings:
         for fs in s.dims:
-            used.update(dim_axes(mesh, fs))
+            used.update(f.axis for f in fs if f.axis is not None)
         if partial:
             used.update(_partial_axes(s))
     return tuple(a for a in mesh.names if a in used)
