@@ -74,9 +74,17 @@ def digit(mesh: Mesh, f, c: int) -> int:
 def ranges_at(mesh: Mesh, n: int, factors, coords: tuple) -> tuple:
     """The global ranges one dim holds at the coordinates ``coords`` of its axes (``dim_axes``
     order), in local order. ``ranges_at(m, 9, (Factor(2, "x"), Factor(5)), (1,)) -> ((5, 9),)``"""
-    at = dict(zip(dim_axes(mesh, factors), coords))
-    digits = [None if f.axis is None else digit(mesh, f, at[f.axis]) for f in factors]
+    digits = [None if p is None else coords[p[0]] // p[1] % p[2] for p in _digit_plan(mesh, factors)]
     return tuple(dim_ranges(n, factors, digits))
+
+
+@memo(1 << 14)
+def _digit_plan(mesh: Mesh, factors) -> tuple:
+    """Per factor of a dim: None (local) or ``(position in dim_axes, divisor, size)``; its digit at
+    coordinates ``coords`` (``dim_axes`` order) is ``coords[position] // divisor % size`` (``digit``)."""
+    axes = dim_axes(mesh, factors)
+    return tuple(None if f.axis is None else (axes.index(f.axis), mesh.axis_size(f.axis) // (f.pre * f.size), f.size)
+                 for f in factors)
 
 
 def chunk_lengths(ranges) -> tuple:
