@@ -645,10 +645,10 @@ def run_collective_classes(c, seed: int = 0, rtol: float = 1e-6, atol: float = 1
             continue  # an empty target piece: a move that only places elements gives it nothing, it cannot fail
         want = _sampled(full, max(budget // (16 * len(group)), 1))
         whole = all(len(w) == len(f) for w, f in zip(want, full))
-        held = {q: list(c.src.indices(q)) for q in group}
+        held = {q: c.src.indices(q) for q in group}
         if not whole:
             held = {q: [x[np.isin(x, w)] for x, w in zip(h, want)] for q, h in held.items()}
-        keys = {q: (_same(held[q], hold), _slot_of(c.src, q)) for q in group}
+        keys = {q: (_same(held[q], hold), _slot_of(c.src, q) if c.src.partial else None) for q in group}
         coord = mesh.coord(r)
         seen = (tuple(keys[q] for q in group), _same(want, hold),
                 tuple(coord[mesh.axis_index(a)] for a, _ in c.dst.partial))
