@@ -11,7 +11,6 @@ import re
 import reprlib
 from dataclasses import dataclass
 from functools import cached_property
-from itertools import product
 
 from .errors import MeshError
 
@@ -213,11 +212,12 @@ def group_ranks(mesh: Mesh, rank: int, pieces) -> tuple:
     place = [1] * mesh.ndim  # row-major: a step of one along axis i moves the rank by place[i]
     for i in range(mesh.ndim - 2, -1, -1):
         place[i] = place[i + 1] * mesh.shape[i + 1]
-    choices = []
+    offsets = [0]
     for p in pieces:
         i = mesh.axis_index(p.axis)
         stride = mesh.shape[i] // (p.pre * p.size)
         coord[i] -= ((coord[i] // stride) % p.size) * stride
-        choices.append([g * stride * place[i] for g in range(p.size)])
+        step = stride * place[i]
+        offsets = [o + g * step for o in offsets for g in range(p.size)]
     base = mesh.rank_of(tuple(coord))
-    return tuple(sorted({base + sum(pick) for pick in product(*choices)}))
+    return tuple(sorted({base + o for o in offsets}))

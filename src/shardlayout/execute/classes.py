@@ -57,6 +57,7 @@ class RankClass:
     representatives: tuple
 
 
+@memo(1 << 14)
 def dim_axes(mesh: Mesh, factors) -> tuple:
     """Mesh axes a dim's factors read, in mesh order. ``dim_axes(m, (Factor(2, "dp"), Factor(4))) -> ('dp',)``"""
     used = {f.axis for f in factors if f.axis is not None}
@@ -73,9 +74,17 @@ def digit(mesh: Mesh, f, c: int) -> int:
 def ranges_at(mesh: Mesh, n: int, factors, coords: tuple) -> tuple:
     """The global ranges one dim holds at the coordinates ``coords`` of its axes (``dim_axes``
     order), in local order. ``ranges_at(m, 9, (Factor(2, "x"), Factor(5)), (1,)) -> ((5, 9),)``"""
-    at = dict(zip(dim_axes(mesh, factors), coords))
-    digits = [None if f.axis is None else digit(mesh, f, at[f.axis]) for f in factors]
+    digits = [None if p is None else coords[p[0]] // p[1] % p[2] for p in _digit_plan(mesh, factors)]
     return tuple(dim_ranges(n, factors, digits))
+
+
+@memo(1 << 14)
+def _digit_plan(mesh: Mesh, factors) -> tuple:
+    """Per factor of a dim: None (local) or ``(position in dim_axes, divisor, size)``; its digit at
+    coordinates ``coords`` (``dim_axes`` order) is ``coords[position] // divisor % size`` (``digit``)."""
+    axes = dim_axes(mesh, factors)
+    return tuple(None if f.axis is None else (axes.index(f.axis), mesh.axis_size(f.axis) // (f.pre * f.size), f.size)
+                 for f in factors)
 
 
 def chunk_lengths(ranges) -> tuple:
@@ -136,10 +145,9 @@ def component_classes(mesh: Mesh, axes: tuple, items: tuple) -> tuple:
     -> ``((((2,),), 1, (0,), (0,)), (((1,),), 1, (1,), (1,)))``"""
     seen: dict = {}
     order = []
+    reads = [(n, fs, tuple(axes.index(a) for a in dim_axes(mesh, fs))) for n, fs in items]
     for coords in coordinates(mesh, axes):
-        at = dict(zip(axes, coords))
-        key = tuple(chunk_lengths(ranges_at(mesh, n, fs, tuple(at[a] for a in dim_axes(mesh, fs))))
-                    for n, fs in items)
+        key = tuple(chunk_lengths(ranges_at(mesh, n, fs, tuple(coords[i] for i in pos))) for n, fs, pos in reads)
         hit = seen.get(key)
         if hit is None:
             seen[key] = [1, coords, coords]
@@ -197,6 +205,8 @@ def axis_group(mesh: Mesh, rank: int, axes) -> tuple:
     ``axis_group(Mesh.parse("dp=2,tp=4"), 5, ("dp",)) -> (1, 5)``"""
     from ..sharding.collective import AxisPiece
 
+    if not axes:
+        return (rank,)
     return group_ranks(mesh, rank, tuple(AxisPiece(a, mesh.axis_size(a)) for a in axes))
 
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import product
+from operator import itemgetter
 
 import numpy as np
 
@@ -97,6 +98,26 @@ def _at(mesh: Mesh, n: int, fs, axes: tuple, coords: tuple) -> tuple:
     return _merge(ranges_at(mesh, n, fs, tuple(at[a] for a in dim_axes(mesh, fs))))
 
 
+def _reader(mesh: Mesh, n: int, fs, axes: tuple):
+    """``coords -> _at(mesh, n, fs, axes, coords)``, each made once per distinct coordinate of the
+    axes the dim reads (a check enumerates every coordinate of ``axes``; most dims read few)."""
+    pos = tuple(axes.index(a) for a in dim_axes(mesh, fs))
+    if not pos:
+        const = _merge(ranges_at(mesh, n, fs, ()))
+        return lambda coords: const
+    pick = itemgetter(*pos)  # one position: the coordinate itself, several: a tuple
+    made: dict = {}
+
+    def at(coords: tuple) -> tuple:
+        key = pick(coords)
+        got = made.get(key)
+        if got is None:
+            got = made[key] = _merge(ranges_at(mesh, n, fs, key if len(pos) > 1 else (key,)))
+        return got
+
+    return at
+
+
 # ------------------------------------------------------------------------------------------
 # ops
 # ------------------------------------------------------------------------------------------
@@ -110,10 +131,11 @@ def same_indices(mesh: Mesh, dims: list):
     if all(d == first for d in dims[1:]):
         return None
     axes = tuple(a for a in mesh.names if any(a in dim_axes(mesh, fs) for _, fs in dims))
+    readers = [_reader(mesh, n, fs, axes) for n, fs in dims]
     for coords in coordinates(mesh, axes):
-        want = _at(mesh, first[0], first[1], axes, coords)
-        for i, (n, fs) in enumerate(dims[1:], 1):
-            got = _at(mesh, n, fs, axes, coords)
+        want = readers[0](coords)
+        for i, at in enumerate(readers[1:], 1):
+            got = at(coords)
             if got != want:
                 return i, axes, coords, want, got
     return None
@@ -599,16 +621,21 @@ def check_collective(c) -> Check:
         if S == D and (local or not group_on or every):
             continue
         axes = tuple(a for a in mesh.names if a in s_axes or a in dim_axes(mesh, D[1]))
+        have_at, want_at = _reader(mesh, S[0], S[1], axes), _reader(mesh, D[0], D[1], axes)
         outer_coords = [coordinates(mesh, axes)] if local or not group_on else [_outer(mesh, group_on, axes)]
         for outer in outer_coords[0]:
             members = [outer] if local or not group_on else _group_coords(mesh, group_on, axes, outer)
             if local or not group_on:
-                have = _at(mesh, S[0], S[1], axes, outer)
+                have = have_at(outer)
             else:
-                pieces = [_at(mesh, S[0], S[1], axes, q) for q in members]
+                pieces = [have_at(q) for q in members]
                 have = _intersection(pieces) if every else _union(pieces)
+            asked = set()  # the wanted ranges already found in ``have`` (readers return one object per key)
             for coords in members:
-                want = _at(mesh, D[0], D[1], axes, coords)
+                want = want_at(coords)
+                if id(want) in asked:
+                    continue
+                asked.add(id(want))
                 if not _contains(have, want):
                     who = "the rank itself" if local else ("every member of its group" if every else "its group")
                     return _fail(

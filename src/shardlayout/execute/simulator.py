@@ -82,23 +82,27 @@ def collective_piece(c, rank: int, pieces: dict, want=None, held=None):
     dtype = np.result_type(*[np.asarray(pieces[q]).dtype for q in group], np.float64)
     have = np.zeros(shape, dtype=bool)
     out = np.zeros(shape, dtype=dtype)
-    stacked = []
+    stacked = np.zeros((len(group),) + shape, dtype=dtype) if reduce_op else None  # every member's, in group order
     wheres = [_where(w, n) for w, n in zip(want, src.shape)]
-    for q in group:
+    placed: dict = {}  # a member's index arrays (by identity, kept alive here) -> where to read and write
+    for m, q in enumerate(group):
         mine = src.indices(q) if held is None else held[q]
         if not reduce_op and any(len(h) == 0 for h in mine):
             continue  # an empty piece gives nothing
-        pos = [_positions(h, wh) for h, wh in zip(mine, wheres)]
-        block = np.asarray(pieces[q])[grid([k for k, _ in pos])] if pos else np.asarray(pieces[q])
-        at = grid([j for _, j in pos]) if pos else ()
+        got = placed.get(tuple(map(id, mine)))
+        if got is None:
+            pos = [_positions(h, wh) for h, wh in zip(mine, wheres)]
+            got = placed[tuple(map(id, mine))] = (mine, pos, grid([k for k, _ in pos]) if pos else (),
+                                                 grid([j for _, j in pos]) if pos else (),
+                                                 all(len(j) == len(w) for (_, j), w in zip(pos, want)))
+        _, pos, take, at, covers = got
+        block = np.asarray(pieces[q])[take] if pos else np.asarray(pieces[q])
         if reduce_op:
-            if any(len(j) != len(w) for (_, j), w in zip(pos, want)):
+            if not covers:
                 raise ShardMismatch(
                     f"{c.kind.value} over {c.axes_text()}: rank {q} of rank {rank}'s group {group} does not hold "
                     f"every element rank {rank} needs ({src} -> {dst}); a reduction needs them from every member")
-            buf = np.zeros(shape, dtype=dtype)
-            buf[at] = block
-            stacked.append(buf)
+            stacked[m][at] = block
         else:
             out[at] = block
         have[at] = True
@@ -108,7 +112,7 @@ def collective_piece(c, rank: int, pieces: dict, want=None, held=None):
             f"{group} does not hold ({src} -> {dst}); the plan is invalid"
         )
     if reduce_op:
-        out = _REDUCE[reduce_op](np.stack(stacked), axis=0)
+        out = _REDUCE[reduce_op](stacked, axis=0)
     src_partial = dict(src.partial)
     for a, op in dst.partial:
         if a not in src_partial and op == "sum":

@@ -28,6 +28,16 @@ letters — both locally and in the reference (the map says that box is closed u
 a view is checked from the flat offsets it keeps. An op that allows neither keeps only its
 index-level proof, and the record says so in ``notes``.
 
+**Shared work.** What two runs would compute alike is computed once, and only that: a
+representative whose check reads the same coordinates as one already checked (``_rep_key``: its
+group's first rank on the axes the pieces read, its own on the axes its target reads) would make
+the same local runs on the same global indices and compare the same entries; within a check,
+ranks whose pieces hold the same index arrays and partial slot share one local run
+(``_run_key``; an empty piece is its shape), a rank holding every operand whole with the op's own
+params makes the reference call itself, and the summands of a partial group holding the same
+indices are drawn in one pass. A move that only places elements is not run for an empty target
+piece (it has nothing to place and cannot fail).
+
 **Full mode.** ``verify_full(plan)`` is the old oracle: every rank simulated in numpy
 (``walk`` with ``NumpySimulator``), every tensor compared with the unsharded run.
 
@@ -42,14 +52,16 @@ index-level proof, and the record says so in ``notes``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from ..caches import memo
 from ..errors import ShardingError, ShardMismatch, SimulationUnsupported
 from ..mesh import Mesh
 from ..ops.registry import get_op
-from ..ops.result import at_rank
+from ..ops.result import at_rank, coord_axes
 from ..sharding import Sharding
 from .classes import axis_group, group_ranks, rank_classes, representatives
 from .indexmap import IndexMap, index_map
@@ -97,17 +109,26 @@ _MASK = (1 << 64) - 1
 _M1, _M2, _G = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB), np.uint64(0x9E3779B97F4A7C15)
 
 
-def hashed(seed: int, offsets, slot: int = 0) -> np.ndarray:
+def hashed(seed: int, offsets, slot=0) -> np.ndarray:
     """Floats in [-1, 1), one per global offset, a pure function of ``(seed, offset, slot)``
-    (splitmix64). ``hashed(0, np.arange(3)).shape -> (3,)``"""
+    (splitmix64); ``slot`` a sequence: one row per slot, drawn in one pass (row ``i`` is
+    ``hashed(seed, offsets, slot[i])``). ``hashed(0, np.arange(3)).shape -> (3,)``"""
     x = np.asarray(offsets, dtype=np.uint64).reshape(-1) * _G
-    x = x + np.uint64((seed * 0x632BE59BD9B4E019 + (slot + 1) * 0xD1B54A32D192ED03) & _MASK)
+    if isinstance(slot, (int, np.integer)):
+        x = x + np.uint64(_lane(seed, slot))
+    else:
+        x = x[None, :] + np.array([_lane(seed, s) for s in slot], dtype=np.uint64).reshape(-1, 1)
     x ^= x >> np.uint64(30)
     x *= _M1
     x ^= x >> np.uint64(27)
     x *= _M2
     x ^= x >> np.uint64(31)
     return (x >> np.uint64(11)).astype(np.float64) * (2.0 ** -52) - 1.0
+
+
+def _lane(seed: int, slot: int) -> int:
+    """What ``hashed`` adds to every scaled offset for ``(seed, slot)``."""
+    return (seed * 0x632BE59BD9B4E019 + (int(slot) + 1) * 0xD1B54A32D192ED03) & _MASK
 
 
 @dataclass(frozen=True)
@@ -162,6 +183,16 @@ def at_offsets(op: Operand, offsets, rank: int) -> np.ndarray:
     return _transform(kind, hashed(op.seed, offsets, slot))
 
 
+def summands(op: Operand, lists, ranks) -> np.ndarray:
+    """``summand(op, lists, q)`` for every ``q`` of ``ranks``, stacked (one draw for all of them).
+    ``summands(op, s.indices(0), (0, 1))[1]`` equals ``summand(op, s.indices(0), 1)``"""
+    s = op.sharding
+    kind = op.kind if not s.partial else (op.kind if op.kind == "positive" else None)
+    slots = [_slot(s.mesh, _partial_axes(s), s.mesh.coord(q)) if s.partial else 0 for q in ranks]
+    shape = (len(slots),) + tuple(len(x) for x in lists)
+    return _transform(kind, hashed(op.seed, _offsets(s.shape, lists), slots)).reshape(shape)
+
+
 _REDUCE = {"sum": np.sum, "avg": np.mean, "max": np.max, "min": np.min}
 
 
@@ -178,14 +209,15 @@ def global_value(op: Operand, lists, keep: dict | None = None) -> np.ndarray:
     kind = op.kind if op.kind == "positive" else None
     axes = _partial_axes(s)
     free = [a for a in axes if a not in keep]
-    offs = _offsets(s.shape, lists)
-    grid = np.zeros(tuple(mesh.axis_size(a) for a in free) + shape)
-    for digits in np.ndindex(*[mesh.axis_size(a) for a in free]):
+    sizes = tuple(mesh.axis_size(a) for a in free)
+    slots = []
+    for digits in np.ndindex(*sizes):
         at = dict(zip(free, digits), **keep)
         slot = 0
         for a in axes:
             slot = slot * mesh.axis_size(a) + at[a]
-        grid[digits] = _transform(kind, hashed(op.seed, offs, slot)).reshape(shape)
+        slots.append(slot)
+    grid = _transform(kind, hashed(op.seed, _offsets(s.shape, lists), slots)).reshape(sizes + shape)
     ops = dict(s.partial)
     for a in free:
         grid = _REDUCE[ops[a]](grid, axis=0)
@@ -194,7 +226,7 @@ def global_value(op: Operand, lists, keep: dict | None = None) -> np.ndarray:
 
 def _generated(s: Sharding) -> int:
     """Elements drawn to build ``s``'s global values: its size times its partial slots."""
-    n = int(np.prod(s.shape)) if s.shape else 1
+    n = math.prod(s.shape)
     for a in _partial_axes(s):
         n *= s.mesh.axis_size(a)
     return n
@@ -255,6 +287,8 @@ def _close(got, want, rtol, atol) -> tuple:
     got, want = np.asarray(got, dtype=kind), np.asarray(want, dtype=kind)
     if got.shape != want.shape:
         return False, float("inf")
+    if (got == want).all():
+        return True, 0.0  # equal everywhere (infinities included): the test below passes too
     with np.errstate(invalid="ignore", over="ignore"):
         d = np.abs(got - want)  # np.isclose's test where every difference is finite; else np.allclose below
         if (d <= atol + rtol * np.abs(want)).all() and np.isfinite(d).all():
@@ -343,23 +377,46 @@ def run_op(opdef, params: dict, inputs: tuple, outputs: tuple, dtypes: tuple, im
                 return Run("failed", f"the op's numpy implementation gives output {k} the shape {np.shape(r_)}, the "
                                      f"program says {o.shape}", classes=len(classes))
     worst, runs = 0.0, 0
-    local: dict = {}  # (member, box tag) -> its outputs; without a box they serve every representative
+    local: dict = {}  # what a local run reads (_run_key) -> its outputs: equal readings run once
+    full = frozenset(i for i, (o, x) in enumerate(zip(ops, inputs))
+                     if o is not None and not x.partial and not _sharded_axes(x))  # whole on every rank
+    whole_out = {k for k, o in enumerate(outputs) if not o.partial and not _sharded_axes(o)}
+    if small and not local_params and len(full) == sum(o is not None for o in ops):
+        local[_whole_key(ops, outputs)] = ref  # a rank holding every operand whole makes the reference call
+    reads = _axes_read(mesh, tensors, coord_axes(dict(local_params)) if local_params else ())
+    own = _axes_read(mesh, list(outputs) + ([] if small else tensors), set(partial) - set.intersection(
+        *(set(_partial_axes(o)) for o in outputs)) if outputs else (), partial=False)
+    compared: set = set()  # _rep_key: what a representative's check reads; equal readings, equal verdicts
+    hold: list = []  # the index arrays keyed by identity, kept alive while keys are compared
     for r in reps:
+        seen = _rep_key(mesh, members_of[r][0], r, reads, own)
+        if seen in compared:
+            continue  # the same local runs, reduced the same way, against the same reference entries
+        compared.add(seen)
         box = None if small else _letter_boxes(imap, inputs, outputs, r, sample, budget)
         if box is None and not small:
             return Run("skipped", "no sampled box of the op fits the budget", classes=len(classes), simulated=runs)
-        tag = None if box is None else r
+        tag = _box_key(box)
+        outs_of, todo = {}, {}
         for q in members_of[r]:
-            if (q, tag) not in local:
-                here = at_rank({**params, **dict(local_params)}, mesh, q) if local_params else params
-                outs = _local_run(opdef, here, ops, inputs, outputs, imap, q, box, whole)
-                if isinstance(outs, str):
-                    return Run("failed", outs, classes=len(classes), simulated=runs)
-                local[(q, tag)] = outs
-                runs += 1
+            here = at_rank({**params, **dict(local_params)}, mesh, q) if local_params else params
+            key = _run_key(ops, inputs, outputs, q, here.get("local") if local_params else None, tag, full, hold)
+            outs_of[q] = key
+            if key not in local and key not in todo:
+                todo[key] = (q, here)
+        drawn = _drawn(ops, inputs, imap, [q for q, _ in todo.values()], box, whole, budget)
+        for key, (q, here) in todo.items():
+            outs = _local_run(opdef, here, ops, inputs, outputs, imap, q, box, whole, drawn)
+            if isinstance(outs, str):
+                return Run("failed", outs, classes=len(classes), simulated=runs)
+            local[key] = outs
+            runs += 1
+        outs_of = {q: local[key] for q, key in outs_of.items()}
         for k, o in enumerate(outputs):
+            if outs_of[r] is ref and k in whole_out:
+                continue  # the reference call's output, compared with all of itself: equal
             group = axis_group(mesh, r, _partial_axes(o))
-            got = _reduce_members({q: local[(q, tag)][k] for q in group}, group, mesh, o.partial)
+            got = _reduce_members({q: outs_of[q][k] for q in group}, group, mesh, o.partial)
             lists = list(o.indices(r))
             if small:
                 want = ref[k][grid(lists)] if lists else ref[k]
@@ -377,10 +434,111 @@ def run_op(opdef, params: dict, inputs: tuple, outputs: tuple, dtypes: tuple, im
     return Run("ok", "", worst, len(classes), runs)
 
 
-def _local_run(opdef, params, ops, inputs, outputs, imap, q: int, box, whole=None):
+def _axes_read(mesh: Mesh, shardings, extra=(), partial: bool = True) -> tuple:
+    """The mesh axes (mesh order) the pieces of ``shardings`` depend on: those their dims read and,
+    with ``partial``, their partial axes (a summand's slot); plus ``extra``.
+    ``_axes_read(m, (Sharding.parse("[dp*4, 12] +sum(tp)", m),)) -> ('dp', 'tp')``"""
+    used = set(extra)
+    for s in shardings:
+        used |= _sharded_axes(s)
+        if partial:
+            used.update(_partial_axes(s))
+    return tuple(a for a in mesh.names if a in used)
+
+
+@memo(1 << 14)
+def _sharded_axes(s: Sharding) -> frozenset:
+    """The mesh axes the dims of ``s`` read (its pieces differ along them, nowhere else).
+    ``_sharded_axes(Sharding.parse("[dp*4, 12] +sum(tp)", m)) -> frozenset({'dp'})``"""
+    return frozenset(f.axis for fs in s.dims for f in fs if f.axis is not None)
+
+
+def _rep_key(mesh: Mesh, base: int, rank: int, reads: tuple, own: tuple) -> tuple:
+    """What a representative's numeric check depends on, as coordinates: its group's (``base``,
+    the group's first rank; the members vary only the group's digits from it) on the axes the
+    pieces read, and its own on the axes its target pieces read. Two representatives with equal
+    keys run the same local programs on the same global indices and compare the same entries: the
+    second run would repeat the first, value for value. ``_rep_key(m, 0, 0, ("tp",), ()) -> ((0,), ())``"""
+    b, c = mesh.coord(base), mesh.coord(rank)
+    return tuple(b[mesh.axis_index(a)] for a in reads), tuple(c[mesh.axis_index(a)] for a in own)
+
+
+def _same(arrays, hold: list) -> tuple:
+    """A key of index arrays by identity: the shard memo (``sharding.shards.local_indices``) hands
+    ranks with the same digits the same read-only array (and every empty piece one empty array),
+    so equal keys mean equal contents; unequal keys may still be equal contents, then the work is
+    only done twice. ``hold`` keeps the arrays alive while keys are compared (an id is reused only
+    once its object is freed). ``_same((a, b), []) == _same((a, b), [])``"""
+    hold.append(arrays)
+    return tuple(map(id, arrays))
+
+
+def _box_key(box) -> tuple | None:
+    """A sampled box (``_letter_boxes``) as a hashable value; None for no box."""
+    return None if box is None else tuple((L, x.tobytes()) for L, x in sorted(box.items()))
+
+
+def _slot_of(s: Sharding, q: int):
+    """The partial slot ``q``'s summand of ``s`` is drawn from; None when ``s`` is not partial."""
+    return _slot(s.mesh, _partial_axes(s), s.mesh.coord(q)) if s.partial else None
+
+
+def _run_key(ops, inputs, outputs, q: int, local, box_tag, full: frozenset, hold: list) -> tuple:
+    """Everything rank ``q``'s local run reads (``_local_run``), as a key: per operand what its
+    piece holds (``_piece_key``; ``"whole"`` for the positions in ``full``, held whole by every
+    rank), per output its piece's shape, the rank's resolved ``local`` param and the sampled box.
+    Two ranks with equal keys run the same op on the same arrays: one run stands for both.
+    ``local`` unhashable: keyed by the rank."""
+    try:
+        hash(local)
+    except TypeError:
+        local = ("rank", q)
+    return (tuple(None if o is None else "whole" if i in full else _piece_key(x, q, hold)
+                  for i, (o, x) in enumerate(zip(ops, inputs))),
+            tuple(tuple(map(len, o.indices(q))) for o in outputs), local, box_tag)
+
+
+def _whole_key(ops, outputs) -> tuple:
+    """The ``_run_key`` of a rank holding every operand and output whole, with the op's own params:
+    its local run is the reference call (the op on the global values) itself."""
+    return tuple(None if o is None else "whole" for o in ops), tuple(o.shape for o in outputs), None, None
+
+
+def _piece_key(x: Sharding, q: int, hold: list) -> tuple:
+    """What rank ``q``'s piece of operand ``x`` holds, as a key: its index arrays (``_same``) and
+    partial slot, or, when a dim is empty, its shape alone (an empty array has no values)."""
+    held = x.indices(q)
+    if any(len(h) == 0 for h in held):
+        return "empty", tuple(len(h) for h in held)
+    return _same(held, hold), _slot_of(x, q)
+
+
+def _drawn(ops, inputs, imap, members, box, whole: dict, budget: int) -> dict:
+    """``{(operand position, rank): values}``: the summands of the operands ``members``' local runs
+    draw (not cut from ``whole``), one draw per piece for every member holding it (the members of
+    a partial group hold the same indices with different slots), at most ``budget`` elements a draw."""
+    out: dict = {}
+    for i, (o, x) in enumerate(zip(ops, inputs)):
+        if o is None or i in whole:
+            continue
+        lt = imap.inputs[i] if imap is not None else None
+        alike: dict = {}
+        for q in members:
+            held = x.indices(q)
+            alike.setdefault(tuple(map(id, held)), (held, []))[1].append(q)
+        for held, qs in alike.values():
+            lists = _restrict(list(held), lt, box) if box is not None and lt is not None else list(held)
+            step = max(1, budget // max(1, math.prod(len(h) for h in lists)))
+            for j in range(0, len(qs), step):
+                out.update(((i, q), v) for q, v in zip(qs[j:j + step], summands(o, lists, qs[j:j + step])))
+    return out
+
+
+def _local_run(opdef, params, ops, inputs, outputs, imap, q: int, box, whole=None, drawn=None):
     """Rank ``q``'s local outputs (restricted to ``box`` when given), or a message saying why the
     local op cannot make the pieces its outputs name. ``whole``: operand position -> its global
-    values already drawn (not partial): the piece is cut from them instead of drawn again."""
+    values already drawn (not partial): the piece is cut from them instead of drawn again;
+    ``drawn``: ``{(operand position, rank): piece}`` drawn already (``_drawn``)."""
     no_map = [None] * max(len(inputs), len(outputs))
     args, shapes = [], []
     for i, (o, x, lt) in enumerate(zip(ops, inputs, imap.inputs if imap is not None else no_map)):
@@ -392,6 +550,8 @@ def _local_run(opdef, params, ops, inputs, outputs, imap, q: int, box, whole=Non
         if whole and i in whole:
             g = whole[i]
             args.append(g[grid(lists)] if lists else g)
+        elif drawn and (i, q) in drawn:
+            args.append(drawn[(i, q)])
         else:
             args.append(summand(o, lists, q))
     for o, lt in zip(outputs, imap.outputs if imap is not None else no_map):
@@ -457,7 +617,7 @@ def _sampled(lists, limit: int) -> list:
     ``_sampled([np.arange(10)], 3) -> [array([0, 4, 9])]``"""
     lists = [np.asarray(x) for x in lists]
     count = [len(x) for x in lists]
-    while int(np.prod(count or [1])) > limit and max(count, default=1) > 1:
+    while math.prod(count) > limit and max(count, default=1) > 1:
         k = count.index(max(count))
         count[k] = max(1, count[k] // 2)
     return [x[np.unique(np.linspace(0, len(x) - 1, n).astype(np.int64))] if len(x) and n < len(x) else x
@@ -486,33 +646,50 @@ def run_collective_classes(c, seed: int = 0, rtol: float = 1e-6, atol: float = 1
     classes, reps = _ranks_to_run(mesh, (c.src, c.dst), False)
     src = Operand(c.src, seed)
     worst, runs = 0.0, 0
-    made: dict = {}  # member -> (indices it holds, its piece), shared by the representatives
+    made: dict = {}  # a member's held arrays and partial slot -> its piece, shared by every group holding it
+    compared: set = set()  # _rep_key: what a representative's run reads; equal readings, equal verdicts
+    same: set = set()  # the same by content: its members' held arrays and slots, its wanted entries
+    hold: list = []  # the index arrays keyed by identity (_same), kept alive while keys are compared
+    reads = _axes_read(mesh, (c.src, c.dst))
+    own = _axes_read(mesh, (c.dst,))  # the target piece and the partial slots it keeps
     for r in reps:
         group = group_ranks(mesh, r, c.axes)
         if len(group) > MAX_GROUP:
             return Run("skipped", f"a group of {len(group)} ranks", classes=len(classes))
+        cheap = _rep_key(mesh, group[0], r, reads, own)
+        if cheap in compared:
+            continue  # the same member pieces put together into the same entries of the same target
+        compared.add(cheap)
         full = list(c.dst.indices(r))
+        if c.reduce_op is None and any(len(w) == 0 for w in full):
+            continue  # an empty target piece: a move that only places elements gives it nothing, it cannot fail
         want = _sampled(full, max(budget // (16 * len(group)), 1))
         whole = all(len(w) == len(f) for w, f in zip(want, full))
-        held, pieces = {}, {}
-        todo = [q for q in group if (q if whole else (q, r)) not in made]
-        kept = {q: list(c.src.indices(q)) for q in todo}
+        held = {q: c.src.indices(q) for q in group}
         if not whole:
-            kept = {q: [x[np.isin(x, w)] for x, w in zip(h, want)] for q, h in kept.items()}
+            held = {q: [x[np.isin(x, w)] for x, w in zip(h, want)] for q, h in held.items()}
+        keys = {q: (_same(held[q], hold), _slot_of(c.src, q) if c.src.partial else None) for q in group}
+        coord = mesh.coord(r)
+        seen = (tuple(keys[q] for q in group), _same(want, hold),
+                tuple(coord[mesh.axis_index(a)] for a, _ in c.dst.partial))
+        if seen in same:
+            continue
+        same.add(seen)
+        todo = list({keys[q]: q for q in group if keys[q] not in made}.values())
         if todo and not c.src.partial and c.src.shape:  # every member's piece cut from one draw of their union
-            union = [np.unique(np.concatenate([kept[q][d] for q in todo])) for d in range(len(c.src.shape))]
+            union = [np.unique(np.concatenate([held[q][d] for q in todo])) for d in range(len(c.src.shape))]
             values = global_value(src, union)
             for q in todo:
-                at = [np.searchsorted(u, x) for u, x in zip(union, kept[q])]
-                made[q if whole else (q, r)] = (kept[q], values[grid(at)])
+                at = [np.searchsorted(u, x) for u, x in zip(union, held[q])]
+                made[keys[q]] = values[grid(at)]
+        alike: dict = {}  # partial members holding the same indices: their summands drawn at once
         for q in todo:
-            key = q if whole else (q, r)
-            if key not in made:
-                made[key] = (kept[q], summand(src, kept[q], q))
-        for q in group:
-            held[q], pieces[q] = made[q if whole else (q, r)]
+            if keys[q] not in made:
+                alike.setdefault(keys[q][0], []).append(q)
+        for qs in alike.values():
+            made.update(zip((keys[q] for q in qs), summands(src, held[qs[0]], qs)))
         try:
-            got = collective_piece(c, r, pieces, want, held)
+            got = collective_piece(c, r, {q: made[keys[q]] for q in group}, want, held)
         except ShardingError as e:
             return Run("failed", f"rank {r}: {e}", classes=len(classes), simulated=runs)
         runs += 1
@@ -798,5 +975,5 @@ def verify(plan, mode: str = "classes", seed: int = 0, rtol: float = 1e-6, atol:
 
 
 __all__ = ["DEFAULT_BUDGET", "MODES", "Operand", "Run", "Verification", "VerifyError", "expected_after",
-           "global_value", "hashed", "run_collective_classes", "run_op", "summand", "verify", "verify_full",
+           "global_value", "hashed", "run_collective_classes", "run_op", "summand", "summands", "verify", "verify_full",
            "verify_plan"]

@@ -156,6 +156,20 @@ def at_rank(params: dict, mesh, rank: int) -> dict:
     return params if local is None else {**params, "local": one(local)}
 
 
+def coord_axes(params: dict) -> frozenset:
+    """The mesh axes :func:`at_rank` reads in ``params``: two ranks with the same coordinates on
+    them run with the same params. ``coord_axes({"local": (ByCoord("tp", 1, 2, (3, 0)), 1)}) -> {'tp'}``"""
+
+    def one(v):
+        if type(v) is ByCoord:
+            return frozenset((v.axis,))
+        if type(v) is tuple:
+            return frozenset().union(*map(one, v))
+        return frozenset()
+
+    return one(params.get("local"))
+
+
 def canonical_op_name(op: str) -> str:
     """``"aten.view.default" -> "view"``; ``"aten::reshape" -> "reshape"``; ``"t" -> "t"``."""
     got = _NAMES.get(op) if type(op) is str else None
@@ -176,4 +190,4 @@ _NAMES: dict = {}
 register_clearer("shardlayout.ops.result._NAMES", _NAMES.clear, _NAMES.__len__)
 
 
-__all__ = ["ByCoord", "Propagation", "at_rank", "canonical_op_name"]
+__all__ = ["ByCoord", "Propagation", "at_rank", "canonical_op_name", "coord_axes"]

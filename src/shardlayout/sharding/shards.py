@@ -111,20 +111,39 @@ def local_indices(s: ShardingLike, rank: int) -> tuple:
     """Global indices per dim (read-only int arrays, local order) held by ``rank``."""
     coord = s.mesh.coord(rank)
     out = []
-    for d in range(s.ndim):
-        digits = tuple(_dim_digits(s, d, coord))
+    for n, fs, plan in _digit_plans(s):
+        digits = tuple([None if p is None else coord[p[0]] // p[1] % p[2] for p in plan])  # factor_digit's
         try:  # ranks with the same digits on a dim hold the same indices there: made once
-            out.append(_dim_indices(s.shape[d], s.dims[d], digits))
+            out.append(_dim_indices(n, fs, digits))
         except TypeError:  # a dim's factors that do not hash
-            out.append(_dim_indices.__wrapped__(s.shape[d], s.dims[d], digits))
+            out.append(_dim_indices.__wrapped__(n, fs, digits))
     return tuple(out)
+
+
+@memo(1 << 14)
+def _digit_plans(s: ShardingLike) -> tuple:
+    """Per dim of ``s``: ``(extent, factors, plan)``, ``plan`` per factor None (local) or
+    ``(coordinate position, divisor, size)``: its digit is ``coord[position] // divisor % size``,
+    as :func:`factor_digit` computes it."""
+    mesh = s.mesh
+    return tuple((n, fs, tuple(None if f.axis is None else (mesh.axis_index(f.axis),
+                                                            mesh.axis_size(f.axis) // (f.pre * f.size), f.size)
+                               for f in fs))
+                 for n, fs in zip(s.shape, s.dims))
+
+
+_NONE = np.zeros(0, dtype=np.int64)
+_NONE.setflags(write=False)
 
 
 @memo(1 << 16)
 def _dim_indices(n: int, factors, digits: tuple) -> np.ndarray:
+    """The global indices of one dim at ``digits`` (read-only; every empty piece gets one shared
+    empty array, so ranks holding nothing there hold the same array)."""
     rs = dim_ranges(n, factors, digits)
-    idx = np.arange(*rs[0]) if len(rs) == 1 else np.concatenate([np.arange(lo, hi) for lo, hi in rs]) if rs \
-        else np.zeros(0, dtype=np.int64)
+    if not rs:
+        return _NONE
+    idx = np.arange(*rs[0]) if len(rs) == 1 else np.concatenate([np.arange(lo, hi) for lo, hi in rs])
     idx.setflags(write=False)
     return idx
 
