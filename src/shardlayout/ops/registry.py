@@ -29,6 +29,7 @@ a default (a Python literal), otherwise the param is required.
 from __future__ import annotations
 
 import ast
+import keyword
 import numbers
 import re
 from dataclasses import dataclass, field, replace
@@ -85,9 +86,11 @@ class Signature:
     text: str = ""
     # bind's fast path, computed once: the binder generated for this signature (``compile_binder``)
     binder: Callable | None = field(init=False, repr=False, compare=False)
+    invoker: Callable = field(init=False, repr=False, compare=False)  # ``compile_invoker``
 
     def __post_init__(self):
         object.__setattr__(self, "binder", compile_binder(self))
+        object.__setattr__(self, "invoker", compile_invoker(self))
 
     def param(self, name: str) -> Param | None:
         """The param called ``name``, or None."""
@@ -309,8 +312,8 @@ def compile_binder(sig: Signature):
         if k:  # every tensor on the mesh of the first
             lines += [f"    if x{k}.mesh is not x0.mesh and x{k}.mesh != x0.mesh:", "        return None"]
     lines.append(f"    ndim = {'len(x0.shape)' if n else 'None'}")
-    for j in range(len(sig.params)):  # every param starts unset, given ones are checked as they come
-        lines.append(f"    v{j} = UNSET")
+    for j, p in enumerate(sig.params):  # every param starts unset (None when that is its default), given
+        lines.append(f"    v{j} = {'None' if p.default is None else 'UNSET'}")  # ones are checked as they come
     if sig.params:
         lines.append("    for name, v in params.items():")
         for j, p in enumerate(sig.params):
@@ -321,6 +324,8 @@ def compile_binder(sig: Signature):
     else:
         lines += ["    if params:", "        return None"]
     for j, p in enumerate(sig.params):  # a param not given: its default, checked as given (a dim normalised)
+        if p.default is None:  # None where None is allowed: nothing to check
+            continue
         lines.append(f"    if v{j} is UNSET:")
         if p.default is REQUIRED:
             lines.append("        return None")
@@ -333,6 +338,27 @@ def compile_binder(sig: Signature):
              "DEFAULTS": tuple(p.default for p in sig.params)}
     exec("\n".join(lines), scope)  # noqa: S102 - code generated above from a parsed signature
     return scope["binder"]
+
+
+def compile_invoker(sig: Signature):
+    """``invoker(rule, name, inputs, cost_model, tensor_dtype, out_pins, bound)``: the rule called
+    with every param of ``sig`` as a keyword of its own, generated once (no dictionary merged and
+    unpacked per call, as ``rule(..., **bound)`` does); ``bound`` holds them all (``bind``).
+
+    ``compile_invoker(parse_signature("x ; k: bool = False"))(rule, "op", (s,), cm, "float32", (), {"k": True})``
+    """
+    names = [p.name for p in sig.params]
+    if any(keyword.iskeyword(n) or n in _RULE_ARGS for n in names):  # not a keyword argument: merged
+        return lambda rule, name, inputs, cm, dtype, pins, bound: rule(
+            name, inputs, cost_model=cm, tensor_dtype=dtype, out_pins=pins, **bound)
+    kws = "".join(f", {n}=bound[{n!r}]" for n in names)
+    scope: dict = {}
+    exec("def invoker(rule, name, inputs, cm, dtype, pins, bound):\n"  # noqa: S102 - from a parsed signature
+         f"    return rule(name, inputs, cost_model=cm, tensor_dtype=dtype, out_pins=pins{kws})", scope)
+    return scope["invoker"]
+
+
+_RULE_ARGS = ("cost_model", "tensor_dtype", "out_pins")  # the keywords every rule gets besides the params
 
 
 def _value_check(j: int, p: Param) -> list:
@@ -434,7 +460,7 @@ class OpDef:
         bound = bind(self.name, self.signature, inputs, params)  # self.bind, one call less on every first call
         if self.check is not None:
             self.check(self.name, inputs, bound)
-        p = self.rule(self.name, inputs, cost_model=cm, tensor_dtype=tensor_dtype, out_pins=pins or (), **bound)
+        p = self.signature.invoker(self.rule, self.name, inputs, cm, tensor_dtype, pins or (), bound)
         if len(p.input_targets) < len(inputs) or (p.cost_model is not cm and p.cost_model != cm):
             p = _completed(p, inputs, cm)
         if seen is not None:

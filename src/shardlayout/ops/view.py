@@ -73,7 +73,7 @@ def view_rule(name, inputs, shape=None, size=None, subaxes=None, tensor_dtype="f
 
 _SUB = "subaxes: bool? = None"
 def _check_view_shape(name, inputs, params):
-    if (params.get("size") is None) == (params.get("shape") is None):
+    if (params["size"] is None) is (params["shape"] is None):  # bound params: both are there
         raise OpError(f"op {name}: give the new shape once, as size= (torch's name) or shape=")
 
 
