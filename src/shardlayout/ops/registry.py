@@ -506,6 +506,20 @@ def _typed(v):
     """A memo key of a call's arguments that tells ``1``, ``1.0`` and ``True`` apart (equal and
     equally hashed in Python, but not the same input to validate)."""
     t = type(v)
+    if t is dict:  # a call's params first: every first call has them
+        if len(v) == 1:
+            for k, x in v.items():
+                tx = type(x)
+                if tx is tuple:  # a shape, as the tuple case below returns it
+                    for y in x:
+                        if type(y) is not int:
+                            break
+                    else:
+                        return (dict, (k, x))
+                elif tx is int or tx is str or x is None:
+                    return (dict, (k, x))
+                return (dict, (k, _typed(x)))
+        return (dict, *sorted([(k, _typed(x)) for k, x in v.items()]))
     if t is tuple or t is list:
         for x in v:
             if type(x) is not int:
@@ -520,20 +534,6 @@ def _typed(v):
         return (t, *(_typed(x) for x in v))
     if t is int or t is str or v is None or t is Sharding:
         return v
-    if t is dict:
-        if len(v) == 1:
-            for k, x in v.items():
-                tx = type(x)
-                if tx is tuple:  # a shape, as the case above returns it
-                    for y in x:
-                        if type(y) is not int:
-                            break
-                    else:
-                        return (dict, (k, x))
-                elif tx is int or tx is str or x is None:
-                    return (dict, (k, x))
-                return (dict, (k, _typed(x)))
-        return (dict, *sorted([(k, _typed(x)) for k, x in v.items()]))
     return (t, v)
 
 

@@ -676,7 +676,10 @@ def local_dims(shape: tuple) -> tuple:
 
     ``local_dims((10, 1)) -> ((Factor(size=10, axis=None, pre=1),), ())``
     """
-    return tuple([(_new(Factor, (n, None, 1)),) if n != 1 else () for n in shape])
+    out = []  # a loop, not a comprehension: no frame of its own (a first call makes few dims)
+    for n in shape:
+        out.append((_new(Factor, (n, None, 1)),) if n != 1 else ())
+    return tuple(out)
 
 
 def dtensor_obstacle(target: Sharding, out: Sharding):
@@ -827,7 +830,9 @@ def regroup_even(s: Sharding, out_shape, subaxes: bool):
     if total_in != total:
         return None  # not the same number of elements (or a -1 to infer): infer_view_shape
     n = len(out_shape)
-    out = [[] for _ in range(n)]
+    out = []  # a list per output dim (a loop: a comprehension is a call of its own)
+    for _ in range(n):
+        out.append([])
     k = 0
     while k < n and out_shape[k] == 1:
         k += 1
