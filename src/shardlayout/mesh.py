@@ -98,7 +98,7 @@ class Mesh:
         h = self.__dict__.get("_hash")
         if h is None:
             h = hash((self.shape, self.names))
-            object.__setattr__(self, "_hash", h)
+            self.__dict__["_hash"] = h  # what object.__setattr__ does here (no descriptor), one store
         return h
 
     def __reduce__(self):  # rebuilt from its fields: a hash is valid in one process only

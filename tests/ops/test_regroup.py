@@ -76,7 +76,7 @@ X, Y = Factor(2, "x"), Factor(2, "y")
 
 def test_flat_pieces_even_dims_are_one_piece_per_factor():
     pieces, floating = flat_pieces(sh("[dp*4, tp*3]", "dp=2,tp=4"))
-    assert [(p.kind, p.size, p.dim, p.index) for p in pieces] == [
+    assert [(p.kind, p.size, p.dim, p.index) for p in map(Piece._make, pieces)] == [  # plain tuples
         (AXIS, 2, 0, 0), (LOCAL, 4, 0, 1), (AXIS, 4, 1, 0), (LOCAL, 3, 1, 1)]
     assert floating == ()
 

@@ -29,6 +29,7 @@ a default (a Python literal), otherwise the param is required.
 from __future__ import annotations
 
 import ast
+import keyword
 import numbers
 import re
 from dataclasses import dataclass, field, replace
@@ -83,24 +84,13 @@ class Signature:
     tensors: tuple
     params: tuple
     text: str = ""
-    # facts bind reads on every call, computed once
-    names: frozenset = field(init=False, repr=False, compare=False)
-    plain: bool = field(init=False, repr=False, compare=False)  # every tensor required, a Sharding
-    fields: tuple = field(init=False, repr=False, compare=False)  # per param (name, type, default, nullable, Param)
-    # bind's fast path: every param None, in order (a param defaulting to None binds to None unless given);
-    # the fields of the others (required, or another default); and each param's field by name
-    blank: dict = field(init=False, repr=False, compare=False)
-    valued: tuple = field(init=False, repr=False, compare=False)
-    by_name: dict = field(init=False, repr=False, compare=False)
+    # bind's fast path, computed once: the binder generated for this signature (``compile_binder``)
+    binder: Callable | None = field(init=False, repr=False, compare=False)
+    invoker: Callable = field(init=False, repr=False, compare=False)  # ``compile_invoker``
 
     def __post_init__(self):
-        sa = object.__setattr__
-        sa(self, "names", frozenset(p.name for p in self.params))
-        sa(self, "plain", all(not (t.optional or t.variadic or t.scalar) for t in self.tensors))
-        sa(self, "fields", tuple((p.name, p.type, p.default, p.nullable, p) for p in self.params))
-        sa(self, "blank", dict.fromkeys(p.name for p in self.params))
-        sa(self, "valued", tuple(f for f in self.fields if f[2] is not None))
-        sa(self, "by_name", {f[0]: f for f in self.fields})
+        object.__setattr__(self, "binder", compile_binder(self))
+        object.__setattr__(self, "invoker", compile_invoker(self))
 
     def param(self, name: str) -> Param | None:
         """The param called ``name``, or None."""
@@ -288,56 +278,103 @@ def _check_dim(where: str, v, ndim: int | None, extra: int) -> int:
 def bind(op: str, sig: Signature, inputs: tuple, params: dict) -> dict:
     """Validated params with defaults filled in and dims normalised; raises ``OpError``.
 
-    The common call (Shardings on one mesh for every tensor, known params) in one pass with
-    exact type tests first; anything else, and every error, through ``_bind_checked``.
+    The common call (Shardings on one mesh for every tensor, known params) through the
+    signature's generated binder (``compile_binder``); anything else, and every error, through
+    ``_bind_checked``.
     ``bind("sum", parse_signature("x ; dim: dims? = None"), (s,), {"dim": -1})``
     """
-    if not sig.plain or len(inputs) != len(sig.tensors) or not sig.names.issuperset(params):
-        return _bind_checked(op, sig, inputs, params)
-    mesh = None
-    for x in inputs:
-        if type(x) is not Sharding or (mesh is not None and x.mesh != mesh):
-            return _bind_checked(op, sig, inputs, params)
-        mesh = x.mesh
-    ndim = len(inputs[0].shape) if inputs else None
-    # every param starts None (in signature order); a param defaulting to None stays None unless
-    # given, so only the others and the given ones are checked. A bad value: _bind_checked names
-    # the first bad param in signature order, as a pass in that order would.
-    out = sig.blank.copy()
-    try:
-        for name, typ, default, nullable, p in sig.valued:
-            v = params.get(name, default)
-            if v is REQUIRED:
-                return _bind_checked(op, sig, inputs, params)
-            if v is not None or not nullable:
-                out[name] = _bound_value(op, typ, p, v, ndim)
-        by_name = sig.by_name
-        for name, v in params.items():
-            _, typ, default, nullable, p = by_name[name]
-            if default is not None or (v is None and nullable):
-                continue  # checked above, or None where None is allowed
-            if typ == "shape" and type(v) is tuple:  # _bound_value inlined: a view's shape
-                for x in v:
-                    if type(x) is not int or x < 1:
-                        break
-                else:
-                    out[name] = v
-                    continue
-            out[name] = _check_value(op, p, v, ndim)
-    except OpError:
-        return _bind_checked(op, sig, inputs, params)
-    return out
+    binder = sig.binder
+    if binder is not None:
+        try:
+            out = binder(op, inputs, params)
+        except OpError:  # a bad value: _bind_checked names the first bad param in signature order
+            out = None
+        if out is not None:
+            return out
+    return _bind_checked(op, sig, inputs, params)
 
 
-def _bound_value(op: str, typ: str, p: Param, v, ndim: int | None):
-    """``_check_value`` with a shape of positive ints taken as it is (the common case)."""
-    if typ == "shape" and type(v) is tuple:
-        for x in v:
-            if type(x) is not int or x < 1:
-                break
+def compile_binder(sig: Signature):
+    """``binder(op, inputs, params) -> dict | None``: ``bind``'s answer on the common call, in
+    straight-line code generated once for ``sig`` (no loop over the signature per call); None
+    (or an ``OpError``) where ``_bind_checked`` must look: a tensor input that is not a
+    Sharding, two meshes, an unknown or missing param, a bad value. None when ``sig`` has
+    optional, scalar or variadic tensors (``_bind_checked`` binds those).
+
+    ``compile_binder(parse_signature("x ; k: bool = False"))("op", (s,), {}) -> {'k': False}``
+    """
+    if any(t.optional or t.variadic or t.scalar for t in sig.tensors):
+        return None
+    n = len(sig.tensors)
+    lines = ["def binder(op, inputs, params):", f"    if len(inputs) != {n}:", "        return None"]
+    for k in range(n):
+        lines += [f"    x{k} = inputs[{k}]", f"    if type(x{k}) is not Sharding:", "        return None"]
+        if k:  # every tensor on the mesh of the first
+            lines += [f"    if x{k}.mesh is not x0.mesh and x{k}.mesh != x0.mesh:", "        return None"]
+    lines.append(f"    ndim = {'len(x0.shape)' if n else 'None'}")
+    for j, p in enumerate(sig.params):  # every param starts unset (None when that is its default), given
+        lines.append(f"    v{j} = {'None' if p.default is None else 'UNSET'}")  # ones are checked as they come
+    if sig.params:
+        lines.append("    for name, v in params.items():")
+        for j, p in enumerate(sig.params):
+            lines.append(f"        {'if' if j == 0 else 'elif'} name == {p.name!r}:")
+            lines += [" " * 12 + line for line in _value_check(j, p)]
+            lines.append(f"            v{j} = v")
+        lines += ["        else:", "            return None"]
+    else:
+        lines += ["    if params:", "        return None"]
+    for j, p in enumerate(sig.params):  # a param not given: its default, checked as given (a dim normalised)
+        if p.default is None:  # None where None is allowed: nothing to check
+            continue
+        lines.append(f"    if v{j} is UNSET:")
+        if p.default is REQUIRED:
+            lines.append("        return None")
         else:
-            return v
-    return _check_value(op, p, v, ndim)
+            lines.append(f"        v = DEFAULTS[{j}]")
+            lines += [" " * 8 + line for line in _value_check(j, p)]
+            lines.append(f"        v{j} = v")
+    lines.append("    return {" + ", ".join(f"{p.name!r}: v{j}" for j, p in enumerate(sig.params)) + "}")
+    scope = {"Sharding": Sharding, "UNSET": REQUIRED, "PARAMS": sig.params, "check": _check_value,
+             "DEFAULTS": tuple(p.default for p in sig.params)}
+    exec("\n".join(lines), scope)  # noqa: S102 - code generated above from a parsed signature
+    return scope["binder"]
+
+
+def compile_invoker(sig: Signature):
+    """``invoker(rule, name, inputs, cost_model, tensor_dtype, out_pins, bound)``: the rule called
+    with every param of ``sig`` as a keyword of its own, generated once (no dictionary merged and
+    unpacked per call, as ``rule(..., **bound)`` does); ``bound`` holds them all (``bind``).
+
+    ``compile_invoker(parse_signature("x ; k: bool = False"))(rule, "op", (s,), cm, "float32", (), {"k": True})``
+    """
+    names = [p.name for p in sig.params]
+    if any(keyword.iskeyword(n) or n in _RULE_ARGS for n in names):  # not a keyword argument: merged
+        return lambda rule, name, inputs, cm, dtype, pins, bound: rule(
+            name, inputs, cost_model=cm, tensor_dtype=dtype, out_pins=pins, **bound)
+    kws = "".join(f", {n}=bound[{n!r}]" for n in names)
+    scope: dict = {}
+    exec("def invoker(rule, name, inputs, cm, dtype, pins, bound):\n"  # noqa: S102 - from a parsed signature
+         f"    return rule(name, inputs, cost_model=cm, tensor_dtype=dtype, out_pins=pins{kws})", scope)
+    return scope["invoker"]
+
+
+_RULE_ARGS = ("cost_model", "tensor_dtype", "out_pins")  # the keywords every rule gets besides the params
+
+
+def _value_check(j: int, p: Param) -> list:
+    """The generated lines that check (and normalise) value ``v`` of param ``j``: a tuple of
+    positive ints as a shape and a bool inline, every other value through ``_check_value``."""
+    general = [f"v = check(op, PARAMS[{j}], v, ndim)"]
+    if p.type == "shape":
+        body = ["if type(v) is not tuple:", "    " + general[0], "else:", "    for e in v:",
+                "        if type(e) is not int or e < 1:", "            " + general[0], "            break"]
+    elif p.type == "bool":
+        body = ["if type(v) is not bool:", "    " + general[0]]
+    else:
+        body = general
+    if p.nullable:  # None stays None
+        return ["if v is not None:"] + ["    " + line for line in body]
+    return body
 
 
 def _bind_checked(op: str, sig: Signature, inputs: tuple, params: dict) -> dict:
@@ -412,27 +449,25 @@ class OpDef:
         try:
             ins = inputs if type(inputs) is tuple and len(inputs) == 1 and type(inputs[0]) is Sharding else \
                 _typed(inputs)  # (_typed's answer for one Sharding)
-            seen = (self, ins, _typed(params) if typed_params is None else typed_params, pins, cm, tensor_dtype,
-                    settings.subaxes)
+            seen = (self, ins, _typed(params) if typed_params is None else typed_params, pins, cost_key(cm),
+                    tensor_dtype, settings.subaxes)
             hit = _SEEN.get(seen)
         except TypeError:  # an unhashable param (a list of lists, a dict): validate and run every time
             seen = hit = None
         if hit is not None:
             return hit[0], dict(hit[1])
-        bound = self.bind(inputs, params)
-        p = self._run(inputs, bound, pins, cm, tensor_dtype)
+        inputs = inputs if type(inputs) is tuple else tuple(inputs)
+        bound = bind(self.name, self.signature, inputs, params)  # self.bind, one call less on every first call
+        if self.check is not None:
+            self.check(self.name, inputs, bound)
+        p = self.signature.invoker(self.rule, self.name, inputs, cm, tensor_dtype, pins or (), bound)
+        if len(p.input_targets) < len(inputs) or (p.cost_model is not cm and p.cost_model != cm):
+            p = _completed(p, inputs, cm)
         if seen is not None:
             if len(_SEEN) >= _SEEN_MAX:
                 _SEEN.clear()
             _SEEN[seen] = (p, bound.copy())
         return p, bound
-
-    def _run(self, inputs, bound, pins, cm, tensor_dtype):
-        p = self.rule(self.name, inputs if type(inputs) is tuple else tuple(inputs), cost_model=cm,
-                      tensor_dtype=tensor_dtype, out_pins=pins or (), **bound)
-        if len(p.input_targets) < len(inputs):  # inputs a rule leaves alone are not moved
-            p = replace(p, input_targets=tuple(p.input_targets) + tuple(inputs[len(p.input_targets):]))
-        return p if p.cost_model is cm or p.cost_model == cm else replace(p, cost_model=cm)
 
     def run_numpy(self, args: list, params: dict, out_shapes: list) -> list:
         """Run the numpy implementation; always returns a list of arrays."""
@@ -453,10 +488,38 @@ class OpDef:
         return [np.asarray(o) for o in out] if isinstance(out, (tuple, list)) else [np.asarray(out)]
 
 
+def _completed(p, inputs: tuple, cm):
+    """A rule's Propagation made whole: inputs the rule leaves alone are not moved (their
+    targets are the inputs), and it is priced with ``cm``."""
+    if len(p.input_targets) < len(inputs):
+        p = replace(p, input_targets=tuple(p.input_targets) + tuple(inputs[len(p.input_targets):]))
+    return p if p.cost_model is cm or p.cost_model == cm else replace(p, cost_model=cm)
+
+
+def cost_key(cm):
+    """The cost model as ``_SEEN``'s keys hold it: None for the default (its hash is a Python
+    call, twice on every first call), else the model. ``cost_key(DEFAULT_COST_MODEL) -> None``"""
+    return None if cm is DEFAULT_COST_MODEL else cm
+
+
 def _typed(v):
     """A memo key of a call's arguments that tells ``1``, ``1.0`` and ``True`` apart (equal and
     equally hashed in Python, but not the same input to validate)."""
     t = type(v)
+    if t is dict:  # a call's params first: every first call has them
+        if len(v) == 1:
+            for k, x in v.items():
+                tx = type(x)
+                if tx is tuple:  # a shape, as the tuple case below returns it
+                    for y in x:
+                        if type(y) is not int:
+                            break
+                    else:
+                        return (dict, (k, x))
+                elif tx is int or tx is str or x is None:
+                    return (dict, (k, x))
+                return (dict, (k, _typed(x)))
+        return (dict, *sorted([(k, _typed(x)) for k, x in v.items()]))
     if t is tuple or t is list:
         for x in v:
             if type(x) is not int:
@@ -471,20 +534,6 @@ def _typed(v):
         return (t, *(_typed(x) for x in v))
     if t is int or t is str or v is None or t is Sharding:
         return v
-    if t is dict:
-        if len(v) == 1:
-            for k, x in v.items():
-                tx = type(x)
-                if tx is tuple:  # a shape, as the case above returns it
-                    for y in x:
-                        if type(y) is not int:
-                            break
-                    else:
-                        return (dict, (k, x))
-                elif tx is int or tx is str or x is None:
-                    return (dict, (k, x))
-                return (dict, (k, _typed(x)))
-        return (dict, *sorted([(k, _typed(x)) for k, x in v.items()]))
     return (t, v)
 
 

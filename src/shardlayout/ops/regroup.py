@@ -28,8 +28,10 @@ The flat list is made of *pieces* (``Piece``): an even factor (``LOCAL`` or on a
 one mixed-radix digit), the uneven ``TAIL`` of a dim (from its first factor that does not
 divide it to its end: ``torch.chunk`` cuts, so it ends an output dim and moves as a whole
 unless its chunks line up with the output's), or a ``PROGRAM`` (a ``ChunkProgram`` dim,
-DTensor's cuts kept verbatim: a whole output dim). Tails and programs of extent 1 hold all
-or nothing and float to any dim::
+DTensor's cuts kept verbatim: a whole output dim). The walk builds them as plain tuples of
+``Piece``'s fields, by position (a NamedTuple costs ten times a tuple to make); an ``Obstacle``
+holds its piece as a ``Piece``. Tails and programs of extent 1 hold all or nothing and float to
+any dim::
 
     (5,4) [x*3 of 5, 4]      flat  [x 3 of 5] 4
     -> (5,2,2)               [x*3 of 5] [2] [2]        the tail ends dim 0: exact
@@ -121,6 +123,12 @@ class Obstacle(NamedTuple):
     why: str
 
 
+def obstacle(piece: tuple, keep: int, why: str) -> Obstacle:
+    """The ``Obstacle`` of a piece of the walk (a plain tuple there), its piece made a ``Piece``.
+    ``obstacle((AXIS, (Factor(4, "x"),), 4, 0, 0), 2, "cut").piece.kind -> Kind.AXIS``"""
+    return _new(Obstacle, (_new(Piece, piece), keep, why))
+
+
 def local(size: int) -> Piece:
     """A local even piece made by the walk. ``local(3) -> Piece(LOCAL, (Factor(3),), 3)``"""
     return Piece(LOCAL, (Factor(size),), size)
@@ -132,15 +140,15 @@ def local(size: int) -> Piece:
 
 
 def flat_pieces(s: Sharding) -> tuple:
-    """``(pieces, floating)``: the input's pieces, outer to inner, adjacent local factors
-    merged (even across dims). Tails and programs of extent 1 hold all or nothing on each
+    """``(pieces, floating)``: the input's pieces (plain tuples of ``Piece``'s fields), outer to
+    inner, adjacent local factors merged (even across dims). Tails and programs of extent 1 hold all or nothing on each
     device and sit anywhere: they are set aside in ``floating`` (the local pieces around
     them merge) and placed last.
 
     ``[dp*4, tp*3]`` -> ``(dp 4 tp 3)``; ``[x*3 of 5, 4]`` -> ``(TAIL(x*3 of 5) 4)``;
     ``[2, x of 1, 3]`` -> ``(6)`` and floating ``(TAIL(x of 1))``.
     """
-    new = tuple.__new__  # Piece(...) without the Python-level NamedTuple __new__: the hot path
+    new = tuple.__new__  # Factor(...) without the Python-level NamedTuple __new__: the hot path
     out: list = []
     floating: list = []
     last = None  # the last piece, when local
@@ -151,9 +159,9 @@ def flat_pieces(s: Sharding) -> tuple:
         n = shape[d]
         if type(fs) is ChunkProgram:
             if n == 1:
-                floating.append(Piece(PROGRAM, (fs,), n, d, 0))  # the local pieces around still merge
+                floating.append((PROGRAM, (fs,), n, d, 0))  # the local pieces around still merge
             else:
-                out.append(Piece(PROGRAM, (fs,), n, d, 0))
+                out.append((PROGRAM, (fs,), n, d, 0))
                 last = None
             continue
         p = 1
@@ -170,21 +178,21 @@ def flat_pieces(s: Sharding) -> tuple:
         for f in fs if p == n else fs[:j]:
             size, axis, _ = f
             if axis is not None:
-                out.append(new(Piece, (AXIS, (f,), size, d, i)))
+                out.append((AXIS, (f,), size, d, i))
                 last = None
             elif last is None:
-                last = new(Piece, (LOCAL, (f,), size, d, i))
+                last = (LOCAL, (f,), size, d, i)
                 out.append(last)
             else:
                 size *= last[2]
-                last = out[-1] = new(Piece, (LOCAL, (new(Factor, (size, None, 1)),), size, -1, -1))
+                last = out[-1] = (LOCAL, (new(Factor, (size, None, 1)),), size, -1, -1)
             i += 1
         if j < len(fs):
             size = n // q
             if size == 1:
-                floating.append(new(Piece, (TAIL, fs[j:], size, d, j)))
+                floating.append((TAIL, fs[j:], size, d, j))
             else:
-                out.append(new(Piece, (TAIL, fs[j:], size, d, j)))
+                out.append((TAIL, fs[j:], size, d, j))
                 last = None
     return tuple(out), tuple(floating)
 
@@ -264,7 +272,7 @@ def place_even(pieces: tuple, i: int, cur: tuple, out_shape: tuple, subaxes: boo
         if size % room:
             return blame(pieces, i, room, subaxes)
         if f.axis is not None and not subaxes:
-            return _new(Obstacle, (head, 1, f"a boundary cuts {head.size} at {room} and sub-axes are disabled"))
+            return obstacle(head, 1, f"a boundary cuts {head[2]} at {room} and sub-axes are disabled")
         outer, f = split(f, room)
         items.append((k, outer))
         size //= room
@@ -284,10 +292,10 @@ def blame(pieces: tuple, i: int, room: int, subaxes: bool) -> Obstacle:
     head = pieces[i]
     if head[0] is AXIS:
         keep = gcd(head[2], room) if subaxes else 1
-        return _new(Obstacle, (head, keep, f"a boundary cuts {head.size} at {room}"))
+        return obstacle(head, keep, f"a boundary cuts {head[2]} at {room}")
     for j in (i + 1, i - 1):
         if 0 <= j < len(pieces) and pieces[j][0] is not LOCAL:  # sharded
-            return _new(Obstacle, (pieces[j], 1, f"a boundary at {room} falls inside local {head.size} next to it"))
+            return obstacle(pieces[j], 1, f"a boundary at {room} falls inside local {head[2]} next to it")
     raise AssertionError(f"local piece {head} has no sharded neighbour")  # pragma: no cover
 
 
@@ -296,7 +304,7 @@ def tail_body(piece: Piece) -> tuple:
 
     ``tail_body(Piece(TAIL, (Factor(2, "x"), Factor(3)), 5)) -> (Factor(size=2, axis='x', pre=1),)``
     """
-    fs = piece.factors
+    fs = piece[1]  # piece.factors
     return fs[:-1] if fs and fs[-1].axis is None else fs
 
 
@@ -316,17 +324,17 @@ def place_tail(pieces: tuple, i: int, cur: tuple, out_shape: tuple, subaxes: boo
     head = pieces[i]
     k, need = cur
     if k == len(out_shape):  # pragma: no cover  (the sizes multiply to the same total)
-        return Obstacle(head, 1, "an uneven dim has no output dim to live in")
-    size = head.size
+        return obstacle(head, 1, "an uneven dim has no output dim to live in")
+    size = head[2]
     if need == size:
-        return tuple([(k, f) for f in head.factors]), advance(out_shape, k, 1), pieces
+        return tuple([(k, f) for f in head[1]]), advance(out_shape, k, 1), pieces
     body = tail_body(head)
     placed = tuple([(k, f) for f in body])
     if need < size and size % need == 0 and same_chunks(body, size, need, 1, size // need):
         rest = size // need
         k2, room2 = advance(out_shape, k, 1)
         if k2 == len(out_shape) or room2 % rest:
-            return _new(Obstacle, (head, 1, "the inner part of an uneven dim straddles a boundary"))
+            return obstacle(head, 1, "the inner part of an uneven dim straddles a boundary")
         return placed + ((k2, Factor(rest)),), advance(out_shape, k2, room2 // rest), pieces
     q = need // size if need % size == 0 else 0
     if q > 1 and same_chunks(body, size, size * q, q, 1):
@@ -341,10 +349,10 @@ def place_tail(pieces: tuple, i: int, cur: tuple, out_shape: tuple, subaxes: boo
     region = size * q
     if region % need == 0 and same_chunks(body, size, need, q, region // need):
         rest = region // need
-        spent = tuple(Piece(LOCAL, (Factor(1),), 1, p.dim, p.index) for p in follow)
+        spent = tuple([(LOCAL, (Factor(1),), 1, p[3], p[4]) for p in follow])
         new = ((local(rest),) if rest > 1 else ()) + spent
         return placed, advance(out_shape, k, 1), pieces[: i + 1] + new + pieces[i + 1 + nf :]
-    return _new(Obstacle, (head, 1, "an uneven dim must end an output dim and stay whole"))
+    return obstacle(head, 1, "an uneven dim must end an output dim and stay whole")
 
 
 def place_program(pieces: tuple, i: int, cur: tuple, out_shape: tuple, subaxes: bool):
@@ -357,18 +365,18 @@ def place_program(pieces: tuple, i: int, cur: tuple, out_shape: tuple, subaxes: 
     """
     head = pieces[i]
     k, need = cur
-    size, prog = head.size, head.factors[0]
+    size, prog = head[2], head[1][0]
     fresh = k < len(out_shape) and need == out_shape[k]
     if fresh and need < size and size % need == 0 and same_program_chunks(prog, need, size // need):
         inner = (local(size // need),)
         return ((k, prog),), advance(out_shape, k, 1), pieces[: i + 1] + inner + pieces[i + 1 :]
     q = need // size if need % size == 0 else 0
     if not fresh or not q:
-        return Obstacle(head, 1, "a DTensor chunk program must stay a whole dim")
+        return obstacle(head, 1, "a DTensor chunk program must stay a whole dim")
     if q > 1:
         pieces = take_inner(pieces, i, q)
         if pieces is None or not same_program_chunks(prog, size, q):
-            return Obstacle(head, 1, "a DTensor chunk program must stay a whole dim")
+            return obstacle(head, 1, "a DTensor chunk program must stay a whole dim")
     return ((k, prog),), advance(out_shape, k, 1), pieces
 
 
@@ -393,17 +401,18 @@ def take_inner(pieces: tuple, i: int, q: int):
     for p in pieces[i + 1 :]:
         if got == q:
             break
-        if p.sharded:
+        kind, _, size, d, index = p
+        if kind is not LOCAL:  # sharded
             return None
         want = q // got
-        if p.size % want == 0:
+        if size % want == 0:
             take = want
-        elif want % p.size == 0:
-            take = p.size
+        elif want % size == 0:
+            take = size
         else:
             return None
         got *= take
-        used.append(Piece(LOCAL, (Factor(p.size // take),), p.size // take, p.dim, p.index))
+        used.append((LOCAL, (Factor(size // take),), size // take, d, index))
     if got != q:
         return None
     return pieces[: i + 1] + tuple(used) + pieces[i + 1 + len(used) :]
@@ -420,11 +429,11 @@ def settle_floating(dims: tuple, floating: tuple, out_shape: tuple):
     for t in floating:
         free = [j for j in range(len(dims)) if out_shape[j] == 1 and not dims[j]]
         if free:
-            j, new = free[0], (t.factors[0] if t.kind == PROGRAM else t.factors)
-        elif t.kind == TAIL and dims and type(dims[-1]) is not ChunkProgram:
-            j, new = len(dims) - 1, below_chunks(out_shape[-1], dims[-1], t.factors)
+            j, new = free[0], (t[1][0] if t[0] is PROGRAM else t[1])
+        elif t[0] is TAIL and dims and type(dims[-1]) is not ChunkProgram:
+            j, new = len(dims) - 1, below_chunks(out_shape[-1], dims[-1], t[1])
         else:
-            return Obstacle(t, 1, "a shard of extent 1 needs an output dim to live in")
+            return obstacle(t, 1, "a shard of extent 1 needs an output dim to live in")
         dims = dims[:j] + (new,) + dims[j + 1 :]
     return dims
 
@@ -667,7 +676,10 @@ def local_dims(shape: tuple) -> tuple:
 
     ``local_dims((10, 1)) -> ((Factor(size=10, axis=None, pre=1),), ())``
     """
-    return tuple([(_new(Factor, (n, None, 1)),) if n != 1 else () for n in shape])
+    out = []  # a loop, not a comprehension: no frame of its own (a first call makes few dims)
+    for n in shape:
+        out.append((_new(Factor, (n, None, 1)),) if n != 1 else ())
+    return tuple(out)
 
 
 def dtensor_obstacle(target: Sharding, out: Sharding):
@@ -679,8 +691,8 @@ def dtensor_obstacle(target: Sharding, out: Sharding):
     if even_whole_axes(out) or has_placements(out):
         return None
     pieces, floating = flat_pieces(target)
-    last = max((p for p in pieces + floating if p.sharded), key=lambda p: (p.dim, p.index))
-    return Obstacle(last, 1, f"DTensor placements cannot say {out}")
+    last = max((p for p in pieces + floating if p[0] is not LOCAL), key=lambda p: (p[3], p[4]))  # sharded
+    return obstacle(last, 1, f"DTensor placements cannot say {out}")
 
 
 def even_whole_axes(s: Sharding) -> bool:
@@ -818,7 +830,9 @@ def regroup_even(s: Sharding, out_shape, subaxes: bool):
     if total_in != total:
         return None  # not the same number of elements (or a -1 to infer): infer_view_shape
     n = len(out_shape)
-    out = [[] for _ in range(n)]
+    out = []  # a list per output dim (a loop: a comprehension is a call of its own)
+    for _ in range(n):
+        out.append([])
     k = 0
     while k < n and out_shape[k] == 1:
         k += 1

@@ -21,6 +21,8 @@ Worked example (DESIGN.md): mesh dp=2, tp=4; (8,12) as ``[dp*4, tp*3]``::
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as _np
 
 from ..config import settings
@@ -41,11 +43,10 @@ gathers = input_moves  # the collectives moving input 0 (one function, in ops.st
 # ------------------------------------------------------------------------------------------
 
 
-def _view_result(name, s, out_shape, subaxes, tensor_dtype, cost_model, walk=False):
-    """``walk``: the caller tried ``regroup_even`` already (it returned None)."""
-    target, out = regroup_walk(s, out_shape, subaxes) if walk else regroup(s, out_shape, subaxes)
+def _view_result(name, s, out_shape, subaxes, tensor_dtype, cost_model):
+    target, out = regroup(s, out_shape, subaxes)
     # regroup returns s when nothing moves; a move is planned when its collectives are first read
-    moves = () if target is s else Deferred(lambda: gathers(s, target, tensor_dtype, cost_model))
+    moves = () if target is s else Deferred(partial(gathers, s, target, tensor_dtype, cost_model))
     return Propagation._trusted(name, (s,), (target,), (out,), moves, cost_model or DEFAULT_COST_MODEL)
 
 
@@ -60,15 +61,19 @@ def view_rule(name, inputs, shape=None, size=None, subaxes=None, tensor_dtype="f
         shape = size if size is not None else s.shape
     # regroup and _view_result inlined: the hot path of propagate("view")
     subaxes = settings.subaxes if subaxes is None else subaxes
+    cm = cost_model or DEFAULT_COST_MODEL
     out = regroup_even(s, shape, subaxes)
     if out is not None:  # nothing in the way: nothing moves
-        return Propagation._trusted(name, (s,), (s,), (out,), (), cost_model or DEFAULT_COST_MODEL)
-    return _view_result(name, s, shape, subaxes, tensor_dtype, cost_model, walk=True)
+        return Propagation._trusted(name, (s,), (s,), (out,), (), cm)
+    target, out = regroup_walk(s, shape, subaxes)
+    # regroup_walk returns s when nothing moves; a move is planned when its collectives are first read
+    moves = () if target is s else Deferred(partial(gathers, s, target, tensor_dtype, cost_model))
+    return Propagation._trusted(name, (s,), (target,), (out,), moves, cm)
 
 
 _SUB = "subaxes: bool? = None"
 def _check_view_shape(name, inputs, params):
-    if (params.get("size") is None) == (params.get("shape") is None):
+    if (params["size"] is None) is (params["shape"] is None):  # bound params: both are there
         raise OpError(f"op {name}: give the new shape once, as size= (torch's name) or shape=")
 
 

@@ -37,7 +37,7 @@ from ..errors import MeshError, NotRepresentable, ShardingError, ShardingSpecErr
 from ..execute.verify import DEFAULT_BUDGET, Verification
 from ..execute.verify import verify as verify_plan
 from ..mesh import Mesh, as_mesh
-from ..ops.registry import _SEEN, _typed, get_op
+from ..ops.registry import _SEEN, _typed, cost_key, get_op
 from ..ops.result import canonical_op_name
 from ..program import Program, ProgramError
 from ..sharding import Sharding
@@ -734,7 +734,7 @@ def _forward(program: Program, mesh: Mesh, pins: dict, cm: CostModel, wanted: di
             moves[key] = tuple(replace(c, ragged=(r.dim, routed.get(r.counts, ()))) for c in moves[key])
         collectives.extend(c.attributed(tensor, opname) for c in moves[key] if c.kind.communicates)
 
-    seen, subaxes, typed_key = _SEEN.get, settings.subaxes, _typed
+    seen, subaxes, typed_key, cm_key = _SEEN.get, settings.subaxes, _typed, cost_key(cm)
     want = None if wanted is None else wanted.get
     if keep:
         from ..program.blocks import VIEWS
@@ -745,13 +745,13 @@ def _forward(program: Program, mesh: Mesh, pins: dict, cm: CostModel, wanted: di
         out_pins = (pinned(outs[0]),) if len(outs) == 1 else tuple([pinned(o) for o in outs])
         if kind == _PLAIN_TENSORS:  # the fast path of OpDef.resolve: a call seen before is one probe
             args = tuple([shard[i] for i in ins])
-            hit = seen((opdef, args, typed, out_pins, cm, dtypes, subaxes))
+            hit = seen((opdef, args, typed, out_pins, cm_key, dtypes, subaxes))
         else:
             args = tuple([shard[i] if type(i) is str else i for i in ins])
             hit = None
             if kind == _PLAIN and typed is not None:  # constants among the inputs: OpDef.resolve's own probe
                 try:
-                    hit = seen((opdef, typed_key(args), typed, out_pins, cm, dtypes, subaxes))
+                    hit = seen((opdef, typed_key(args), typed, out_pins, cm_key, dtypes, subaxes))
                 except TypeError:  # an unhashable constant: no memo, OpDef.resolve below validates it
                     hit = None
         if hit is not None:
