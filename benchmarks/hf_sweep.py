@@ -5,7 +5,9 @@ transformers, each written as a ``config.json`` and planned by the CLI as a user
 ``shardlayout plan --hf CONFIG --mesh M --style S --verify --json``, in a fresh process per run:
 
 * ``megatron`` on ``tp=2`` and on ``dp=2,tp=2``, ``megatron-sp`` on ``tp=2``, ``auto`` on
-  ``dp=2,tp=2``, and ``ep`` on ``ep=2`` for MoE models;
+  ``dp=2,tp=2``, and ``ep`` on ``ep=2`` for MoE models, each at ``--size batch=2`` (and the
+  default sequence, 64 tokens for these configs), so a config is imported once and its other runs
+  read the import cache;
 * each run is classified: its exit code, ``verified`` (every rank simulated), the collectives
   against Megatron's count (``expected``), every layer weight (a parameter of the layer list) cut
   on ``tp`` in Megatron's dim (``examples/hf_models.py:megatron_cuts``; megatron and megatron-sp
@@ -17,7 +19,8 @@ block — one per layer when attention and MLP read the same input (parallel res
 GPT-NeoX, Falcon, Phi, Cohere, ...) — and one for a tied, vocab-parallel table's lookup;
 ``megatron-sp``: that many reduce_scatters, and one all_gather before each block (the tied
 lookup's reduce_scatter and the head's gather counted too); ``ep``: two all_to_alls per MoE layer
-(the routed rows out and back). Where the expectation is not Megatron's, the case says so in
+(the routed rows out and back). An attention whose query heads tp does not divide is kept whole
+(no cut inside a head), its all_reduce not due. Where the expectation is not Megatron's, the case says so in
 ``extra`` and the table names it:
 
 * ``stat``: a q/k norm over all of q's (or k's) features (OLMo-2, OLMo-3, OLMoE): with q cut on
@@ -58,6 +61,7 @@ EXAMPLES = ROOT / "examples" / "hf_models.py"
 SRC = ROOT / "src"
 TP, DPTP, EP = "tp=2", "dp=2,tp=2", "ep=2"
 RUNS = (("megatron", TP), ("megatron-sp", TP), ("megatron", DPTP), ("auto", DPTP))
+BATCH = 2  # on every mesh (one sequence per dp or ep rank): each config is imported once, then read from the cache
 MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
 
 
@@ -157,12 +161,14 @@ def config_of(case: Case):
 @dataclass(frozen=True)
 class Facts:
     """What the expectation reads off a case's model: ``layers``, ``tied`` (one vocab-parallel table
-    for lookup and head), ``moe_layers``, ``cuts`` (``megatron_cuts`` on tp=2)."""
+    for lookup and head), ``moe_layers``, ``cuts`` (``megatron_cuts`` on tp=2), ``whole_attention``
+    (tp=2 does not divide the query heads: the attention is kept whole, its all_reduce not due)."""
 
     layers: int
     tied: bool
     moe_layers: int
     cuts: dict
+    whole_attention: bool = False
 
 
 def facts(model) -> Facts:
@@ -172,7 +178,8 @@ def facts(model) -> Facts:
     cuts = examples().megatron_cuts(model, tp=2)
     moe = {re.search(r"\.(\d+)\.", n).group(1) for n, p in model.named_parameters()
            if p.dim() == 3 and re.search(r"\.(layers|h|blocks)\.\d+\.", n)}
-    return Facts(model.config.num_hidden_layers, tied, len(moe), cuts)
+    heads = getattr(model.config, "num_attention_heads", 2)
+    return Facts(model.config.num_hidden_layers, tied, len(moe), cuts, heads % 2 != 0)
 
 
 def prepare(case: Case, work: Path) -> tuple[Path, Facts | str]:
@@ -194,7 +201,7 @@ def prepare(case: Case, work: Path) -> tuple[Path, Facts | str]:
 def expected(case: Case, f: Facts, style: str) -> Counter | None:
     """Megatron's collectives for ``style`` (``auto``: None, not counted). ``stat`` adds one
     all_reduce per q/k norm over all features."""
-    blocks = f.layers * (1 if case.parallel else 2) + f.tied
+    blocks = f.layers * (1 if case.parallel or f.whole_attention else 2) + f.tied
     stat = 2 * f.layers if "stat" in case.extra else 0
     if style == "megatron":
         want = Counter({("all_reduce", "tp"): blocks + stat})
@@ -232,7 +239,7 @@ def run_one(config: Path, style: str, mesh: str, work: Path, key: str) -> dict:
     env = {**os.environ, "PYTHONPATH": str(SRC), "SHARDLAYOUT_CACHE_DIR": str(work / "cache")}
     t0 = time.perf_counter()
     cmd = [sys.executable, "-m", "shardlayout", "plan", "--hf", str(config / "config.json"), "--mesh", mesh,
-           "--style", style, "--verify", "--json"]
+           "--style", style, "--size", f"batch={BATCH}", "--verify", "--json"]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
         rc, out, err = p.returncode, p.stdout, p.stderr
@@ -296,10 +303,10 @@ def sweep(cases, work: Path, jobs: int) -> list:
     key = source_key()
     prepared = [(c, *prepare(c, work)) for c in cases]
     todo = [(c, d, f, s, m) for c, d, f in prepared for s, m in runs_of(c, f)]
-    first = {}  # the first run of each config and mesh imports the model; the others read the import cache
+    first = {}  # the first run of each config imports the model; the others read the import cache
     for item in todo:
-        first.setdefault((item[0].name, item[4]), item)
-    todo.sort(key=lambda item: first[(item[0].name, item[4])] is not item)  # imports first: never two at once
+        first.setdefault(item[0].name, item)
+    todo.sort(key=lambda item: first[item[0].name] is not item)  # imports first: never one config's twice at once
     rows, done = [], 0
 
     def one(item):

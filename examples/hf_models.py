@@ -190,7 +190,7 @@ def megatron_cuts(model, tp: int = 2) -> dict:
     """Where Megatron cuts each layer weight (a parameter of the model's layer list) on ``tp``: its
     name -> the weight dims cut, ``()`` for a weight Megatron keeps whole — k/v of fewer kv heads
     than ``tp`` divides (MQA; Megatron-LM replicates them), a fused [q heads | k | v] of unequal
-    pieces — and
+    pieces, an attention whose heads ``tp`` does not divide — and
     None for one it does not place (norms, routers, biases). ``nn.Linear`` holds (out, in),
     GPT-2's Conv1D (in, out); grouped experts ``(experts, a, b)`` are cut in their ffn dim (the one
     that is not the hidden size). ``megatron_cuts(llama()[0])["model.layers.0.mlp.down_proj.weight"] -> (1,)``"""
@@ -217,7 +217,10 @@ def megatron_cuts(model, tp: int = 2) -> dict:
         module = model.get_submodule(name.rsplit(".", 1)[0])
         col, row = (0, 1) if isinstance(module, torch.nn.Linear) else (1, 0)
         grouped = getattr(cfg, "new_decoder_architecture", False)  # Falcon's q|k|v fused per kv group: cut by groups
-        if leaf in KV and kv % tp or leaf in FUSED_QKV and kv != heads and not grouped:
+        attention = re.search(r"\.(self_)?(attn|attention)\.", name) is not None
+        if attention and heads % tp:  # a cut would split a head: the attention block whole
+            out[name] = ()
+        elif leaf in KV and kv % tp or leaf in FUSED_QKV and kv != heads and not grouped:
             out[name] = ()
         else:
             out[name] = (col,) if leaf in COLUMN else (row,)
