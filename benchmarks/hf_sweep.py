@@ -97,27 +97,30 @@ CASES = (
     _e("mixtral"), _e("qwen2_moe"), _e("falcon", parallel=True), _e("falcon_mq", parallel=True),
     _e("gptj", parallel=True), _e("apertus"), _e("gpt_oss"), _e("qwen3_moe"),
     # variants of those
-    _c("llama_mha", "llama"), _c("llama_mqa", "llama", num_key_value_heads=1),
+    _c("llama_mha", "llama", num_key_value_heads=4), _c("llama_mqa", "llama", num_key_value_heads=1),
     _c("llama_tied", "llama", tie_word_embeddings=True, **GQA),
     _c("llama_bias", "llama", attention_bias=True, mlp_bias=True, **GQA),
     _c("mistral_swa", "mistral", sliding_window=4, **GQA), _c("qwen2_tied", "qwen2", tie_word_embeddings=True, **GQA),
-    _c("qwen3_mha", "qwen3", head_dim=8), _c("phi_plain", "phi", parallel=True),
+    _c("qwen3_mha", "qwen3", head_dim=8, num_key_value_heads=4),
+    _c("phi_plain", "phi", parallel=True, num_key_value_heads=4),
     _c("gpt_bigcode_mha", "gpt_bigcode", multi_query=False), _c("gemma_gqa", "gemma", head_dim=8, **GQA),
     _c("falcon_mha", "falcon", parallel=True, new_decoder_architecture=False, multi_query=False),
     _c("falcon_seq", "falcon", new_decoder_architecture=False, multi_query=False, parallel_attn=False),
     # more classes
     _c("olmo", "olmo", **GQA), _c("olmo_clip", "olmo", clip_qkv=8.0, **GQA),
     _c("olmo3", "olmo3", extra=("stat",), **GQA), _c("olmoe", "olmoe", extra=("stat",), **GQA, **MOE),
-    _c("stablelm", "stablelm", **GQA), _c("stablelm_parallel", "stablelm", parallel=True, use_parallel_residual=True),
-    _c("stablelm_qk_layernorm", "stablelm", qk_layernorm=True), _c("gemma2", "gemma2", head_dim=8, **GQA),
+    _c("stablelm", "stablelm", **GQA), _c("stablelm_parallel", "stablelm", parallel=True, use_parallel_residual=True,
+       num_key_value_heads=4),
+    _e("stablelm_qk_layernorm"), _c("gemma2", "gemma2", head_dim=8, **GQA),
     _c("gemma3", "gemma3_text", head_dim=8, **GQA), _c("gpt_neox", "gpt_neox", parallel=True),
     _c("gpt_neox_seq", "gpt_neox", use_parallel_residual=False, rotary_pct=0.5),
-    _c("cohere", "cohere", parallel=True, **GQA), _c("cohere_qk_norm", "cohere", parallel=True, use_qk_norm=True),
+    _c("cohere", "cohere", parallel=True, **GQA),
+    _c("cohere_qk_norm", "cohere", parallel=True, use_qk_norm=True, **GQA),
     _c("cohere2", "cohere2", parallel=True, **GQA), _c("granite", "granite", **GQA),
     _c("granitemoe", "granitemoe", num_local_experts=4, num_experts_per_tok=2, **GQA),
     _c("starcoder2", "starcoder2", **GQA), _c("glm", "glm", head_dim=8, **GQA), _c("glm4", "glm4", head_dim=8, **GQA),
     _c("helium", "helium", head_dim=8, **GQA), _c("exaone4", "exaone4", **GQA), _c("smollm3", "smollm3", **GQA),
-    _c("arcee", "arcee", **GQA), _c("seed_oss", "seed_oss", head_dim=8, **GQA), _c("ministral", "ministral", **GQA),
+    _c("arcee", "arcee", **GQA), _c("seed_oss", "seed_oss", head_dim=8, **GQA),
     _c("internlm3", "internlm3", head_dim=8, **GQA), _c("ernie4_5", "ernie4_5", head_dim=8, **GQA),
     _c("hunyuan_dense", "hunyuan_v1_dense", head_dim=8, **GQA), _c("nemotron", "nemotron", head_dim=8, **GQA),
     _c("persimmon", "persimmon"), _c("bitnet", "bitnet", **GQA), _c("vaultgemma", "vaultgemma", head_dim=8, **GQA),
@@ -232,7 +235,8 @@ def source_key() -> str:
 
 def run_one(config: Path, style: str, mesh: str, work: Path, key: str) -> dict:
     """One CLI run, its result kept under ``work/runs`` (read back when already there)."""
-    tag = hashlib.sha256(((config / "config.json").read_bytes() + f"{style}|{mesh}|{key}".encode())).hexdigest()[:16]
+    run = f"{style}|{mesh}|batch={BATCH}|{key}".encode()
+    tag = hashlib.sha256((config / "config.json").read_bytes() + run).hexdigest()[:16]
     kept = work / "runs" / f"{config.name}-{style}-{mesh.replace(',', '_').replace('=', '')}-{tag}.json"
     if kept.exists():
         return json.loads(kept.read_text())
@@ -367,17 +371,32 @@ def main(argv=None) -> int:
 
 
 def report(rows, s) -> str:
-    """The markdown: method, summary, failures by reason, one row per run."""
-    lines = [f"{machine()}", "",
-             f"{s['runs']} runs over {s['configs']} configs of {s['classes']} classes: {s['exit0']} exit 0, "
-             f"{s['verified']} verified, {s['strict']} strict OK.", ""]
+    """The markdown: what was run, the summary, the failures by reason, then one row per config with
+    each run's collectives (``OK`` when strict OK, else why not)."""
+    lines = [f"{machine()}; `python benchmarks/hf_sweep.py`: `shardlayout plan --hf CONFIG --mesh M --style S "
+             f"--size batch={BATCH} --verify --json` per config, style and mesh, each in a fresh process.", "",
+             f"**{s['runs']} runs over {s['configs']} configs of {s['classes']} classes: {s['exit0']} exit 0, "
+             f"{s['verified']} verified, {s['strict']} strict OK.**", ""]
     if s["failures"]:
-        lines += [table(["runs", "reason", "where"], [[len(where), why, ", ".join(where)]
-                                                      for why, where in s["failures"]]), ""]
-    lines.append(table(["config", "style", "mesh", "exit", "verified", "collectives", "strict"], [
-        [c.name + (f" ({', '.join(c.extra)})" if c.extra else ""), st, m, r["rc"], "yes" if r.get("verified") else "no",
-         _counts(Counter((k, a) for k, a, *_ in r.get("collectives", []))), "; ".join(why) or "OK"]
-        for c, _, st, m, r, why in rows]))
+        lines += [table(["runs", "not strict OK because", "where"],
+                        [[len(where), why, ", ".join(where)] for why, where in s["failures"]]), ""]
+    runs = [*RUNS, ("ep", EP)]
+    by_case: dict = {}
+    for c, _, st, m, r, why in rows:
+        by_case.setdefault(c, {})[(st, m)] = (r, why)
+    body = []
+    for c, got in by_case.items():
+        cells = []
+        for key in runs:
+            if key not in got:
+                cells.append("")
+                continue
+            r, why = got[key]
+            made = _counts(Counter((k, a) for k, a, *_ in r.get("collectives", [])))
+            cells.append(made + (" OK" if not why else " ✗ " + "; ".join(why)))
+        body.append([c.name + (f" ({', '.join(c.extra)})" if c.extra else "") +
+                     (" [parallel]" if c.parallel else ""), c.model_type or c.example, *cells])
+    lines.append(table(["config", "class", *[f"{st} {m}" for st, m in runs]], body))
     return "\n".join(lines)
 
 

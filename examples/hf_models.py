@@ -87,6 +87,12 @@ def stablelm_qk_layernorm():
                   pad_token_id=0, bos_token_id=0, eos_token_id=0)
 
 
+def cohere():
+    """Cohere: attention and MLP on one normed input, added as ``residual + attn + mlp``, tied embeddings."""
+    return _build(hf.CohereConfig, hf.CohereForCausalLM, num_key_value_heads=2, pad_token_id=0, bos_token_id=0,
+                  eos_token_id=0)
+
+
 def llama_3_heads():
     """Llama with 3 heads of 16: a tp=2 cut would split a head."""
     return _build(hf.LlamaConfig, hf.LlamaForCausalLM, hidden_size=48, intermediate_size=96, num_attention_heads=3,
@@ -200,8 +206,8 @@ def megatron_cuts(model, tp: int = 2) -> dict:
     hidden = cfg.hidden_size
     heads = getattr(cfg, "num_attention_heads", None)
     kv = getattr(cfg, "num_key_value_heads", None) or heads
-    if getattr(cfg, "multi_query", False):
-        kv = 1
+    if hasattr(cfg, "multi_query") and not getattr(cfg, "new_decoder_architecture", False):
+        kv = 1 if cfg.multi_query else heads  # GPTBigCode, Falcon-7B: a stale num_key_value_heads is not read
     out = {}
     for name, p in model.named_parameters():
         if not re.search(r"\.(layers|h|blocks)\.\d+\.", name):

@@ -262,6 +262,17 @@ def test_megatron_cuts_the_heads_of_a_layer_norm_per_head():
     assert p.verify().ok
 
 
+def test_a_parallel_residual_added_residual_first_is_reduced_once_a_layer():
+    """Cohere adds ``residual + attn + mlp``, i.e. ``(residual + attn) + mlp``: read at import as
+    ``residual + (attn + mlp)`` (``program.parallel_residual``), the two branches' partial sums are
+    reduced once a layer, as for GPT-J — 2 all_reduces for 2 layers and 1 for the tied lookup, not 5."""
+    model, prog = program("cohere")
+    p = plan(prog, TP2, style="megatron")
+    assert p.counts() == {("all_reduce", ("tp",)): 3}
+    assert _cut_as_megatron(model, p) >= 8
+    assert p.verify().ok
+
+
 def test_megatron_keeps_an_attention_whole_when_tp_does_not_divide_its_heads():
     """3 heads of 16 on tp=2: a cut of q or of the output projection's input would split a head, so
     the attention block stays whole on every rank (the MLP still Megatron: one all_reduce a layer)."""
