@@ -80,6 +80,19 @@ def olmo2():
                   eos_token_id=0)
 
 
+def stablelm_qk_layernorm():
+    """StableLM with ``qk_layernorm``: a separate LayerNorm per head, run on each head split off q
+    and k (``split(1)``), the normed heads joined by ``cat``."""
+    return _build(hf.StableLmConfig, hf.StableLmForCausalLM, num_key_value_heads=2, qk_layernorm=True,
+                  pad_token_id=0, bos_token_id=0, eos_token_id=0)
+
+
+def cohere():
+    """Cohere: attention and MLP on one normed input, added as ``residual + attn + mlp``, tied embeddings."""
+    return _build(hf.CohereConfig, hf.CohereForCausalLM, num_key_value_heads=2, pad_token_id=0, bos_token_id=0,
+                  eos_token_id=0)
+
+
 def llama_3_heads():
     """Llama with 3 heads of 16: a tp=2 cut would split a head."""
     return _build(hf.LlamaConfig, hf.LlamaForCausalLM, hidden_size=48, intermediate_size=96, num_attention_heads=3,
@@ -168,3 +181,53 @@ def qwen3_moe():
                   num_experts=4, num_experts_per_tok=2, moe_intermediate_size=FFN, decoder_sparse_step=1,
                   mlp_only_layers=[])
 make = llama
+
+
+COLUMN = ("q_proj", "k_proj", "v_proj", "qkv_proj", "gate_proj", "up_proj", "gate_up_proj", "c_attn", "c_fc",
+          "query_key_value", "dense_h_to_4h", "fc_in", "fc1", "Wqkv", "w1", "w3", "input_linear")
+"""Leaf names of the Linears Megatron cuts column-parallel (their out features), across the classes."""
+ROW = ("o_proj", "down_proj", "c_proj", "dense", "dense_4h_to_h", "fc_out", "fc2", "out_proj", "w2", "output_linear")
+"""Leaf names of the Linears Megatron cuts row-parallel (their in features)."""
+KV = ("k_proj", "v_proj")
+FUSED_QKV = ("qkv_proj", "c_attn", "query_key_value", "Wqkv")
+
+
+def megatron_cuts(model, tp: int = 2) -> dict:
+    """Where Megatron cuts each layer weight (a parameter of the model's layer list) on ``tp``: its
+    name -> the weight dims cut, ``()`` for a weight Megatron keeps whole — k/v of fewer kv heads
+    than ``tp`` divides (MQA; Megatron-LM replicates them), a fused [q heads | k | v] of unequal
+    pieces, an attention whose heads ``tp`` does not divide — and
+    None for one it does not place (norms, routers, biases). ``nn.Linear`` holds (out, in),
+    GPT-2's Conv1D (in, out); grouped experts ``(experts, a, b)`` are cut in their ffn dim (the one
+    that is not the hidden size). ``megatron_cuts(llama()[0])["model.layers.0.mlp.down_proj.weight"] -> (1,)``"""
+    import re
+
+    cfg = model.config
+    hidden = cfg.hidden_size
+    heads = getattr(cfg, "num_attention_heads", None)
+    kv = getattr(cfg, "num_key_value_heads", None) or heads
+    if hasattr(cfg, "multi_query") and not getattr(cfg, "new_decoder_architecture", False):
+        kv = 1 if cfg.multi_query else heads  # GPTBigCode, Falcon-7B: a stale num_key_value_heads is not read
+    out = {}
+    for name, p in model.named_parameters():
+        if not re.search(r"\.(layers|h|blocks)\.\d+\.", name):
+            continue
+        parts = name.split(".")
+        leaf = parts[-2] if parts[-1] in ("weight", "bias") else parts[-1]
+        if p.dim() == 3:  # grouped experts (experts, a, b): the ffn dim
+            out[name] = tuple(d for d in (1, 2) if p.shape[d] != hidden)
+            continue
+        if p.dim() != 2 or not name.endswith("weight") or leaf not in COLUMN + ROW:
+            out[name] = None
+            continue
+        module = model.get_submodule(name.rsplit(".", 1)[0])
+        col, row = (0, 1) if isinstance(module, torch.nn.Linear) else (1, 0)
+        grouped = getattr(cfg, "new_decoder_architecture", False)  # Falcon's q|k|v fused per kv group: cut by groups
+        attention = re.search(r"\.(self_)?(attn|attention)\.", name) is not None
+        if attention and heads % tp:  # a cut would split a head: the attention block whole
+            out[name] = ()
+        elif leaf in KV and kv % tp or leaf in FUSED_QKV and kv != heads and not grouped:
+            out[name] = ()
+        else:
+            out[name] = (col,) if leaf in COLUMN else (row,)
+    return out

@@ -24,8 +24,6 @@ pytest.importorskip("transformers")
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "hf_models.py"
 TP2, DPTP = Mesh.parse("tp=2"), Mesh.parse("dp=2,tp=2")
-COLUMN = ("q_proj", "k_proj", "v_proj", "qkv_proj", "gate_proj", "up_proj", "gate_up_proj", "c_attn", "c_fc")
-ROW = ("o_proj", "down_proj", "c_proj")
 
 
 @functools.cache
@@ -49,6 +47,18 @@ def _cut_dim(s) -> list:
     return [d for d, fs in enumerate(s.dims) if any(f.axis == "tp" for f in fs)]
 
 
+def _cut_as_megatron(model, p) -> int:
+    """Assert every layer weight Megatron places is cut on tp in Megatron's dim
+    (``examples/hf_models.py:megatron_cuts``: column out features, row in features, grouped experts
+    their ffn dim, kv heads fewer than the ranks whole); how many were checked."""
+    checked = 0
+    for name, dims in _examples().megatron_cuts(model, tp=2).items():
+        if dims is not None and name in p.shardings:
+            assert tuple(_cut_dim(p.shardings[name])) == dims, (name, str(p.shardings[name]))
+            checked += 1
+    return checked
+
+
 def _megatron_dims(model, name: str):
     """Where Megatron cuts a layer weight: (column dim, row dim) of its module's weight layout —
     nn.Linear holds (out, in), GPT-2's Conv1D (in, out)."""
@@ -70,23 +80,7 @@ def test_megatron_cuts_every_layer_weight_and_verifies(name):
         assert str(p.shardings["lm_head.weight"]) == f"[tp*{vocab // 2}, {dim}]"
         lookup = next(op.outputs[0] for op in prog.ops if op.inputs[:1] == ("lm_head.weight",))
         assert str(p.shardings[lookup]) == f"[2, 8, {dim}]"  # the lookup's partial sum reduced where it is made
-    kv = model.config.num_key_value_heads if hasattr(model.config, "num_key_value_heads") else None
-    checked = 0
-    for t in prog.inputs("param"):
-        leaf = t.split(".")[-2]
-        if ".layers." not in t and ".h." not in t or not t.endswith("weight") or len(prog.tensors[t].shape) != 2:
-            continue
-        col, row = _megatron_dims(model, t)
-        if leaf in ("k_proj", "v_proj") and kv is not None and kv % 2:
-            assert _cut_dim(p.shardings[t]) == [], (t, str(p.shardings[t]))  # MQA: every rank holds the kv head
-        elif leaf in COLUMN:
-            assert _cut_dim(p.shardings[t]) == [col], (t, str(p.shardings[t]))
-        elif leaf in ROW:
-            assert _cut_dim(p.shardings[t]) == [row], (t, str(p.shardings[t]))
-        else:
-            continue
-        checked += 1
-    assert checked >= 8
+    assert _cut_as_megatron(model, p) >= 8
     assert p.verify().ok
 
 
@@ -99,22 +93,7 @@ def test_more_classes_plan_megatrons_counts(name, per_layer):
     model, prog = program(name)
     p = plan(prog, TP2, style_pins(prog, TP2, "megatron"))
     assert p.counts() == {("all_reduce", ("tp",)): 2 * per_layer}
-    hidden = model.config.hidden_size if hasattr(model.config, "hidden_size") else model.config.n_embd
-    checked = 0
-    for t in prog.inputs("param"):
-        shape, leaf = prog.tensors[t].shape, t.split(".")[-2 if t.endswith(("weight", "bias")) else -1]
-        if ".layers." not in t and ".h." not in t:
-            continue
-        if len(shape) == 3:  # grouped experts [E, in, out]: cut in the ffn dim (the one that is not hidden)
-            assert _cut_dim(p.shardings[t]) == [d for d in (1, 2) if shape[d] != hidden], (t, str(p.shardings[t]))
-        elif len(shape) == 2 and t.endswith("weight") and leaf in COLUMN + ("fc_in", "q_proj"):
-            assert _cut_dim(p.shardings[t]) == [0], (t, str(p.shardings[t]))
-        elif len(shape) == 2 and t.endswith("weight") and leaf in ROW + ("fc_out", "out_proj"):
-            assert _cut_dim(p.shardings[t]) == [1], (t, str(p.shardings[t]))
-        else:
-            continue
-        checked += 1
-    assert checked >= 8
+    assert _cut_as_megatron(model, p) >= 8
     assert p.verify().ok
 
 
@@ -171,8 +150,9 @@ def test_gpt_oss_biased_experts_are_routed_and_keep_megatrons_counts():
     bias broadcast over each expert's rows): the routing is still route / einsum / unroute, the
     gate|up bias is cut with its weight, the down bias added once. Megatron on dp=2,tp=2 is one
     all-reduce per block and megatron-sp one gather and one reduce-scatter; under ep the experts and
-    their biases stay on ep and only rows move: the dispatch and combine of every layer, plus each
-    layer's routing weights (2 floats per token)."""
+    their biases stay on ep and only rows move: the dispatch and combine of every layer. The rows
+    go back after their expert's down bias and before the routing weights scale them, so the
+    weights never move (scaled on the experts' side, they cost an all_to_all a layer more)."""
     _, prog = program("gpt_oss")
     assert {"route", "unroute"} <= {op.target for op in prog.ops}
     p = plan(prog, DPTP, style_pins(prog, DPTP, "megatron"))
@@ -184,9 +164,9 @@ def test_gpt_oss_biased_experts_are_routed_and_keep_megatrons_counts():
     sp = plan(prog, TP2, style_pins(prog, TP2, "megatron-sp"))
     assert sp.counts() == {("all_gather", ("tp",)): 4, ("reduce_scatter", ("tp",)): 4}
     ep = plan(prog, Mesh.parse("ep=2"), style="ep")
-    assert ep.counts() == {("all_to_all", ("ep",)): 6}
+    assert ep.counts() == {("all_to_all", ("ep",)): 4}  # the rows out and back; the routing weights stay home
     rows = 16 * 2 * 32 * 4 // 2  # 16 tokens x top-2 rows of dim 32, float32, one device's share
-    assert sorted(c.bytes for c in ep.collectives) == [16 * 2 * 4 // 2] * 2 + [rows] * 4
+    assert [c.bytes for c in ep.collectives] == [rows] * 4
     assert str(ep.shardings[pre + "down_proj_bias"]) == "[ep*2, 32]"
     assert ep.verify().ok
 
@@ -244,18 +224,52 @@ def test_megatron_cuts_q_and_k_through_a_norm_of_each_head():
 def test_megatron_cuts_q_and_k_through_a_norm_of_all_heads():
     """OLMo-2 normalises all of q's features at once (RMSNorm of width heads * head_dim) before the
     split into heads: q and k stay column-parallel, their norm weights cut with them, and the norm's
-    mean square — a partial sum over the cut features — is reduced across tp (a [batch, seq, 1]
-    statistic: 64 bytes here, against 2 KiB for each block's all_reduce)."""
+    mean square — a partial sum over the cut features — is all-reduced where it is made: one
+    all_reduce of a [batch, seq, 1] statistic per norm (64 bytes here, against 2 KiB for each
+    block's), not a reduce_scatter and an all_gather (planned op by op, the cheaper move at the
+    statistic) nor a gather of q (cheaper by one hop at tiny sizes only)."""
     _, prog = program("olmo2")
-    p = plan(prog, TP2, style_pins(prog, TP2, "megatron"))
+    p = plan(prog, TP2, style="megatron")
     pre = "model.layers.0.self_attn."
     assert str(p.shardings[pre + "q_proj.weight"]) == "[tp*16, 32]"
     assert str(p.shardings[pre + "k_proj.weight"]) == "[tp*8, 32]"
     assert str(p.shardings[pre + "q_norm.weight"]) == "[tp*16]" and str(p.shardings[pre + "k_norm.weight"]) == "[tp*8]"
     assert _tp(p, pre + "o_proj.weight") == [1]
-    big = [c for c in p.collectives if c.bytes > 64]
-    assert [c.kind.value for c in big] == ["all_reduce"] * 4
-    assert all("_norm." in c.tensor and c.bytes <= 2 * 8 * 4 for c in p.collectives if c not in big)
+    assert p.counts() == {("all_reduce", ("tp",)): 8}  # 2 layers: the blocks' 4 and the 4 norms' statistics
+    small = sorted(c.tensor for c in p.collectives if c.bytes == 2 * 8 * 4)
+    assert small == sorted(f"model.layers.{k}.self_attn.{qk}_norm.mean" for k in (0, 1) for qk in "qk")
+    assert p.verify().ok
+    sp = plan(prog, TP2, style="megatron-sp")
+    assert sp.counts() == {("all_gather", ("tp",)): 4, ("reduce_scatter", ("tp",)): 4, ("all_reduce", ("tp",)): 4}
+    assert sp.verify().ok
+
+
+def test_megatron_cuts_the_heads_of_a_layer_norm_per_head():
+    """StableLM's ``qk_layernorm`` runs a LayerNorm per head on each head split off q and k
+    (``split(1)`` -> one norm per piece -> ``cat``); read at import as one LayerNorm over the head
+    dim scaled by the heads' weights (``[heads, 1, head_dim]``), it is local to each head: q, k and v
+    are column-parallel (each rank norms its own heads), o_proj row-parallel, Megatron's two
+    all_reduces a layer; verified."""
+    _, prog = program("stablelm_qk_layernorm")
+    assert not any(op.target.endswith("split_with_sizes.default") for op in prog.ops)
+    p = plan(prog, TP2, style="megatron")
+    assert p.counts() == {("all_reduce", ("tp",)): 4}
+    pre = "model.layers.1.self_attn."
+    for leaf, cut in (("q_proj", "[tp*16, 32]"), ("k_proj", "[tp*8, 32]"), ("v_proj", "[tp*8, 32]")):
+        assert str(p.shardings[pre + leaf + ".weight"]) == cut
+    assert _tp(p, pre + "o_proj.weight") == [1]
+    assert str(p.shardings[pre + "q_layernorm.cat"]) == "[2, tp*2, 8, 8]"  # each rank's 2 heads, normed
+    assert p.verify().ok
+
+
+def test_a_parallel_residual_added_residual_first_is_reduced_once_a_layer():
+    """Cohere adds ``residual + attn + mlp``, i.e. ``(residual + attn) + mlp``: read at import as
+    ``residual + (attn + mlp)`` (``program.parallel_residual``), the two branches' partial sums are
+    reduced once a layer, as for GPT-J — 2 all_reduces for 2 layers and 1 for the tied lookup, not 5."""
+    model, prog = program("cohere")
+    p = plan(prog, TP2, style="megatron")
+    assert p.counts() == {("all_reduce", ("tp",)): 3}
+    assert _cut_as_megatron(model, p) >= 8
     assert p.verify().ok
 
 

@@ -475,7 +475,10 @@ def _hoist_moves(program: Program, p: "Plan", pinned: set, cm: CostModel) -> dic
     """Pins that move a value earlier: where a tensor moves for its consumer and it was made by
     a chain of shape-keeping row-wise ops (casts, activations, products with what already has the
     target sharding), the cheapest tensor of the chain to move instead — a bf16 expert output
-    moved before its cast to float32 costs half. Tried by ``_plan``, kept only when the whole
+    moved before its cast to float32 costs half; GPT-OSS's expert rows moved back before their
+    routing weights scale them, the weights then never move. The chain stops below an op with an
+    operand made where the chain runs (an expert's bias, sharded like the rows): above it, that
+    operand would move too. Tried by ``_plan``, kept only when the whole
     plan is cheaper."""
     from ..ops.ragged import ROWWISE
 
@@ -507,6 +510,9 @@ def _hoist_moves(program: Program, p: "Plan", pinned: set, cm: CostModel) -> dic
             ups = [i for i in op.inputs if isinstance(i, str) and program.tensors[i].shape == tgt.shape]
             if len(ups) != 1 or len(users.get(ups[0], ())) != 1 or ups[0] in pinned:
                 break
+            if any(i != ups[0] and i not in moved_for.get(op.name, ()) and
+                   (p.shardings[i].axes_used() or p.shardings[i].partial) for i in op.inputs if isinstance(i, str)):
+                break  # an operand made where the chain runs (an expert's bias): above this op it would move
             # an operand moved only for this op (scores to the experts' side) need not move if the op runs there
             saves = saves or bool(moved_for.get(op.name, set()) - {ups[0]})
             cur = ups[0]

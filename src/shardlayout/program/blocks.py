@@ -227,6 +227,32 @@ def feature_scales(program: Program, lin) -> tuple:
     tensor reached from the output through pointwise ops, views and norm statistics, its last dim
     still the features. A column cut of the Linear cuts them alike. ``feature_scales(prog, q_proj)
     -> ('model.layers.0.self_attn.q_norm.weight',)``"""
+    t = program.tensors
+    features = t[lin.output].shape[-1]
+    g = graph(program)
+    found = [p for i in _feature_users(program, lin) if short(g.op(i)) == "mul"
+             for p in g.op(i).inputs if _is_param(g, p) and t[p].shape == (features,)]
+    return tuple(dict.fromkeys(found))
+
+
+def feature_statistics(program: Program, lin) -> tuple:
+    """The statistics over all of a Linear's output features taken before they are split into heads
+    (OLMo2's ``q_norm``: the mean square of ``[b, s, heads * hd]``, kept as ``[b, s, 1]``), as
+    ``(input, statistic)`` pairs: reductions over the last dim alone of a tensor reached from the
+    output through pointwise ops and views. A column cut makes each a partial sum over the cut
+    features, all-reduced where it is made (one collective; reduce-scattered, it is gathered again
+    before it scales q: two). ``feature_statistics(prog, q_proj)
+    -> (('model.layers.0.self_attn.q_norm.pow', 'model.layers.0.self_attn.q_norm.mean'),)``"""
+    g = graph(program)
+    found = [(g.op(i).inputs[0], g.op(i).outputs[0]) for i in _feature_users(program, lin)
+             if short(g.op(i)) in _HEAD_STATS and _per_head(g, i)
+             and program.tensors[g.op(i).outputs[0]].shape[-1:] == (1,)]
+    return tuple(dict.fromkeys(found))
+
+
+def _feature_users(program: Program, lin) -> list:
+    """The indices of the ops reading a tensor reached from ``lin``'s output through ops that keep a block's region
+    open (pointwise, views, statistics), its last dim still the output features."""
     g = graph(program)
     t = program.tensors
     features = t[lin.output].shape[-1]
@@ -234,16 +260,14 @@ def feature_scales(program: Program, lin) -> tuple:
     while todo:
         x = todo.pop()
         for i in g.users(x):
-            op = g.op(i)
-            if short(op) == "mul":
-                found += [p for p in op.inputs if _is_param(g, p) and t[p].shape == (features,)]
+            found.append(i)
             if not _passes_in_block(g, i):
                 continue
-            for o in op.outputs:
+            for o in g.op(i).outputs:
                 if o not in seen and t[o].shape and t[o].shape[-1] == features:
                     seen.add(o)
                     todo.append(o)
-    return tuple(dict.fromkeys(found))
+    return found
 
 
 def fixed_pick(program: Program, op, producer: dict) -> bool:
@@ -1032,5 +1056,6 @@ def _feeds_batched(g: Graph, param: str) -> bool:
     return False
 
 
-__all__ = ["Block", "Core", "Graph", "Linear", "Structure", "attention_cores", "feature_scales", "find_blocks",
-           "find_linears", "derived", "graph", "module_of", "query_heads", "track_dims", "weight_consumers"]
+__all__ = ["Block", "Core", "Graph", "Linear", "Structure", "attention_cores", "feature_scales", "feature_statistics",
+           "find_blocks", "find_linears", "derived", "graph", "module_of", "query_heads", "track_dims",
+           "weight_consumers"]

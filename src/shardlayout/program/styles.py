@@ -6,7 +6,8 @@ On a mesh with axes ``dp`` and/or ``tp`` (others replicate; ``ep`` for experts):
   column-parallel (output features on tp; a fused q|k|v or gate|up weight strided, so each rank
   holds its slice of every part; a q|k|v fused into unequal pieces, and k / v with fewer kv heads
   than ranks, whole; a whole attention block when tp does not divide its query heads; a 1-D weight
-  scaling q's features, as OLMo-2's ``q_norm``, cut with q), the last Linear (output / down
+  scaling q's features, as OLMo-2's ``q_norm``, cut with q, and the norm's statistic over all of
+  q's features all-reduced where it is made: one collective), the last Linear (output / down
   projection) row-parallel (input features on tp, its bias added once), and the block's output
   (its residual add) replicated on tp: one all_reduce after each block. Embeddings and norms
   replicated (a lookup's or a patch convolution's output replicated on tp); a head (a Linear
@@ -54,6 +55,7 @@ from .blocks import (
     derived,
     expert_linears,
     feature_scales,
+    feature_statistics,
     find_blocks,
     heads_of,
     routed_source,
@@ -296,6 +298,7 @@ def _megatron(program: Program, mesh: Mesh, s: Structure, sequence: bool) -> Sty
                     if b.kind == "attention":  # OLMo2's q_norm / k_norm weight, cut with q / k
                         pins.update(keep({n: strided(mesh, t[n].shape, 0, "tp", lin.parts)
                                           for n in feature_scales(program, lin)}))
+                        pins.update(_statistics(mesh, program, lin, keep))
             for lin in b.last:
                 pins.update(keep(row(mesh, program, lin)))
         if sequence:
@@ -330,6 +333,23 @@ def _megatron(program: Program, mesh: Mesh, s: Structure, sequence: bool) -> Sty
     matched = tuple(b for b in s.blocks if b.kind in ("attention", "mlp", "embedding", "norm") or b in heads
                     or b in blocks)
     return StylePins(pins, matched, frozenset(kept))
+
+
+def _statistics(mesh: Mesh, program: Program, lin: Linear, keep) -> dict:
+    """Pins of the statistics over all of a column Linear's output features (OLMo2's q_norm mean
+    square, ``feature_statistics``): the statistic's input kept where the cut makes it (batch on dp,
+    features on tp), the statistic replicated on tp: the partial sum all-reduced where it is made,
+    one collective (the planner, op by op, would reduce-scatter it, the cheaper move there, and
+    gather it again before it scales q; or, at small sizes, gather q)."""
+    if lin.parts > 1:
+        return {}
+    t = program.tensors
+    pins = {}
+    for x, stat in feature_statistics(program, lin):
+        n = len(t[x].shape)
+        pins.update(keep({x: sharded(mesh, t[x].shape, {0: ["dp"], n - 1: ["tp"]})}))
+        pins[stat] = sharded(mesh, t[stat].shape, {0: ["dp"]})
+    return pins
 
 
 def _whole(program: Program, b: Block, lin: Linear, tp: int) -> bool:
