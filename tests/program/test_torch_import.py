@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -50,6 +51,28 @@ def test_unsupported_op_names_the_node():
 
     with pytest.raises(UnsupportedOp, match="has no sharding rule"):
         from_torch(Odd(), (torch.randn(4, 4),))
+
+
+def test_a_clamp_by_tensor_bounds_imports_and_plans_as_torch_computes_it():
+    """``clamp(x, min=tensor, max=tensor)`` (PhiMoE's router) is read through torch's own
+    decomposition (where / ge / le): planned on a row cut with no collective, and the whole
+    program's simulation equals torch's clamp."""
+    from shardlayout import Sharding
+    from shardlayout.execute.verify import reference_run
+
+    class Clamped(torch.nn.Module):
+        def forward(self, x, lo, hi):
+            return torch.clamp(x, min=lo, max=hi) * 2
+
+    x, lo, hi = torch.randn(4, 8), torch.randn(4, 1) - 0.5, torch.randn(1, 8) + 0.5
+    prog = from_torch(Clamped(), (x, lo, hi))
+    assert "clamp" not in {op.target.split(".")[-2] for op in prog.ops if op.target.startswith("aten.")}
+    m = Mesh.parse("tp=2")
+    p = plan(prog, m, {"x": Sharding.parse("[tp*2, 8]", m), "lo": Sharding.parse("[tp*2, 1]", m)})
+    assert p.collectives == [] and p.verify().ok
+    names = [t for t in prog.inputs()]  # x, lo, hi as torch.export names them
+    got = reference_run(p, dict(zip(names, (x.numpy(), lo.numpy(), hi.numpy()))))
+    assert np.allclose(got[prog.outputs[0]], (torch.clamp(x, min=lo, max=hi) * 2).numpy())
 
 
 def test_exported_moe_plans_expert_parallel_and_verifies():

@@ -413,7 +413,7 @@ def _sympy_guard(text: str):
 
 
 def _decomposed(ep):
-    """``ep`` in core ATen (``repeat`` too, as expand + view), attention kept whole:
+    """``ep`` in core ATen (``repeat`` too, as expand + view, and ``clamp`` by tensors), attention kept whole:
     ``scaled_dot_product_attention`` has a rule, and one op is what the per-rank program should run
     (torch's fused kernel, not its math path of bmm + softmax + a mask rebuilt every step — and
     torch's decomposition of it can fail: GPT-2 under sdpa returns other strides than the traced
@@ -423,7 +423,8 @@ def _decomposed(ep):
 
     table = torch.export.default_decompositions()
     table.pop(torch.ops.aten.scaled_dot_product_attention.default, None)
-    table.update(get_decompositions([torch.ops.aten.repeat.default]))  # a tile is expand + view: views' rules
+    # a tile is expand + view (views' rules); a clamp by tensor bounds (PhiMoE's router) is where / ge / le
+    table.update(get_decompositions([torch.ops.aten.repeat.default, torch.ops.aten.clamp.Tensor]))
     try:
         return ep.run_decompositions(table)
     except (ValueError, RuntimeError) as e:
