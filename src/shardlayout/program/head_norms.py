@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from ..ops.result import canonical_op_name
 from . import Program, ProgramBuilder
+from .rewrite import readers, rebuilt
 
 SPLITS = ("split", "split_with_sizes")
 LAYER_NORMS = ("native_layer_norm", "layer_norm")
@@ -38,11 +39,7 @@ def merge_head_norms(prog: Program) -> Program:
     read as one norm with a per-head weight; ``prog`` itself when it has none."""
     if prog.is_symbolic:
         return prog
-    users: dict = {o: [-1] for o in prog.outputs}  # a program output is read by the caller
-    for k, op in enumerate(prog.ops):
-        for i in op.inputs:
-            if isinstance(i, str):
-                users.setdefault(i, []).append(k)
+    users = readers(prog)
     found = {}  # index of the split -> (indices of its norms, index of the cat)
     for k, op in enumerate(prog.ops):
         got = _pattern(prog, k, op, users)
@@ -51,18 +48,10 @@ def merge_head_norms(prog: Program) -> Program:
     if not found:
         return prog
     dropped = {i for norms, cat in found.values() for i in (*norms, cat)}
-    b = ProgramBuilder()
-    for name in prog.inputs():
-        b._add(prog.tensors[name])
-    for k, op in enumerate(prog.ops):
-        if k in found:
-            _emit(prog, op, [prog.ops[i] for i in found[k][0]], prog.ops[found[k][1]], b)
-        elif k not in dropped:
-            dtypes = [prog.tensors[o].dtype for o in op.outputs]
-            b._op(op.target, list(op.inputs), op.name, len(op.outputs), dtypes if op.outputs else None, op.kwargs())
-    for o in prog.outputs:
-        b.output(o)
-    return b.build()
+    emit = {k: (lambda b, k=k, norms=norms, cat=cat: _emit(prog, prog.ops[k], [prog.ops[i] for i in norms],
+                                                           prog.ops[cat], b))
+            for k, (norms, cat) in found.items()}
+    return rebuilt(prog, emit, dropped)
 
 
 def _pattern(prog: Program, k: int, op, users: dict):

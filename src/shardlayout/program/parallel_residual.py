@@ -25,7 +25,8 @@ returned as it is.
 from __future__ import annotations
 
 from ..ops.result import canonical_op_name
-from . import Program, ProgramBuilder
+from . import Program
+from .rewrite import readers, rebuilt
 
 
 def sum_branches_first(prog: Program) -> Program:
@@ -33,14 +34,8 @@ def sum_branches_first(prog: Program) -> Program:
     docstring); ``prog`` itself when it has none."""
     if prog.is_symbolic:
         return prog
-    users: dict = {o: [-1] for o in prog.outputs}  # a program output is read by the caller
-    made_by: dict = {}
-    for k, op in enumerate(prog.ops):
-        for i in op.inputs:
-            if isinstance(i, str):
-                users.setdefault(i, []).append(k)
-        for o in op.outputs:
-            made_by[o] = k
+    users = readers(prog)
+    made_by = {o: k for k, op in enumerate(prog.ops) for o in op.outputs}
     found = {}  # index of the outer add -> index of the inner add
     for k, op in enumerate(prog.ops):
         inner = _inner_sum(prog, op, users, made_by)
@@ -48,23 +43,16 @@ def sum_branches_first(prog: Program) -> Program:
             found[k] = inner
     if not found:
         return prog
-    dropped = set(found.values())
-    b = ProgramBuilder()
-    for name in prog.inputs():
-        b._add(prog.tensors[name])
-    for k, op in enumerate(prog.ops):
-        if k in found:
-            inner = prog.ops[found[k]]
-            r, a = inner.inputs
-            dtypes = [prog.tensors[op.outputs[0]].dtype]
-            both = b._op(inner.target, [a, op.inputs[1]], f"{inner.name}_branches", 1, dtypes, inner.kwargs())
-            b._op(op.target, [r, both], op.name, 1, dtypes, op.kwargs())
-        elif k not in dropped:
-            dtypes = [prog.tensors[o].dtype for o in op.outputs]
-            b._op(op.target, list(op.inputs), op.name, len(op.outputs), dtypes if op.outputs else None, op.kwargs())
-    for o in prog.outputs:
-        b.output(o)
-    return b.build()
+    return rebuilt(prog, {k: (lambda b, k=k, i=i: _sum_first(prog, prog.ops[k], prog.ops[i], b))
+                          for k, i in found.items()}, set(found.values()))
+
+
+def _sum_first(prog: Program, op, inner, b) -> None:
+    """Add ``r + (a + m)`` for ``op = (r + a) + m`` (``inner``: ``r + a``) to the builder ``b``."""
+    r, a = inner.inputs
+    dtypes = [prog.tensors[op.outputs[0]].dtype]
+    both = b._op(inner.target, [a, op.inputs[1]], f"{inner.name}_branches", 1, dtypes, inner.kwargs())
+    b._op(op.target, [r, both], op.name, 1, dtypes, op.kwargs())
 
 
 def _plain_add(op) -> bool:
