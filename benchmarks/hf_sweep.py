@@ -258,6 +258,9 @@ def run_one(config: Path, style: str, mesh: str, work: Path, key: str) -> dict:
         data = json.loads(out) if rc in (0, 1) else None
     except json.JSONDecodeError:
         data = None
+    if data is not None and "tensors" not in data:  # a refusal or an internal error, as JSON
+        result["error"] = result["error"] or str(data.get("error", data))[:300]
+        data = None
     if data is not None:
         result.update(verified=bool(data.get("verified")), tensors=data["tensors"],
                       collectives=[[c["kind"], c["axes_text"], c["bytes"], c["tensor"]] for c in data["collectives"]],
