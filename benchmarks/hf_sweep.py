@@ -337,11 +337,12 @@ def sweep(cases, work: Path, jobs: int) -> list:
 
 def summary(rows) -> dict:
     """The figures: runs, exit 0, verified, strict OK, and the failures grouped by reason."""
-    by = {}
+    by, label = {}, {}
     for c, _, st, m, _, reasons in rows:
         for why in reasons:
-            group = re.sub(r"\d+", "N", why) if why.startswith("counts") else why
-            by.setdefault(group, []).append(f"{c.name} {st} {m}")
+            group = re.sub(r"\d+", "N", why) if why.startswith("counts") else why  # counts alike whatever the numbers
+            label.setdefault(group, why if group == why else f"{why} (or other numbers)")
+            by.setdefault(label[group], []).append(f"{c.name} {st} {m}")
     return {"runs": len(rows), "configs": len({c.name for c, *_ in rows}),
             "classes": len({CLASS_OF.get(c.name, c.name) for c, *_ in rows}),
             "exit0": sum(r["rc"] == 0 for *_, r, _ in rows),
