@@ -64,7 +64,7 @@ from __future__ import annotations
 
 from enum import Enum
 from itertools import product as cartesian
-from math import gcd
+from math import gcd, prod
 from typing import NamedTuple
 
 from ..caches import memo
@@ -647,7 +647,7 @@ def output(s: Sharding, out_shape: tuple, dims: tuple) -> Sharding:
     canon = []
     for k, fs in enumerate(dims):
         n = out_shape[k]
-        if type(fs) is tuple and (fs[0].size == n != 1 if len(fs) == 1 else not fs and n == 1):
+        if type(fs) is tuple and (fs[0][0] == n != 1 if len(fs) == 1 else not fs and n == 1):  # [0]: .size
             canon.append(fs)
         else:
             canon.append(_trusted_dim(mesh, out_shape, k, fs))
@@ -781,7 +781,7 @@ def regroup_walk(s: Sharding, out_shape, subaxes: bool) -> tuple:
             obstacle = None if subaxes else dtensor_obstacle(target, out)
             if obstacle is None:
                 return target, out
-        sharded, uneven = left_after(obstacle, pieces + floating)
+        sharded, uneven = left_after(obstacle, pieces + floating if floating else pieces)
         if not sharded:
             return gather_last(target, obstacle, out_shape)
         target = gather(target, obstacle)
@@ -903,10 +903,7 @@ def infer_view_shape(shape: tuple, out_shape) -> tuple:
                 break
             p *= x
         else:
-            q = 1
-            for x in shape:
-                q *= x
-            if p == q:
+            if p == prod(shape):
                 return out_shape
     if isinstance(out_shape, int):
         out_shape = (out_shape,)
