@@ -64,7 +64,7 @@ from __future__ import annotations
 
 from enum import Enum
 from itertools import product as cartesian
-from math import gcd
+from math import gcd, prod
 from typing import NamedTuple
 
 from ..caches import memo
@@ -148,10 +148,10 @@ def flat_pieces(s: Sharding) -> tuple:
     ``[dp*4, tp*3]`` -> ``(dp 4 tp 3)``; ``[x*3 of 5, 4]`` -> ``(TAIL(x*3 of 5) 4)``;
     ``[2, x of 1, 3]`` -> ``(6)`` and floating ``(TAIL(x of 1))``.
     """
-    new = tuple.__new__  # Factor(...) without the Python-level NamedTuple __new__: the hot path
     out: list = []
     floating: list = []
-    last = None  # the last piece, when local
+    first = None  # the first piece of the run of local factors not yet in out
+    run = 0  # the run's size (its pieces merged: 0 while it is one factor)
     shape = s.shape
     d = -1
     for fs in s.dims:
@@ -161,8 +161,10 @@ def flat_pieces(s: Sharding) -> tuple:
             if n == 1:
                 floating.append((PROGRAM, (fs,), n, d, 0))  # the local pieces around still merge
             else:
+                if first is not None:
+                    out.append(run_piece(first, run))
+                    first = None
                 out.append((PROGRAM, (fs,), n, d, 0))
-                last = None
             continue
         p = 1
         for f in fs:
@@ -178,23 +180,36 @@ def flat_pieces(s: Sharding) -> tuple:
         for f in fs if p == n else fs[:j]:
             size, axis, _ = f
             if axis is not None:
+                if first is not None:
+                    out.append(run_piece(first, run))
+                    first = None
                 out.append((AXIS, (f,), size, d, i))
-                last = None
-            elif last is None:
-                last = (LOCAL, (f,), size, d, i)
-                out.append(last)
-            else:
-                size *= last[2]
-                last = out[-1] = (LOCAL, (new(Factor, (size, None, 1)),), size, -1, -1)
+            elif first is None:
+                first, run = (LOCAL, (f,), size, d, i), 0
+            else:  # merged into the run: one Factor for the whole run, made when it ends
+                run = (run or first[2]) * size
             i += 1
         if j < len(fs):
             size = n // q
             if size == 1:
                 floating.append((TAIL, fs[j:], size, d, j))
             else:
+                if first is not None:
+                    out.append(run_piece(first, run))
+                    first = None
                 out.append((TAIL, fs[j:], size, d, j))
-                last = None
+    if first is not None:
+        out.append(run_piece(first, run))
     return tuple(out), tuple(floating)
+
+
+def run_piece(first: tuple, run: int) -> tuple:
+    """The piece of a run of adjacent local factors (``flat_pieces``): its ``first`` piece when
+    it is one factor (``run`` 0), else one local piece of size ``run`` made by the walk.
+
+    ``run_piece((LOCAL, (Factor(2),), 2, 0, 0), 6) -> (LOCAL, (Factor(6),), 6, -1, -1)``
+    """
+    return first if not run else (LOCAL, (_new(Factor, (run, None, 1)),), run, -1, -1)
 
 
 def even_prefix(n: int, fs: tuple) -> int:
@@ -632,7 +647,7 @@ def output(s: Sharding, out_shape: tuple, dims: tuple) -> Sharding:
     canon = []
     for k, fs in enumerate(dims):
         n = out_shape[k]
-        if type(fs) is tuple and (fs[0].size == n != 1 if len(fs) == 1 else not fs and n == 1):
+        if type(fs) is tuple and (fs[0][0] == n != 1 if len(fs) == 1 else not fs and n == 1):  # [0]: .size
             canon.append(fs)
         else:
             canon.append(_trusted_dim(mesh, out_shape, k, fs))
@@ -766,7 +781,7 @@ def regroup_walk(s: Sharding, out_shape, subaxes: bool) -> tuple:
             obstacle = None if subaxes else dtensor_obstacle(target, out)
             if obstacle is None:
                 return target, out
-        sharded, uneven = left_after(obstacle, pieces + floating)
+        sharded, uneven = left_after(obstacle, pieces + floating if floating else pieces)
         if not sharded:
             return gather_last(target, obstacle, out_shape)
         target = gather(target, obstacle)
@@ -798,25 +813,33 @@ def regroup_even(s: Sharding, out_shape, subaxes: bool):
 
     ``[dp*4, tp*3] -> (16, 6)``: ``[dp*4*tp:(1)2, tp:(2)2*3]``
     """
+    dims = s.dims
+    total_in = 1
+    for n, fs in zip(s.shape, dims):  # first the cheap answer of most walks: an uneven dim
+        if type(fs) is ChunkProgram:
+            return None
+        p = 1
+        for f in fs:
+            p *= f[0]
+        if p != n:
+            return None  # an uneven dim: a tail for the walk
+        total_in *= p
     if type(out_shape) is not tuple:
         return None
-    new = _new
     total = 1
     for x in out_shape:
         if type(x) is not int or x < 1:
             return None
         total *= x
+    if total_in != total:
+        return None  # not the same number of elements (or a -1 to infer): infer_view_shape
+    new = _new
     flat: list = []  # the factors, adjacent local ones merged
     mesh = s.mesh
-    total_in = 1
     whole = None if subaxes else mesh  # with sub-axes off: the mesh to check axis factors against
-    for n, fs in zip(s.shape, s.dims):
-        if type(fs) is ChunkProgram:
-            return None
-        p = 1
+    for fs in dims:
         for f in fs:
             size, axis, pre = f
-            p *= size
             if axis is None:
                 if flat and flat[-1][1] is None:
                     flat[-1] = new(Factor, (flat[-1][0] * size, None, 1))
@@ -824,11 +847,6 @@ def regroup_even(s: Sharding, out_shape, subaxes: bool):
             elif whole is not None and (pre != 1 or size != whole.shape[whole.names.index(axis)]):
                 return None  # a sub-axis with sub-axes off: the walk decides
             flat.append(f)
-        if p != n:
-            return None  # an uneven dim: a tail for the walk
-        total_in *= p
-    if total_in != total:
-        return None  # not the same number of elements (or a -1 to infer): infer_view_shape
     n = len(out_shape)
     out = []  # a list per output dim (a loop: a comprehension is a call of its own)
     for _ in range(n):
@@ -885,10 +903,7 @@ def infer_view_shape(shape: tuple, out_shape) -> tuple:
                 break
             p *= x
         else:
-            q = 1
-            for x in shape:
-                q *= x
-            if p == q:
+            if p == prod(shape):
                 return out_shape
     if isinstance(out_shape, int):
         out_shape = (out_shape,)
