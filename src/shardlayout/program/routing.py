@@ -18,7 +18,9 @@ permutation, so the tokens are all-gathered. Here the pattern becomes what it me
                                                                    (token, choice) order, then each token's
                                                                    k rows summed: transformers' MoE)
 
-and every op between them runs on the nested rows (``program.ragged``); the counting, sorting
+The index ``idx`` (T, k) is a ``topk``'s, or k choices over the (T, E) scores concatenated on the
+last dim (``max``/``argmax`` with keepdim, or top-ks: PhiMoE's "sparsemixer" router). Every op
+between the route and the unroute runs on the nested rows (``program.ragged``); the counting, sorting
 and offsets ops that fed only the pattern are dropped. A program without the pattern is
 returned as it is.
 
@@ -62,8 +64,9 @@ def _scan(prog: Program) -> dict:
         n = canonical_op_name(op.target)
         ins, outs = op.inputs, op.outputs
         kw = dict(op.params)
-        if _choice(prog, op, n) is not None:
-            choices[outs[-1]] = _choice(prog, op, n)
+        choice = _choice(prog, op, n)
+        if choice is not None:
+            choices[outs[-1]] = choice
         if n == "topk" and len(outs) == 2:
             src = prog.tensors[ins[0]].shape
             dim = kw.get("dim", -1) % len(src)
@@ -116,7 +119,8 @@ def _choice(prog: Program, op, n: str) -> tuple | None:
     if not op.inputs or not isinstance(op.inputs[0], str) or n not in ("max", "argmax", "topk"):
         return None
     src, kw = prog.tensors[op.inputs[0]].shape, dict(op.params)
-    if len(src) != 2 or kw.get("dim", -1) % 2 != 1:
+    dim = kw.get("dim", -1)
+    if len(src) != 2 or not isinstance(dim, int) or dim % 2 != 1:  # argmax(dim=None): of the whole tensor
         return None
     if n == "topk":
         return (src[0], src[1]) if len(op.outputs) == 2 else None
