@@ -118,6 +118,12 @@ def mixtral():
                   num_experts_per_tok=2)
 
 
+def phimoe():
+    """PhiMoE: 4 experts, top-2 chosen by a "sparsemixer" router (two masked arg-maxes, the second
+    with the first expert's score set to -inf, concatenated), experts as grouped weights."""
+    return _build(hf.PhimoeConfig, hf.PhimoeForCausalLM, num_key_value_heads=2, num_local_experts=4,
+                  num_experts_per_tok=2)
+
 
 def qwen2_moe():
     """Qwen2-MoE: 4 routed experts, top-2, and a shared expert gated by ``sigmoid(x W)``, every layer sparse."""

@@ -129,7 +129,7 @@ def test_mixtral_experts_are_tensor_parallel_inside_each_expert():
     assert p.verify().ok
 
 
-@pytest.mark.parametrize("name", ["mixtral", "qwen3_moe"])
+@pytest.mark.parametrize("name", ["mixtral", "qwen3_moe", "phimoe"])
 def test_hf_moe_under_ep_moves_tokens_not_experts(name):
     """transformers' grouped-mm path (sort the (token, choice) pairs by expert, index the tokens, count
     them with histc, run grouped mms, undo the sort with an inverse permutation and sum each token's
@@ -143,6 +143,24 @@ def test_hf_moe_under_ep_moves_tokens_not_experts(name):
     ideal = 16 * 2 * 32 * 4 // 2  # 16 tokens x top-2 rows of dim 32, float32, one device's share
     assert p.counts() == {("all_to_all", ("ep",)): 4} and all(c.bytes == ideal for c in p.collectives)
     assert p.verify().ok
+
+
+def test_phimoe_sparsemixer_routing_costs_nothing_on_dp_and_two_all_to_alls_under_ep():
+    """PhiMoE's router (a "sparsemixer": two masked arg-maxes concatenated, no ``topk``) chooses the
+    experts the grouped-mm routing sorts by: read as route / einsum / unroute, megatron on dp=2,tp=2
+    is one all-reduce per block and nothing on dp (the sort and the indexing once gathered the
+    tokens: 6 all_gathers on dp), and ep moves each layer's rows there and back, the experts kept."""
+    model, prog = program("phimoe")
+    names = {op.target for op in prog.ops}
+    assert {"route", "unroute"} <= names and not {"aten._grouped_mm.default", "aten.sort.default"} & names
+    p = plan(prog, DPTP, style_pins(prog, DPTP, "megatron"))
+    assert p.counts() == {("all_reduce", ("tp",)): 4}
+    assert _cut_as_megatron(model, p) >= 8
+    assert p.verify().ok
+    ep = plan(prog, Mesh.parse("ep=2"), style="ep")
+    assert ep.counts() == {("all_to_all", ("ep",)): 4}
+    assert str(ep.shardings["model.layers.0.mlp.experts.gate_up_proj"]) == "[ep*2, 128, 32]"
+    assert ep.verify().ok
 
 
 def test_gpt_oss_biased_experts_are_routed_and_keep_megatrons_counts():

@@ -241,17 +241,20 @@ def test_an_int_floor_division_by_a_python_int_stays_int_on_torch():
 # -- 5. transformers' grouped-mm MoE: sorted ids counted by histc(max=E-1), a fused gate|up split on the
 # rows, and the combine as an inverse permutation (inv[order] = arange), index, view (T, k, D), sum(1)
 class HFStyle(torch.nn.Module):
-    def __init__(self, dim=16, experts=4, ffn=24, top_k=2, combine="inverse"):
+    def __init__(self, dim=16, experts=4, ffn=24, top_k=2, combine="inverse", router="topk"):
         super().__init__()
-        self.k, self.experts, self.combine = top_k, experts, combine
+        self.k, self.experts, self.combine, self.router = top_k, experts, combine, router
         self.gate = torch.nn.Linear(dim, experts, bias=False)
         self.gate_up = torch.nn.Parameter(torch.randn(experts, 2 * ffn, dim) / dim ** 0.5)
         self.down = torch.nn.Parameter(torch.randn(experts, dim, ffn) / ffn ** 0.5)
 
     def forward(self, x):
         t, d = x.shape
-        top, idx = torch.topk(torch.softmax(self.gate(x), dim=-1), self.k, dim=-1)
-        top = top / top.sum(-1, keepdim=True)
+        if self.router == "topk":
+            top, idx = torch.topk(torch.softmax(self.gate(x), dim=-1), self.k, dim=-1)
+            top = top / top.sum(-1, keepdim=True)
+        else:
+            top, idx = _masked_argmaxes(self.gate(x), self.k, self.router)
         ids, order = torch.sort(idx.view(-1))
         xs = x[order // self.k]
         scores = top.view(-1)[order]
@@ -289,6 +292,42 @@ def test_transformers_style_moe_becomes_route_einsum_unroute_and_equals_the_modu
     assert [c.kind.value for c in p.collectives] == ["all_to_all"] * 2, p.collectives
     assert [c.bytes for c in p.collectives] == [ideal, ideal]
     assert p.verify().ok
+
+
+def _masked_argmaxes(logits, k: int, how: str):
+    """PhiMoE's sparsemixer at inference: k arg-maxes (``max`` or ``argmax``, keepdim), each after the
+    experts already chosen are masked to -inf, clamped and masked by a threshold; concatenated."""
+    scores, idx, masked = [], [], logits
+    for _ in range(k):
+        if how == "max":
+            top, i = masked.max(dim=-1, keepdim=True)
+        else:
+            i = masked.argmax(dim=-1, keepdim=True)
+            top = masked.gather(-1, i)
+        factor = logits.abs().clamp(min=top)
+        gates = torch.softmax(masked.masked_fill((top - logits) / factor > 0.02, float("-inf")), dim=-1)
+        scores.append(gates.gather(-1, i))
+        idx.append(i)
+        masked = torch.scatter(masked, -1, i, float("-inf"))
+    return torch.cat(scores, dim=-1), torch.cat(idx, dim=-1)
+
+
+@pytest.mark.parametrize("how", ["max", "argmax"])
+def test_concatenated_masked_argmaxes_route_like_a_topk(how):
+    """A top-k index written as k arg-maxes over (T, E) scores concatenated on the choices
+    (PhiMoE's sparsemixer router) is read as the routing's index: route / einsum / unroute, equal to
+    the module, two all_to_alls under ep."""
+    torch.manual_seed(0)
+    m, x = HFStyle(router=how), torch.randn(32, 16)
+    prog = from_torch(m, (x,))
+    names = targets(prog)
+    assert names.count("route") == 2 and names.count("unroute") == 1, names
+    assert not {"_grouped_mm", "sort", "histc", "cumsum", "index_put"} & set(names)
+    with torch.no_grad():
+        want = m(x)
+    assert torch.equal(run_unsharded(m, x, prog), want)
+    p = plan(prog, Mesh.parse("ep=4"), style="ep")
+    assert [c.kind.value for c in p.collectives] == ["all_to_all"] * 2 and p.verify().ok
 
 
 def test_an_unsorting_scatter_is_left_as_it_is():

@@ -18,7 +18,9 @@ permutation, so the tokens are all-gathered. Here the pattern becomes what it me
                                                                    (token, choice) order, then each token's
                                                                    k rows summed: transformers' MoE)
 
-and every op between them runs on the nested rows (``program.ragged``); the counting, sorting
+The index ``idx`` (T, k) is a ``topk``'s, or k choices over the (T, E) scores concatenated on the
+last dim (``max``/``argmax`` with keepdim, or top-ks: PhiMoE's "sparsemixer" router). Every op
+between the route and the unroute runs on the nested rows (``program.ragged``); the counting, sorting
 and offsets ops that fed only the pattern are dropped. A program without the pattern is
 returned as it is.
 
@@ -56,11 +58,15 @@ def _flat_of(prog: Program, op, name: str) -> str | None:
 def _scan(prog: Program) -> dict:
     """The routing handles: topk index tensors, their flattened views, sort orders, token ids."""
     topk, flat, order, token, spread, ids, inverse = {}, {}, {}, {}, {}, {}, {}
+    choices = {}  # a (T, j) index of one or more choices among E experts -> (T, E)
     batched = {}  # a top-k index of (..., k) over scores (..., E) -> its (T, k) view (torchtitan's 3-D router)
     for op in prog.ops:
         n = canonical_op_name(op.target)
         ins, outs = op.inputs, op.outputs
         kw = dict(op.params)
+        choice = _choice(prog, op, n)
+        if choice is not None:
+            choices[outs[-1]] = choice
         if n == "topk" and len(outs) == 2:
             src = prog.tensors[ins[0]].shape
             dim = kw.get("dim", -1) % len(src)
@@ -69,6 +75,11 @@ def _scan(prog: Program) -> dict:
                 topk[outs[1]] = {"vals": outs[0], "tokens": t, "k": k, "experts": src[1]}
             elif len(src) > 2 and dim == len(src) - 1:
                 batched[outs[1]] = None
+        elif n == "cat" and len(ins) >= 2 and all(i in choices for i in ins) and \
+                len({choices[i] for i in ins}) == 1 and len(prog.tensors[outs[0]].shape) == 2 and \
+                kw.get("dim", 0) in (1, -1):
+            t, k = prog.tensors[outs[0]].shape  # choices side by side: the (T, k) index of a top-k (sparsemixer)
+            topk[outs[0]] = {"vals": None, "tokens": t, "k": k, "experts": choices[ins[0]][1]}
         elif n in _FLATTEN and len(ins) == 1 and ins[0] in batched and batched[ins[0]] is None and \
                 len(prog.tensors[outs[0]].shape) == 2 and \
                 prog.tensors[outs[0]].shape[1] == prog.tensors[ins[0]].shape[-1]:
@@ -96,6 +107,25 @@ def _scan(prog: Program) -> dict:
             spread[outs[0]] = spread[ins[0]]
     return {"topk": topk, "flat": flat, "order": order, "token": token, "spread": spread, "ids": ids,
             "inverse": inverse, "batched": batched}
+
+
+def _choice(prog: Program, op, n: str) -> tuple | None:
+    """``(T, E)`` when ``op`` chooses experts for each of T tokens among E — the indices of
+    ``max(scores, dim=-1, keepdim=True)``, ``argmax(scores, dim=-1, keepdim=True)`` or a top-k over
+    the last dim of 2-D scores (T, E) — else None. Such choices concatenated along their last dim
+    are a top-k index: PhiMoE's sparsemixer takes an arg-max, masks the chosen expert's score to
+    -inf and takes another (which one each arg-max picks is the router's business; the routing only
+    reads the index)."""
+    if not op.inputs or not isinstance(op.inputs[0], str) or n not in ("max", "argmax", "topk"):
+        return None
+    src, kw = prog.tensors[op.inputs[0]].shape, dict(op.params)
+    dim = kw.get("dim", -1)
+    if len(src) != 2 or not isinstance(dim, int) or dim % 2 != 1:  # argmax(dim=None): of the whole tensor
+        return None
+    if n == "topk":
+        return (src[0], src[1]) if len(op.outputs) == 2 else None
+    keep = len(op.outputs) == (2 if n == "max" else 1) and kw.get("keepdim")
+    return (src[0], src[1]) if keep and prog.tensors[op.outputs[-1]].shape == (src[0], 1) else None
 
 
 def _is_arange(prog: Program, name: str, n: int) -> bool:
