@@ -360,8 +360,18 @@ def main(argv=None) -> int:
     ap.add_argument("--src", default=str(SRC), help="the shardlayout source tree to run (default: this checkout's)")
     ap.add_argument("--out", default=str(RESULTS / "hf_sweep.md"), help="the markdown written (full sweeps only)")
     args = ap.parse_args(argv)
+    if args.jobs < 1:
+        ap.error(f"--jobs {args.jobs}: give 1 or more runs at a time")
+    try:
+        only = re.compile(args.only)
+    except re.error as e:
+        ap.error(f"--only {args.only!r} is no regular expression ({e}); e.g. --only 'llama|mixtral'")
+    cases = [c for c in CASES if only.search(c.name)]
+    if not cases:
+        ap.error(f"--only {args.only!r} matches no config; the configs are: {', '.join(c.name for c in CASES)}")
+    if not (Path(args.src) / "shardlayout" / "__init__.py").is_file():
+        ap.error(f"--src {args.src}: no shardlayout package there; give a source tree's src directory")
     use_source(Path(args.src))
-    cases = [c for c in CASES if re.search(args.only, c.name)]
     rows = sweep(cases, Path(args.work), args.jobs)
     s = summary(rows)
     if args.json:
