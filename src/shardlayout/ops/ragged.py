@@ -6,7 +6,8 @@
 with ``index[t, j] == e``, in ``(t, j)`` order (torch's stable argsort of the flattened
 indices, as torchtitan and Megatron sort tokens by expert). Its shape holds the *expected*
 rows per expert, ``ceil(T*k / experts)`` (``sharding.ragged``). ``unroute(y, index,
-weights)`` is the combine: ``out[t] = sum_j weights[t, j] * y[index[t, j]][row of (t, j)]``.
+weights)`` is the combine: ``out[t] = sum_j weights[t, j] * y[index[t, j]][row of (t, j)]``
+(``pairs=True``: ``out[t, j]``, each pair's row put back, none summed).
 
 Sharding rules: routing is local to a token shard. Tokens cut by mesh axes give a nested
 tensor whose ragged dim carries the same axes (each rank holds its own *source* block of
@@ -101,8 +102,9 @@ def route_values(x, index, experts: int, xp=np, sources=None, pairs: bool = Fals
     return from_blocks(blocks, experts, len(_blocks_of(index, sources)), 0, x)
 
 
-def unroute_values(y: Nested, index, weights, xp=np, sources=None):
-    """Combine on values: each token's rows of ``y`` weighted and summed back into ``(T, *D)``."""
+def unroute_values(y: Nested, index, weights, xp=np, sources=None, pairs: bool = False):
+    """Combine on values: each token's rows of ``y`` weighted and summed back into ``(T, *D)``
+    (``pairs``: put back one row per (token, choice), ``(T, k, *D)``, none summed)."""
     if not isinstance(y, Nested):
         raise RaggedError("unroute: the first operand must be a nested tensor (the output of route and of ops on "
                           "it); it is dense")
@@ -116,8 +118,9 @@ def unroute_values(y: Nested, index, weights, xp=np, sources=None):
     ids_all = _flat_ids(index, xp)
     w_all = None if weights is None else weights.reshape(-1)
     dense = tuple(y.data.shape[1:])
-    out = xp.zeros((t,) + dense, dtype=y.data.dtype) if xp is not np else np.zeros((t,) + dense,
-                                                                                  dtype=np.result_type(y.data, float))
+    n_out = t * k if pairs else t
+    out = xp.zeros((n_out,) + dense, dtype=y.data.dtype) if xp is not np else \
+        np.zeros((n_out,) + dense, dtype=np.result_type(y.data, float))
     start = 0
     for s, n in enumerate(blocks):
         ids = ids_all[start * k:(start + n) * k]
@@ -128,7 +131,7 @@ def unroute_values(y: Nested, index, weights, xp=np, sources=None):
                               "the same indices")
         rows = xp.cat([y.block(e, s) for e in range(y.components)]) if xp is not np else \
             np.concatenate([y.block(e, s) for e in range(y.components)])
-        tok = order // k + start
+        tok = order + start * k if pairs else order // k + start
         if w_all is not None:
             w = w_all[start * k:(start + n) * k][order].reshape((-1,) + (1,) * len(dense))
             rows = rows * (w if xp is np else w.to(rows.dtype))
@@ -137,7 +140,7 @@ def unroute_values(y: Nested, index, weights, xp=np, sources=None):
         else:
             out = out.index_add(0, tok, rows)
         start += n
-    return out
+    return out.reshape((t, k) + dense) if pairs else out
 
 
 # -- any op on nested values ------------------------------------------------------------------------
@@ -153,7 +156,8 @@ def run_nested(opdef, args: list, params: dict, out_shapes: list, run, xp) -> li
     if name == "route":
         return [route_values(args[0], args[1], params["experts"], xp, src, params.get("pairs", False))]
     if name == "unroute":
-        return [unroute_values(args[0], args[1], args[2] if len(args) > 2 else None, xp, src)]
+        return [unroute_values(args[0], args[1], args[2] if len(args) > 2 else None, xp, src,
+                               params.get("pairs", False))]
     shape = out_shapes[0] if out_shapes else None
     if name in ("einsum", "bmm"):
         return [rops.einsum(params["equation"] if name == "einsum" else "erk,ekn->ern", *args, out_shape=shape)]
@@ -264,11 +268,13 @@ def _route_rule(name, inputs, experts=1, pairs=False, cost_model=None, tensor_dt
                  "route: each rank sorts its own tokens by expert (its source block of every expert)")
 
 
-def _unroute_rule(name, inputs, routed=None, cost_model=None, tensor_dtype="float32", out_pins=(), **_):
+def _unroute_rule(name, inputs, routed=None, pairs=False, cost_model=None, tensor_dtype="float32", out_pins=(),
+                  **_):
     """The combine: the nested input's sources on the same mesh factors as the tokens (its
     expert dim whole), so each rank sums its own tokens' rows; partial values stay partial. The
     tokens are cut as the rows' sources are (or not at all): the index and weights follow.
-    ``routed``: the mesh factors the rows were routed from (a planning param, ``plan``)."""
+    ``routed``: the mesh factors the rows were routed from (a planning param, ``plan``);
+    ``pairs``: the output is ``(T, k, *D)``, its choice dim whole."""
     y, idx = inputs[0], inputs[1]
     w = inputs[2] if len(inputs) > 2 and isinstance(inputs[2], Sharding) else None
     mesh = y.mesh
@@ -288,7 +294,8 @@ def _unroute_rule(name, inputs, routed=None, cost_model=None, tensor_dtype="floa
             yt = Sharding(mesh, y.shape, [(), _ragged_factors(mesh_fs, y.shape[1])] + list(y.dims[2:]), y.partial)
             it = Sharding(mesh, idx.shape, [tf, ()])
             wt = None if w is None else Sharding(mesh, w.shape, [tf, ()])
-            out = Sharding(mesh, (t,) + y.shape[2:], [tf] + list(y.dims[2:]), y.partial)
+            out = Sharding(mesh, (t,) + ((idx.shape[1],) if pairs else ()) + y.shape[2:],
+                           [tf] + ([()] if pairs else []) + list(y.dims[2:]), y.partial)
         except Exception:  # noqa: BLE001 - a cut whose axes y's other dims already use
             continue
         options.append(((yt, it) + ((wt,) if w is not None else ()), (out,)))
@@ -325,7 +332,8 @@ def _no_numpy(*_a, **_k):
 
 register_op("route", "x, index ; experts: int[1..], pairs: bool = False", _route_rule, _no_numpy,
             check=_check_route)
-register_op("unroute", "y, index, weights? ; routed: any = None", _unroute_rule, _no_numpy, check=_check_unroute)
+register_op("unroute", "y, index, weights? ; routed: any = None, pairs: bool = False", _unroute_rule, _no_numpy,
+            check=_check_unroute)
 
 
 def reference_params(po) -> dict:

@@ -139,7 +139,7 @@ def expert_loops(nodes) -> LoopRewrite:
     for node in nodes:
         if _short(node) == "split_with_sizes" and any(
                 hasattr(s, "op") and _short(s) == "_local_scalar_dense" for s in _arg(node, 1, "split_sizes", ())):
-            loop = _loop(node, order)
+            loop = _loop(node, order, dict(sums))
             skip |= loop["skip"]
             alias.update(loop["alias"])
             emit.update(loop["emit"])
@@ -158,8 +158,9 @@ def expert_loops(nodes) -> LoopRewrite:
     return LoopRewrite(frozenset(skip), alias, emit, offsets, tuple(sums), frozenset(grouped), rows)
 
 
-def _loop(split, order: dict) -> dict:
-    """One loop at its split node (``expert_loops``)."""
+def _loop(split, order: dict, known: dict) -> dict:
+    """One loop at its split node (``expert_loops``); ``known``: the count symbols of the loops
+    before it -> their rows (a loop may split the output of an earlier loop on the same counts)."""
     what = f"per-expert loop at {node_where(split)}"
     if _arg(split, 2, "dim", 0) not in (0, -len(_shape(split.args[0]) or (1,))):
         raise ProgramError(f"{what}: the rows are split along dim {_arg(split, 2, 'dim')}; a per-expert loop "
@@ -193,9 +194,15 @@ def _loop(split, order: dict) -> dict:
         symbols |= _free(rows_node)
         rows_node = rows_node.args[0]
     shape = _shape(rows_node)
-    if not shape or not isinstance(shape[0], int):
-        raise ProgramError(f"{what}: the rows {rows_node.name!r} have no static size ({shape})")
-    rows = shape[0]
+    counts_symbols = tuple(getattr(getattr(u.meta.get("val"), "node", None), "expr", None) for u in sizes)
+    rows = shape[0] if shape else None
+    if shape and not isinstance(rows, int):  # an earlier loop's output (JetMoE: two loops on one split)
+        expr = getattr(getattr(rows, "node", None), "expr", None)
+        rows = known.get(counts_symbols) if expr is not None and None not in counts_symbols and \
+            (expr - sum(counts_symbols)).expand() == 0 else None
+    if not isinstance(rows, int):
+        raise ProgramError(f"{what}: the rows {rows_node.name!r} have no static size ({shape}), nor the sum of the "
+                           "counts of an earlier loop on static rows")
     heads = {}
     for user in split.users:
         if user.target is operator.getitem and isinstance(user.args[1], int):
@@ -238,7 +245,6 @@ def _loop(split, order: dict) -> dict:
         skip |= padded[1]
     for e in range(1, experts):
         skip |= set(seqs[e]) | {heads[e]}
-    counts_symbols = tuple(getattr(getattr(u.meta.get("val"), "node", None), "expr", None) for u in sizes)
     return {"skip": skip, "alias": alias, "emit": emit, "counts": counts, "symbols": symbols, "rows": rows,
             "grouped": grouped, "counts_symbols": counts_symbols, "rows_node": rows_node}
 

@@ -57,7 +57,7 @@ def _flat_of(prog: Program, op, name: str) -> str | None:
 
 def _scan(prog: Program) -> dict:
     """The routing handles: topk index tensors, their flattened views, sort orders, token ids."""
-    topk, flat, order, token, spread, ids, inverse = {}, {}, {}, {}, {}, {}, {}
+    topk, flat, order, token, spread, ids, inverse, merged = {}, {}, {}, {}, {}, {}, {}, {}
     choices = {}  # a (T, j) index of one or more choices among E experts -> (T, E)
     batched = {}  # a top-k index of (..., k) over scores (..., E) -> its (T, k) view (torchtitan's 3-D router)
     for op in prog.ops:
@@ -89,6 +89,8 @@ def _scan(prog: Program) -> dict:
             topk[outs[0]] = {"vals": None, "tokens": t, "k": k, "experts": src[-1]}
         elif outs and _flat_of(prog, op, outs[0]) is not None:
             flat[outs[0]] = _flat_of(prog, op, outs[0])
+        elif n in _FLATTEN and len(ins) == 1 and len(outs) == 1 and len(prog.tensors[outs[0]].shape) >= 2:
+            merged[outs[0]] = ins[0]  # (..., k, *D) viewed (T*k, *D): rows in (token, choice) order if k fits
         elif n in ("sort", "argsort") and ins and flat.get(ins[0]) in topk and not kw.get("descending"):
             order[outs[-1]] = flat[ins[0]]  # sort's indices, or argsort's only output
             if len(outs) == 2:
@@ -97,8 +99,8 @@ def _scan(prog: Program) -> dict:
                 _is_arange(prog, ins[2], prog.tensors[ins[1]].shape[0]):
             inverse[outs[0]] = order[ins[1]]  # inv[order] = arange: the inverse permutation
         elif n in ("div", "floor_divide") and len(ins) == 2 and ins[0] in order and \
-                (n == "floor_divide" or kw.get("rounding_mode") == "floor") and \
-                ins[1] == topk[order[ins[0]]]["k"]:
+                (n == "floor_divide" or kw.get("rounding_mode") in ("floor", "trunc")) and \
+                ins[1] == topk[order[ins[0]]]["k"]:  # positions are >= 0: trunc is floor (JetMoE)
             token[outs[0]] = order[ins[0]]
         elif ins and ins[0] in token and (n == "unsqueeze" and kw.get("dim") in (1, -1) or n in _FLATTEN and
                                           prog.tensors[outs[0]].shape == prog.tensors[ins[0]].shape + (1,)):
@@ -106,7 +108,7 @@ def _scan(prog: Program) -> dict:
         elif n == "expand" and ins and ins[0] in spread:
             spread[outs[0]] = spread[ins[0]]
     return {"topk": topk, "flat": flat, "order": order, "token": token, "spread": spread, "ids": ids,
-            "inverse": inverse, "batched": batched}
+            "inverse": inverse, "batched": batched, "merged": merged}
 
 
 def _choice(prog: Program, op, n: str) -> tuple | None:
@@ -176,7 +178,8 @@ def _replay(prog: Program, h: dict) -> Program:
         n = canonical_op_name(op.target)
         ins, kw = op.inputs, op.kwargs()
         dtypes = [prog.tensors[o].dtype for o in op.outputs]
-        if _unsort(prog, op, n, ins, kw, h, ragged, unsorted, b, dtypes):
+        if _unsort(prog, op, n, ins, kw, h, ragged, unsorted, b, dtypes) or \
+                _pairs(prog, op, n, ins, kw, h, ragged, b, dtypes, producer):
             continue
         routed = _rewrite(prog, op, n, ins, kw, h, ragged, producer)
         if routed is not None:
@@ -230,6 +233,41 @@ def _unsort(prog, op, n, ins, kw, h, ragged, unsorted, b, dtypes) -> bool:
         return True
     raise ShardingError(f"op {op.name} reads routed rows put back in token order ({held[0]}) other than by "
                         "viewing them (tokens, k, ...) and summing the k choices")
+
+
+def _pairs(prog, op, n, ins, kw, h, ragged, b, dtypes, producer) -> bool:
+    """Rows kept one per (token, choice), not summed (JetMoE's mixture of attention: each token's
+    k query projections come back side by side, and its k attention outputs go out again):
+    ``index_put(zeros(T*k, *D), order, y, accumulate)`` (``index_add`` / ``index_copy`` on dim 0
+    alike) puts the routed rows back at their pairs' positions, ``unroute(y, idx, pairs=True)``
+    (``(T, k, *D)``) viewed ``(T*k, *D)``; ``index(x, order)`` with ``x`` a ``(T*k, *D)`` view of
+    ``(..., k, *D)`` (one row per pair, the choices inner) routes those rows: ``x`` viewed ``(T, k,
+    *D)`` and ``route(..., pairs=True)``. True when ``op`` was one of these (its ops are emitted)."""
+    order, topk = h["order"], h["topk"]
+    if n in ("index_put", "index_add", "index_copy") and len(ins) == 3 and ins[1] in order and \
+            ins[2] in ragged and order[ins[1]] == ragged[ins[2]] and \
+            (kw.get("dim") == 0 if n != "index_put" else True) and _is_zeros(prog, ins[0], producer):
+        idx = ragged[ins[2]]
+        t = topk[idx]
+        base, rows = prog.tensors[ins[0]].shape, prog.tensors[ins[2]].shape
+        if base != (t["tokens"] * t["k"],) + rows[1:]:
+            return False
+        pairs = b.op("unroute", [ins[2], idx], name=f"{op.name}_pairs", dtypes=dtypes, pairs=True)
+        b.op("view", [pairs], name=op.name, dtypes=dtypes, size=tuple(base))
+        return True
+    if n in ("index", "index_select") and len(ins) == 2 and kw.get("dim", 0) == 0 and ins[1] in order and \
+            ins[0] in h["merged"] and ins[0] not in h["flat"]:
+        idx = order[ins[1]]
+        t = topk[idx]
+        x, src = prog.tensors[ins[0]].shape, prog.tensors[h["merged"][ins[0]]].shape
+        j = len(src) - len(x)  # the choice dim of src, just before x's trailing dims
+        if j < 1 or src[j] != t["k"] or tuple(src[j + 1:]) != tuple(x[1:]) or x[0] != t["tokens"] * t["k"]:
+            return False
+        view = b.op("view", [ins[0]], name=f"{op.name}_pairs", dtypes=dtypes, size=(t["tokens"], t["k"]) + x[1:])
+        b.op("route", [view, idx], name=op.name, dtypes=dtypes, experts=t["experts"], pairs=True)
+        ragged[op.outputs[0]] = idx
+        return True
+    return False
 
 
 def _as_column(prog, op, n: str):
@@ -308,7 +346,7 @@ def _offsets_of_routing(prog: Program, name: str, h: dict, producer: dict, route
         return False
     n, kw = canonical_op_name(op.target), dict(op.params)
     if n == "sum":  # counts as a one-hot: zeros(..., E).scatter(-1, index, 1) summed over every other dim
-        return _one_hot_counts(prog, op, h, producer, routed_by)
+        return _one_hot_counts(prog, op, h, producer, routed_by, through)
     ids, _ = through(op.inputs[0])
     idx = h["flat"].get(ids, h["ids"].get(ids))  # the ids, or the ids sorted: the same counts
     if idx not in h["topk"] or idx != routed_by:
@@ -320,11 +358,12 @@ def _offsets_of_routing(prog: Program, name: str, h: dict, producer: dict, route
     return n == "bincount" and kw.get("minlength") == e and len(op.inputs) == 1
 
 
-def _one_hot_counts(prog: Program, op, h: dict, producer: dict, routed_by: str) -> bool:
+def _one_hot_counts(prog: Program, op, h: dict, producer: dict, routed_by: str, through) -> bool:
     """Is ``op`` (a ``sum``) the rows per expert of the routing by ``routed_by``: ``sum`` over every
-    dim but the last of ``zeros(..., E).scatter(-1, idx, 1)`` with ``idx`` the top-k index
-    ``routed_by`` or the one it is a (T, k) view of (torchtitan's Qwen3-MoE counts the choices so)?"""
-    src = producer.get(op.inputs[0])
+    dim but the last of ``zeros(..., E).scatter(-1, idx, 1)`` (through casts: JetMoE counts a float
+    one-hot cast to int64) with ``idx`` the top-k index ``routed_by`` or the one it is a (T, k) view
+    of (torchtitan's Qwen3-MoE counts the choices so)?"""
+    _, src = through(op.inputs[0])
     if src is None or canonical_op_name(src.target) != "scatter" or len(src.inputs) != 2:
         return False
     base, idx = src.inputs
