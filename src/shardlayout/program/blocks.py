@@ -295,9 +295,11 @@ def constant(program: Program, t: str, producer: dict, depth: int = 8) -> bool:
 
 
 def passthrough(op) -> bool:
-    """Does ``op`` only move or combine values element by element (views, pieces, pointwise)?"""
+    """Does ``op`` only move or combine values element by element (views, pieces, pointwise; rows
+    routed to experts, or put back one per (token, choice): ``route``, ``unroute(pairs=True)``)?"""
     name = short(op)
-    return name in VIEWS or name in PIECES or name in _pointwise()
+    return name in VIEWS or name in PIECES or name in _pointwise() or name == "route" or \
+        (name == "unroute" and bool(dict(op.params).get("pairs")) and len(op.inputs) == 2)
 
 
 # ------------------------------------------------------------------------------------------
@@ -733,9 +735,10 @@ def block_inputs(g: Graph, linears) -> tuple:
         t = lin.activation
         while True:
             op = g.made_by(t)
-            if op is None or short(op) not in PLAIN_VIEWS or not op.inputs or not isinstance(op.inputs[0], str):
+            if op is None or short(op) not in PLAIN_VIEWS | {"route"} or not op.inputs or \
+                    not isinstance(op.inputs[0], str):
                 break
-            t = op.inputs[0]
+            t = op.inputs[0]  # (routed rows: the tokens they were routed from)
         out.append(t)
     return tuple(dict.fromkeys(out))
 
@@ -760,6 +763,8 @@ def block_output(g: Graph, lin: Linear, inputs: tuple = ()) -> str:
                 return op.outputs[0]
             t = op.outputs[0]
         elif base == "mul" and inputs and op.inputs.count(t) == 1 and len(op.outputs) == 1:
+            t = op.outputs[0]
+        elif base == "unroute" and op.inputs[0] == t and len(op.outputs) == 1:  # routed rows combined: linear
             t = op.outputs[0]
         else:
             return t
@@ -825,9 +830,14 @@ def _find_blocks(program: Program) -> Structure:
     linear_ops = frozenset(lin.op for lin in linears)
     claimed: set = set()
     blocks = []
+    stacked = _stacked_linears(g, [n for n, s in program.tensors.items() if s.kind == "param" and len(s.shape) == 3])
+    # an attention's projections may be experts' (JetMoE's mixture of attention: q and o per expert, the
+    # routed rows reaching the core through route / unroute(pairs=True), which only move rows)
+    attn_by_output = {**by_output, **{lin.output: lin for lin in stacked}}
+    attn_by_activation = {**by_activation, **{(lin.op, lin.activation): lin for lin in stacked}}
     for core in attention_cores(g, linear_ops):
-        first = linears_behind(g, (core.q, core.k, core.v), core.sinks, by_output)
-        last = linears_ahead(g, core.output, by_activation)
+        first = linears_behind(g, (core.q, core.k, core.v), core.sinks, attn_by_output)
+        last = linears_ahead(g, core.output, attn_by_activation)
         first = tuple(lin for lin in first if lin not in claimed)
         last = tuple(lin for lin in last if lin not in claimed)
         if first and last:
@@ -965,8 +975,18 @@ def expert_linears(program: Program, block: Block) -> tuple:
     expert matmul's output, and the residual ``add`` each last one's output reaches through a
     single path of ops. ``expert_linears(prog, b)[0][0].out_dim -> 1``"""
     g = graph(program)
+    lins = _stacked_linears(g, block.params)
+    outputs = {lin.output for lin in lins}
+    last = tuple(lin for lin in lins if _reaches_back(g, lin.activation, outputs - {lin.output}))
+    first = tuple(lin for lin in lins if lin not in last)
+    outs = (_residual_after(g, lin.output, _sources(program, lin, first)) for lin in last)
+    return first, last, tuple(dict.fromkeys(o for o in outs if o is not None))
+
+
+def _stacked_linears(g: Graph, params) -> list:
+    """The Linears of stacked expert weights ``params`` (``expert_linears``), in op order."""
     lins = []
-    for param in block.params:
+    for param in params:
         for i, pos, dims in _weight_uses(g, param, ("_grouped_mm", "bmm", "einsum")):
             if short(g.op(i)) == "einsum" and dict(g.op(i).params).get("equation") != "erd,edf->erf":
                 continue
@@ -975,11 +995,7 @@ def expert_linears(program: Program, block: Block) -> tuple:
                 out = op.outputs[0]
                 bias = next(iter(_expert_biases(g, out)), None)
                 lins.append(Linear(param, bias, i, out, op.inputs[0], dims[1], dims[2], *_fused_parts(g, out)))
-    outputs = {lin.output for lin in lins}
-    last = tuple(lin for lin in lins if _reaches_back(g, lin.activation, outputs - {lin.output}))
-    first = tuple(lin for lin in lins if lin not in last)
-    outs = (_residual_after(g, lin.output, _sources(program, lin, first)) for lin in last)
-    return first, last, tuple(dict.fromkeys(o for o in outs if o is not None))
+    return sorted(lins, key=lambda lin: lin.op)
 
 
 def routed_source(program: Program, lin: Linear) -> str | None:

@@ -305,8 +305,11 @@ def _megatron(program: Program, mesh: Mesh, s: Structure, sequence: bool) -> Sty
             for x in b.inputs:
                 pins[x] = sharded(mesh, t[x].shape, {0: ["dp"]})
         pins[b.output] = _activation(mesh, t[b.output].shape, sequence and len(t[b.output].shape) >= 3)
+    claimed = {lin.weight for b in blocks for lin in b.first + b.last}  # an attention's expert q / o (JetMoE)
     for b in s.of_kind("experts"):  # tensor parallel inside each expert: gate|up column, down row
         first, last, outputs = expert_linears(program, b)
+        first = tuple(lin for lin in first if lin.weight not in claimed)
+        last = tuple(lin for lin in last if lin.weight not in claimed)
         if not (first and last):
             continue
         for lin in first:
