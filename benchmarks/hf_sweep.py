@@ -28,6 +28,10 @@ names it:
   tp, the norm's mean square is a sum over the cut features, one all_reduce of the
   ``[batch, seq, 1]`` statistic per norm — an inherent extra collective (vLLM all-gathers q and k
   instead, a larger one), so two more small all_reduces per layer.
+* ``moa``: a mixture of attention (JetMoE): the q and o projections are experts run on routed rows,
+  q before the attention core and o after it, with the core on the tokens between them, so ``ep``
+  moves each layer's rows out and back twice more (four more all_to_alls per layer; under
+  Megatron the q and o stacks are cut by heads like q_proj and o_proj: the same one all_reduce).
 
 Resumable: each run's result is kept in ``--work`` (default ``/tmp/hf_sweep``) under a key of the
 config's bytes, the style, the mesh and shardlayout's own source, so a rerun after a fix reruns
@@ -72,7 +76,8 @@ class Case:
     """A config to sweep: ``name``; ``example`` (a factory of examples/hf_models.py whose model's
     config is used) or ``model_type`` with ``kwargs`` over the examples' tiny sizes; ``parallel``
     (attention and MLP read the same input: one all_reduce a layer); ``extra``: named departures
-    from Megatron's count (``stat``: q/k norms over all features, one all_reduce each per layer)."""
+    from Megatron's count (``stat``: q/k norms over all features, one all_reduce each per layer;
+    ``moa``: a mixture of attention, four all_to_alls more per layer under ep)."""
 
     name: str
     model_type: str = ""
@@ -127,7 +132,8 @@ CASES = (
     _c("hunyuan_dense", "hunyuan_v1_dense", head_dim=8, **GQA), _c("nemotron", "nemotron", head_dim=8, **GQA),
     _c("persimmon", "persimmon"), _c("bitnet", "bitnet", **GQA), _c("vaultgemma", "vaultgemma", head_dim=8, **GQA),
     _c("diffllama", "diffllama", **GQA), _c("phimoe", "phimoe", num_local_experts=4, num_experts_per_tok=2, **GQA),
-    _c("jetmoe", "jetmoe", num_local_experts=4, num_experts_per_tok=2, kv_channels=8, num_key_value_heads=4),
+    _c("jetmoe", "jetmoe", extra=("moa",), num_local_experts=4, num_experts_per_tok=2, kv_channels=8,
+       num_key_value_heads=4),
     _c("ernie4_5_moe", "ernie4_5_moe", head_dim=8, moe_num_experts=4, moe_k=2, moe_intermediate_size=48,
        moe_layer_start_index=0, **GQA),
     _c("mpt", "mpt"), _c("opt", "opt", ffn_dim=64, word_embed_proj_dim=32), _c("gpt_neo", "gpt_neo",
@@ -204,7 +210,7 @@ def prepare(case: Case, work: Path) -> tuple[Path, Facts | str]:
 
 def expected(case: Case, f: Facts, style: str) -> Counter | None:
     """Megatron's collectives for ``style`` (``auto``: None, not counted). ``stat`` adds one
-    all_reduce per q/k norm over all features."""
+    all_reduce per q/k norm over all features; ``moa`` four all_to_alls per layer under ep."""
     blocks = f.layers * (1 if case.parallel or f.whole_attention else 2) + f.tied
     stat = 2 * f.layers if "stat" in case.extra else 0
     if style == "megatron":
@@ -214,7 +220,7 @@ def expected(case: Case, f: Facts, style: str) -> Counter | None:
         want = Counter({("reduce_scatter", "tp"): blocks, ("all_gather", "tp"): blocks + whole,
                         ("all_reduce", "tp"): stat})
     elif style == "ep":
-        want = Counter({("all_to_all", "ep"): 2 * f.moe_layers})
+        want = Counter({("all_to_all", "ep"): 2 * f.moe_layers + (4 * f.layers if "moa" in case.extra else 0)})
     else:
         return None
     return +want

@@ -181,6 +181,16 @@ def qwen3():
     return _build(hf.Qwen3Config, hf.Qwen3ForCausalLM, num_key_value_heads=2, head_dim=HIDDEN // HEADS)
 
 
+def jetmoe():
+    """JetMoE: a mixture of attention (each token's query and output projections run by its top-2 of 4
+    attention experts, k|v shared: the queries come back one per (token, choice) and are attended
+    as 2 x 4 heads) and a mixture of experts whose per-expert loops split the rows by
+    ``expert_size.tolist()``, the experts' gate|up and down in two loops over the same counts; tied
+    embeddings."""
+    return _build(hf.JetMoeConfig, hf.JetMoeForCausalLM, num_key_value_heads=4, kv_channels=HIDDEN // HEADS,
+                  num_local_experts=4, num_experts_per_tok=2)
+
+
 def qwen3_moe():
     """Qwen3-MoE: 4 experts, top-2, every layer sparse."""
     return _build(hf.Qwen3MoeConfig, hf.Qwen3MoeForCausalLM, num_key_value_heads=2, head_dim=HIDDEN // HEADS,
@@ -190,11 +200,11 @@ make = llama
 
 
 COLUMN = ("q_proj", "k_proj", "v_proj", "qkv_proj", "gate_proj", "up_proj", "gate_up_proj", "c_attn", "c_fc",
-          "query_key_value", "dense_h_to_4h", "fc_in", "fc1", "Wqkv", "w1", "w3", "input_linear")
+          "query_key_value", "dense_h_to_4h", "fc_in", "fc1", "Wqkv", "w1", "w3", "input_linear", "kv_proj")
 """Leaf names of the Linears Megatron cuts column-parallel (their out features), across the classes."""
 ROW = ("o_proj", "down_proj", "c_proj", "dense", "dense_4h_to_h", "fc_out", "fc2", "out_proj", "w2", "output_linear")
 """Leaf names of the Linears Megatron cuts row-parallel (their in features)."""
-KV = ("k_proj", "v_proj")
+KV = ("k_proj", "v_proj", "kv_proj")
 FUSED_QKV = ("qkv_proj", "c_attn", "query_key_value", "Wqkv")
 
 
@@ -205,7 +215,11 @@ def megatron_cuts(model, tp: int = 2) -> dict:
     pieces, an attention whose heads ``tp`` does not divide — and
     None for one it does not place (norms, routers, biases). ``nn.Linear`` holds (out, in),
     GPT-2's Conv1D (in, out); grouped experts ``(experts, a, b)`` are cut in their ffn dim (the one
-    that is not the hidden size). ``megatron_cuts(llama()[0])["model.layers.0.mlp.down_proj.weight"] -> (1,)``"""
+    that is not the hidden size; when both are, as in JetMoE's mixture of attention, whose q and o
+    projections per expert are ``(experts, heads * head_dim, hidden)`` and ``(experts, hidden, heads *
+    head_dim)`` with ``heads * head_dim == hidden``, a column stack its out features, dim 1, a row
+    stack its in features, dim 2: stored ``(experts, out, in)`` as nn.Linear, so cut by heads).
+    ``megatron_cuts(llama()[0])["model.layers.0.mlp.down_proj.weight"] -> (1,)``"""
     import re
 
     cfg = model.config
@@ -220,8 +234,12 @@ def megatron_cuts(model, tp: int = 2) -> dict:
             continue
         parts = name.split(".")
         leaf = parts[-2] if parts[-1] in ("weight", "bias") else parts[-1]
+        attention = re.search(r"\.(self_)?(attn|attention)\.", name) is not None
         if p.dim() == 3:  # grouped experts (experts, a, b): the ffn dim
-            out[name] = tuple(d for d in (1, 2) if p.shape[d] != hidden)
+            dims = tuple(d for d in (1, 2) if p.shape[d] != hidden)
+            if not dims and leaf in COLUMN + ROW:  # both the hidden size: (experts, out, in), by its role
+                dims = (1,) if leaf in COLUMN else (2,)
+            out[name] = () if attention and heads % tp else dims
             continue
         if p.dim() != 2 or not name.endswith("weight") or leaf not in COLUMN + ROW:
             out[name] = None
@@ -229,7 +247,6 @@ def megatron_cuts(model, tp: int = 2) -> dict:
         module = model.get_submodule(name.rsplit(".", 1)[0])
         col, row = (0, 1) if isinstance(module, torch.nn.Linear) else (1, 0)
         grouped = getattr(cfg, "new_decoder_architecture", False)  # Falcon's q|k|v fused per kv group: cut by groups
-        attention = re.search(r"\.(self_)?(attn|attention)\.", name) is not None
         if attention and heads % tp:  # a cut would split a head: the attention block whole
             out[name] = ()
         elif leaf in KV and kv % tp or leaf in FUSED_QKV and kv != heads and not grouped:
