@@ -140,6 +140,29 @@ def test_unroute_of_per_expert_maps_is_the_weighted_per_token_sum(case, with_sou
     assert np.allclose(plain, want_plain, rtol=1e-12, atol=1e-12)
 
 
+@given(routings(), st.booleans())
+def test_unroute_pairs_puts_each_pairs_row_back_unsummed(case, with_sources):
+    # JetMoE's mixture of attention: each (token, choice) row's projection back at its pair, none summed
+    x, index, experts, sources, seed = case
+    src = sources if with_sources else None
+    rng = np.random.default_rng(seed + 2)
+    t, k = index.shape
+    mats = rng.standard_normal((experts, x.shape[1], 3))
+    n = route_values(x, index, experts, np, sources=src)
+    blocks = storage_blocks(n.data, n.extents)
+    mapped = {(e, s): np.asarray(b).reshape(-1, x.shape[1]) @ mats[e] for (e, s), b in blocks.items()}
+    y = Nested(stored(mapped, n.extents.shape[0], experts, (3,)), n.extents, 0)
+    got = unroute_values(y, index, None, np, sources=src, pairs=True)
+    want = np.zeros((t, k, 3))
+    for tok in range(t):
+        for j in range(k):
+            want[tok, j] = x[tok] @ mats[index[tok, j]]
+    assert got.shape == (t, k, 3) and np.allclose(got, want, rtol=1e-12, atol=1e-12)
+    # and routed again one row per pair (route pairs=True): the rows the experts had
+    again = route_values(got, index, experts, np, sources=src, pairs=True)
+    assert again.extents.tolist() == n.extents.tolist() and np.allclose(again.data, y.data, rtol=1e-12, atol=1e-12)
+
+
 def test_route_and_unroute_refuse_what_they_cannot_mean():
     x = np.arange(15.0).reshape(5, 3)
     idx = np.array([[0, 1], [1, 2], [2, 0], [0, 1], [3, 1]])
@@ -173,6 +196,9 @@ def test_route_and_unroute_on_torch_equal_numpy():
     assert np.array_equal(b.data.numpy(), a.data)
     yb = unroute_values(b, torch.from_numpy(idx), torch.from_numpy(w), torch, sources=(4, 0, 5))
     assert np.allclose(yb.numpy(), unroute_values(a, idx, w, np, sources=(4, 0, 5)), rtol=1e-12, atol=1e-12)
+    pb = unroute_values(b, torch.from_numpy(idx), None, torch, sources=(4, 0, 5), pairs=True)
+    assert np.allclose(pb.numpy(), unroute_values(a, idx, None, np, sources=(4, 0, 5), pairs=True), rtol=1e-12,
+                       atol=1e-12)
 
 
 # -- run_nested --------------------------------------------------------------------------------------

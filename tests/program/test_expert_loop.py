@@ -265,6 +265,90 @@ def test_two_loops_in_one_graph_are_each_read_with_their_own_counts():
     assert torch.allclose(got, want, rtol=1e-5, atol=1e-5), float((got - want).abs().max())
 
 
+def _jetmoe_moe(seed=0, experts=4, top_k=2, dim=16, ffn=24):
+    """transformers' own JetMoE MoE layer (router top-k, counts by a one-hot summed and
+    ``.tolist()``, the rows sorted by an unstable ``sort`` and gathered by ``// k`` with trunc, then
+    two loops over ``split(expert_size)``: gate|up, SwiGLU, down; ``index_add`` back, a bias), its
+    parameters drawn at a scale that gives every term weight (the bias too)."""
+    tf = pytest.importorskip("transformers")
+    from transformers.models.jetmoe.modeling_jetmoe import JetMoeMoE
+
+    cfg = tf.JetMoeConfig(hidden_size=dim, intermediate_size=ffn, num_local_experts=experts,
+                          num_experts_per_tok=top_k, activation_function="silu")
+    torch.manual_seed(seed)
+    m = _Called(JetMoeMoE(cfg)).eval()
+    with torch.no_grad():
+        for p in m.parameters():
+            p.normal_(0.0, 0.3)
+    return m
+
+
+class _Called(nn.Module):
+    """``layer(x)``: a transformers layer whose forward names its input otherwise, called on ``x``."""
+
+    def __init__(self, layer):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x):
+        return self.layer(x)
+
+
+def test_jetmoes_two_loops_over_one_counts_list_are_one_expert_and_equal_the_module():
+    """JetMoE runs the experts' gate|up in one loop and their down in another, both over the same
+    ``expert_size.tolist()``: the second loop's rows are the first loop's output, whose size is the
+    sum of the counts (no static size at export); read as that sum, i.e. the rows of the first loop,
+    both loops become einsums on the routed rows. Equal to the module on the example and on other
+    tokens routed otherwise; ep moves the rows out and back once (two all_to_alls of the ideal
+    bytes), verified."""
+    m = _jetmoe_moe()
+    x = torch.randn(2, 12, 16)
+    prog = from_torch(m, (x,))
+    names = targets(prog)
+    assert not (GONE - {"split_with_sizes"}) & set(names), sorted(GONE & set(names))
+    assert names.count("split_with_sizes") == 1  # the gate|up chunk of the routed rows' features, no loop's
+    assert names.count("route") == 2 and names.count("unroute") == 1 and names.count("einsum") == 2, names
+    for xi in (x, torch.randn(2, 12, 16, generator=torch.Generator().manual_seed(5))):
+        with torch.no_grad():
+            want = m(xi)
+        got = run_unsharded(m, xi, prog)
+        assert torch.allclose(got, want, rtol=1e-5, atol=1e-5), float((got - want).abs().max())
+    p = plan(prog, Mesh.parse("ep=2"), style="ep")
+    rows = 24 * 2 * 16 * 4 // 2  # 24 tokens x top-2 rows of dim 16, float32, one device's share
+    assert [c.kind.value for c in p.collectives] == ["all_to_all"] * 2
+    assert [c.bytes for c in p.collectives] == [rows, rows]
+    assert str(p.shardings["layer.input_linear.weight"]) == "[ep*2, 48, 16]"
+    assert p.verify().ok
+
+
+class LoopOnOtherCounts(nn.Module):
+    """Two loops, the second splitting the first one's output by the counts of another routing:
+    its rows' size (the first counts' sum) is not the sum of its own counts."""
+
+    def __init__(self, dim=8, experts=4):
+        super().__init__()
+        self.experts = experts
+        self.r1, self.r2 = nn.Linear(dim, experts, bias=False), nn.Linear(dim, experts, bias=False)
+        self.w1, self.w2 = nn.Parameter(torch.randn(experts, dim, dim)), nn.Parameter(torch.randn(experts, dim, dim))
+
+    def forward(self, x):
+        _, i1 = torch.topk(self.r1(x), 1, dim=1)
+        _, i2 = torch.topk(self.r2(x), 1, dim=1)
+        c1 = torch.histc(i1.view(-1).float(), bins=self.experts, min=0, max=self.experts).long().tolist()
+        c2 = torch.histc(i2.view(-1).float(), bins=self.experts, min=0, max=self.experts).long().tolist()
+        order = torch.argsort(i1.view(-1), stable=True)
+        h = torch.cat([xe @ self.w1[e] for e, xe in enumerate(torch.split(x[order], c1))])
+        y = torch.cat([he @ self.w2[e] for e, he in enumerate(torch.split(h, c2))])
+        return torch.zeros_like(x).index_add(0, order, y)
+
+
+def test_a_loop_over_rows_summed_from_other_counts_is_refused_by_name():
+    torch.manual_seed(0)
+    msg = assert_refused(LoopOnOtherCounts(), torch.randn(16, 8), "per-expert loop at node", "no static size",
+                         "nor the sum of the counts of an earlier loop")
+    assert "\n" not in msg
+
+
 # -- 2. expert parallel: the loop plans to the two all_to_alls of the grouped layer ------------------
 PAYS = dict(tokens=256, dim=128, experts=8, ffn=256, top_k=2)
 

@@ -362,3 +362,57 @@ def test_torchtitan_qwen3_moe_routing_batched_router_one_hot_counts_casts_per_ma
     assert torch.equal(run_unsharded(m, x, prog), want)
     p = plan(prog, Mesh.parse("ep=4"), style="ep")
     assert [c.kind.value for c in p.collectives] == ["all_to_all"] * 2 and p.verify().ok
+
+
+# -- 8. rows kept one per (token, choice): JetMoE's mixture of attention ----------------------------
+class MixtureOfAttention(torch.nn.Module):
+    """transformers' JetMoE ``JetMoeMoA`` as its attention uses it: ``map`` routes the tokens, runs
+    each expert's query projection (a per-expert loop) and puts the rows back one per (token,
+    choice) with ``index_add`` by the sort order (none summed); a per-token op over the k choices
+    stands in for the attention; ``reduce`` gathers the (token, choice) rows by the sort order
+    again, runs each expert's output projection, scales by the gates and sums into the tokens."""
+
+    def __init__(self, dim=16, heads=4, head_dim=4, experts=4, top_k=2):
+        super().__init__()
+        tf = pytest.importorskip("transformers")
+        from transformers.models.jetmoe.modeling_jetmoe import JetMoeMoA
+
+        cfg = tf.JetMoeConfig(hidden_size=dim, kv_channels=head_dim, num_key_value_heads=heads,
+                              num_local_experts=experts, num_experts_per_tok=top_k)
+        self.moa = JetMoeMoA(cfg)
+        with torch.no_grad():
+            for p in self.moa.parameters():
+                p.normal_(0.0, 0.3)
+
+    def forward(self, x):
+        q, _, topo = self.moa.map(x)  # (B, S, k, heads * head_dim)
+        mixed = q * torch.softmax(q.sum(-1, keepdim=True), dim=2)  # mixes each token's k choices
+        return self.moa.reduce(mixed, topo)
+
+
+def test_jetmoe_mixture_of_attention_keeps_rows_per_pair_and_equals_the_module():
+    """The rows put back by the sort order (``index_add`` into ``zeros(T*k, H)``) are read as
+    ``unroute(pairs=True)``: dense (token, choice) rows any op may read; gathered again by the sort
+    order from a ``(..., k, H)`` view they are ``route(pairs=True)``. Equal to the module on two
+    inputs routed differently; under ep each pass through the experts moves its rows out and back
+    (four all_to_alls of exactly one device's rows), the experts kept on ep; verified."""
+    torch.manual_seed(0)
+    m, x = MixtureOfAttention(), torch.randn(2, 8, 16)
+    prog = from_torch(m, (x,))
+    names = targets(prog)
+    assert not {"sort", "index_put", "index_add", "split_with_sizes", "_local_scalar_dense"} & set(names), names
+    routes = [op for op in prog.ops if op.target == "route"]
+    unroutes = [op for op in prog.ops if op.target == "unroute"]
+    assert sorted(bool(dict(op.params).get("pairs")) for op in routes) == [False, True, True]  # tokens, gates, q
+    assert sorted(bool(dict(op.params).get("pairs")) for op in unroutes) == [False, True]
+    for xi in (x, torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(3))):
+        with torch.no_grad():
+            want = m(xi)
+        got = run_unsharded(m, xi, prog)
+        assert torch.allclose(got, want, rtol=1e-5, atol=1e-5), float((got - want).abs().max())
+    p = plan(prog, Mesh.parse("ep=2"), style="ep")
+    rows = 16 * 2 * 16 * 4 // 2  # 16 tokens x top-2 rows of 16 features, float32, one device's share
+    assert [c.kind.value for c in p.collectives] == ["all_to_all"] * 4
+    assert [c.bytes for c in p.collectives] == [rows] * 4
+    assert str(p.shardings["moa.input_linear.weight"]) == "[ep*2, 16, 16]"
+    assert p.verify().ok
