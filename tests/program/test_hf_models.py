@@ -376,3 +376,57 @@ def test_the_full_simulation_draws_token_ids_the_table_can_look_up():
     assert drawn.shape == (2, 8) and drawn.min() >= 0 and drawn.max() < 100 and len(np.unique(drawn)) > 4
     assert np.array_equal(drawn, np.round(drawn))
     assert p.verify(mode="full").ok
+
+
+def test_jetmoe_mixture_of_attention_and_experts_plan_every_style_and_equal_the_module():
+    """JetMoE: the experts' two per-expert loops (gate|up, then down, over one ``expert_size.tolist()``)
+    and the mixture of attention (each token's q and o projections run by its top-2 attention
+    experts, the queries back one per (token, choice) and attended as 2 x 4 heads against the shared
+    k|v) are read as routed rows. The imported program run unsharded equals the model's own logits,
+    on the example ids and on others routed otherwise. Megatron finds an attention of expert q / o
+    stacks and the shared kv_proj, and cuts them by heads (q and the k|v halves column, o row), the
+    MoE experts in their ffn: one all_reduce per block and one for the tied table's lookup, on tp=2
+    and dp=2,tp=2; megatron-sp a gather and a reduce-scatter each; ep keeps every expert stack on
+    ep and moves rows only, out and back for the MoE and twice for the attention (each of exactly
+    one device's rows). All verified."""
+    import torch
+
+    from shardlayout.execute.verify import reference_run
+    from shardlayout.run.torch_ops import torch_op
+
+    model, prog = program("jetmoe")
+    from shardlayout.ops.result import canonical_op_name
+
+    names = [canonical_op_name(op.target) for op in prog.ops]
+    assert names.count("route") == 10 and names.count("unroute") == 6 and names.count("einsum") == 8
+    assert not {"sort", "_local_scalar_dense", "index_put"} & set(names)  # no loop, sort nor scatter left
+    assert names.count("split_with_sizes") == 4  # per layer: the experts' gate|up and the shared k|v
+    inputs = {n: t.detach() for n, t in model.named_parameters(remove_duplicate=False)}
+    inputs.update(model.named_buffers())
+    flat = plan(prog, Mesh.parse("tp=1"))
+    for ids in (_examples()._ids(), torch.randint(0, 128, (2, 8), generator=torch.Generator().manual_seed(1))):
+        with torch.no_grad():
+            want = model(ids).logits
+            got = reference_run(flat, {**{n: inputs[n] for n in prog.inputs() if n != "input_ids"},
+                                       "input_ids": ids}, torch_op, torch)[prog.outputs[0]]
+        assert torch.allclose(got, want, rtol=1e-5, atol=1e-5), float((got - want).abs().max())
+
+    pre = "model.layers.0.self_attention."
+    for mesh in (TP2, DPTP):
+        p = plan(prog, mesh, style="megatron")
+        assert p.counts() == {("all_reduce", ("tp",)): 5}
+        assert str(p.shardings[pre + "experts.input_linear.weight"]) == "[4, tp*16, 32]"  # 2 of 4 heads a rank
+        assert str(p.shardings[pre + "experts.output_linear.weight"]) == "[4, 32, tp*16]"
+        assert str(p.shardings[pre + "kv_proj.weight"]) == "[2*tp*16, 32]"  # k and v, each by heads
+        assert str(p.shardings["model.layers.0.mlp.input_linear.weight"]) == "[4, 2*tp*32, 32]"
+        assert _cut_as_megatron(model, p) >= 8
+        assert p.verify().ok
+    sp = plan(prog, TP2, style="megatron-sp")
+    assert sp.counts() == {("all_gather", ("tp",)): 5, ("reduce_scatter", ("tp",)): 5}
+    assert sp.verify().ok
+    ep = plan(prog, Mesh.parse("ep=2"), style="ep")
+    rows = 16 * 2 * 32 * 4 // 2  # 16 tokens x top-2 rows of dim 32, float32, one device's share
+    assert [c.bytes for c in ep.collectives] == [rows] * 12 and ep.counts() == {("all_to_all", ("ep",)): 12}
+    assert all(str(ep.shardings[n]).startswith("[ep*2,") for n in prog.tensors
+               if prog.tensors[n].kind == "param" and len(prog.tensors[n].shape) == 3)
+    assert ep.verify().ok
