@@ -89,8 +89,6 @@ def _scan(prog: Program) -> dict:
             topk[outs[0]] = {"vals": None, "tokens": t, "k": k, "experts": src[-1]}
         elif outs and _flat_of(prog, op, outs[0]) is not None:
             flat[outs[0]] = _flat_of(prog, op, outs[0])
-        elif n in _FLATTEN and len(ins) == 1 and len(outs) == 1 and len(prog.tensors[outs[0]].shape) >= 2:
-            merged[outs[0]] = ins[0]  # (..., k, *D) viewed (T*k, *D): rows in (token, choice) order if k fits
         elif n in ("sort", "argsort") and ins and flat.get(ins[0]) in topk and not kw.get("descending"):
             order[outs[-1]] = flat[ins[0]]  # sort's indices, or argsort's only output
             if len(outs) == 2:
@@ -107,6 +105,8 @@ def _scan(prog: Program) -> dict:
             spread[outs[0]] = token[ins[0]]  # token ids as a column: unsqueeze(-1), or reshape(-1, 1) as torchtitan
         elif n == "expand" and ins and ins[0] in spread:
             spread[outs[0]] = spread[ins[0]]
+        if n in _FLATTEN and len(ins) == 1 and len(outs) == 1 and len(prog.tensors[outs[0]].shape) >= 2:
+            merged[outs[0]] = ins[0]  # (..., k, *D) viewed (T*k, *D): rows in (token, choice) order if k fits
     return {"topk": topk, "flat": flat, "order": order, "token": token, "spread": spread, "ids": ids,
             "inverse": inverse, "batched": batched, "merged": merged}
 
