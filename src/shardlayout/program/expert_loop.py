@@ -16,7 +16,9 @@ the loop computes, whatever the counts — and the split, the per-expert copies,
 scalars and their asserts, the prefix slice ``x[:sum(sizes)]`` and the zero padding after the cat
 (zero rows whenever the counts sum to the rows) are not imported. ``program.routing`` then
 reads the grouped form as routed rows; a loop whose counts are not a top-k routing's is refused
-(``check_loops_routed``): its rows cannot be planned without their counts.
+(``check_loops_routed``): its rows cannot be planned without their counts. A loop may split the
+output of an earlier loop over the same counts (JetMoE: gate|up in one loop, down in the next),
+whose size is the sum of those counts: its rows are the earlier loop's.
 
     >>> expert_loops([]) == LoopRewrite()
     True

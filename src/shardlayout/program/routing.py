@@ -17,7 +17,13 @@ permutation, so the tokens are all-gathered. Here the pattern becomes what it me
     index(y, inv).view(T, k, D).sum(1)       -> unroute(y, idx)   (inv[order] = arange: the rows put back in
                                                                    (token, choice) order, then each token's
                                                                    k rows summed: transformers' MoE)
+    index_add(zeros(T*k, D), 0, order, y)    -> unroute(y, idx, pairs=True).view(T*k, D)  (put back, not summed:
+                                                                   JetMoE's mixture of attention)
+    index(x.view(-1, D), order)              -> route(x.view(T, k, D), idx, pairs=True)   (x viewed (..., k, D):
+                                                                   one row per (token, choice))
 
+Token ids may be ``order // k`` with floor or trunc rounding (the positions are >= 0), and the counts
+a one-hot ``zeros(T, E).scatter(1, idx, 1)`` summed over the tokens, through casts (JetMoE).
 The index ``idx`` (T, k) is a ``topk``'s, or k choices over the (T, E) scores concatenated on the
 last dim (``max``/``argmax`` with keepdim, or top-ks: PhiMoE's "sparsemixer" router). Every op
 between the route and the unroute runs on the nested rows (``program.ragged``); the counting, sorting
