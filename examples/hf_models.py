@@ -218,7 +218,8 @@ def megatron_cuts(model, tp: int = 2) -> dict:
     that is not the hidden size; when both are, as in JetMoE's mixture of attention, whose q and o
     projections per expert are ``(experts, heads * head_dim, hidden)`` and ``(experts, hidden, heads *
     head_dim)`` with ``heads * head_dim == hidden``, a column stack its out features, dim 1, a row
-    stack its in features, dim 2: stored ``(experts, out, in)`` as nn.Linear, so cut by heads).
+    stack its in features, dim 2: stored ``(experts, out, in)`` as nn.Linear, so cut by heads; kept
+    whole when ``tp`` does not divide the heads of one expert's rows).
     ``megatron_cuts(llama()[0])["model.layers.0.mlp.down_proj.weight"] -> (1,)``"""
     import re
 
@@ -239,7 +240,9 @@ def megatron_cuts(model, tp: int = 2) -> dict:
             dims = tuple(d for d in (1, 2) if p.shape[d] != hidden)
             if not dims and leaf in COLUMN + ROW:  # both the hidden size: (experts, out, in), by its role
                 dims = (1,) if leaf in COLUMN else (2,)
-            out[name] = () if attention and heads % tp else dims
+            head_dim = getattr(cfg, "head_dim", None) or hidden // heads
+            per_row = p.shape[1 if leaf in COLUMN else 2] // head_dim  # heads of one expert's q (or o) rows
+            out[name] = () if attention and (heads % tp or per_row % tp) else dims
             continue
         if p.dim() != 2 or not name.endswith("weight") or leaf not in COLUMN + ROW:
             out[name] = None

@@ -430,3 +430,27 @@ def test_jetmoe_mixture_of_attention_and_experts_plan_every_style_and_equal_the_
     assert all(str(ep.shardings[n]).startswith("[ep*2,") for n in prog.tensors
                if prog.tensors[n].kind == "param" and len(prog.tensors[n].shape) == 3)
     assert ep.verify().ok
+
+
+def test_jetmoe_attention_is_kept_whole_when_tp_does_not_divide_one_experts_heads():
+    """JetMoE's core attends top-2 x (kv heads) query heads, but each (token, choice) row holds one
+    expert's projection of the kv heads only: with 2 kv heads on tp=4 a cut would split a head, so
+    Megatron keeps the attention whole (its q / o stacks and kv_proj replicated, no all_reduce for
+    it) and cuts only the MoE experts: one all_reduce per MoE block and one for the tied lookup."""
+    import transformers as hf
+
+    model, args = _examples()._build(hf.JetMoeConfig, hf.JetMoeForCausalLM, num_key_value_heads=2, kv_channels=16,
+                                      num_local_experts=4, num_experts_per_tok=2)
+    from shardlayout.program.torch_import import from_torch
+
+    prog = from_torch(model, args)
+    mesh = Mesh.parse("tp=4")
+    p = plan(prog, mesh, style="megatron")
+    assert p.counts() == {("all_reduce", ("tp",)): 3}
+    pre = "model.layers.0.self_attention."
+    for name in ("experts.input_linear.weight", "experts.output_linear.weight", "kv_proj.weight"):
+        assert not _cut_dim(p.shardings[pre + name]), (name, str(p.shardings[pre + name]))
+    assert str(p.shardings["model.layers.0.mlp.input_linear.weight"]) == "[4, 2*tp*16, 32]"
+    cuts = _examples().megatron_cuts(model, tp=4)
+    assert cuts[pre + "experts.input_linear.weight"] == () and cuts[pre + "kv_proj.weight"] == ()
+    assert p.verify().ok

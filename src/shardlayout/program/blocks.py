@@ -842,7 +842,7 @@ def _find_blocks(program: Program) -> Structure:
         last = tuple(lin for lin in last if lin not in claimed)
         if first and last:
             claimed.update(first + last)
-            blocks.append(replace(_block("attention", g, first, last), heads=query_heads(g, core)))
+            blocks.append(replace(_block("attention", g, first, last), heads=_cut_heads(g, core, first)))
     for down in linears:
         if down in claimed:
             continue
@@ -854,6 +854,19 @@ def _find_blocks(program: Program) -> Structure:
     blocks.extend(_others(program, g, linears, claimed))
     order = {id(b): _first_op(b, g) for b in blocks}
     return Structure(linears, tuple(sorted(blocks, key=lambda b: (order[id(b)], KINDS.index(b.kind)))))
+
+
+def _cut_heads(g: Graph, core, first: tuple) -> int | None:
+    """The heads a column cut of an attention's projections divides: its query heads, or, when a
+    projection is an expert stack (JetMoE: each (token, choice) row gets one expert's heads, the
+    core attends k choices x those heads), the heads of one row: its features over the head dim."""
+    heads = query_heads(g, core)
+    stacked = [lin for lin in first if len(g.program.tensors[lin.weight].shape) == 3]
+    shape = g.program.tensors[core.q].shape
+    if heads is None or not stacked or len(shape) != 4:
+        return heads
+    features = g.program.tensors[stacked[0].output].shape[-1] // max(stacked[0].parts, 1)
+    return features // shape[-1] if features % shape[-1] == 0 else heads
 
 
 def _first_op(b: Block, g: Graph) -> int:
