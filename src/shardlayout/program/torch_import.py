@@ -22,6 +22,7 @@ cannot read is specialised: every symbol in it gets a guard ``symbol == example`
 from __future__ import annotations
 
 import contextlib
+import math
 import operator
 import re
 
@@ -412,6 +413,13 @@ def _sympy_guard(text: str):
         return None
 
 
+RANDOM_DRAWS = {"rand_like": "rand", "rand": "rand", "randn_like": "randn", "randn": "randn"}
+"""Ops that draw random values, read as program inputs of kind ``rand`` (uniform on [0, 1)) or
+``randn`` (standard normal) of the draw's global shape: a plan then shards the draw like any input
+(each rank keeps its piece of one global draw, as DTensor's offset-based RNG does), so a sharded
+dropout equals the unsharded one, mask for mask."""
+
+
 def _decomposed(ep):
     """``ep`` in core ATen (``repeat`` too, as expand + view, and ``clamp`` by tensors), attention kept whole:
     ``scaled_dot_product_attention`` has a rule, and one op is what the per-rank program should run
@@ -425,6 +433,8 @@ def _decomposed(ep):
     table.pop(torch.ops.aten.scaled_dot_product_attention.default, None)
     # a tile is expand + view (views' rules); a clamp by tensor bounds (PhiMoE's router) is where / ge / le
     table.update(get_decompositions([torch.ops.aten.repeat.default, torch.ops.aten.clamp.Tensor]))
+    # dropout in training mode: a uniform draw compared with p (``RANDOM_DRAWS``), then two products
+    table.update(get_decompositions([torch.ops.aten.native_dropout.default]))
     try:
         return ep.run_decompositions(table)
     except (ValueError, RuntimeError) as e:
@@ -503,6 +513,10 @@ def from_exported(ep, decompose: bool = True, dim_names: dict | None = None) -> 
                 _assert_fact(node, target, names, syms, facts, notes)
                 continue
             short = canonical_op_name(target)
+            if short in RANDOM_DRAWS:  # a draw (dropout's mask): an input of its own, drawn over the global
+                names[node] = b._tensor(label[node], (), str(val.dtype).replace("torch.", ""),  # shape, each
+                                        RANDOM_DRAWS[short], sym_shape=syms.shape(val))  # rank keeps its piece
+                continue
             if short not in known:
                 if short == "_local_scalar_dense":
                     raise UnsupportedOp(
@@ -527,6 +541,9 @@ def from_exported(ep, decompose: bool = True, dim_names: dict | None = None) -> 
             kwargs.update(LIBRARY_PARAMS.get(str(node.target), {}))
             if kwargs.get("enable_gqa") and short == "scaled_dot_product_attention":
                 inputs, kwargs = _repeated_kv(label[node], inputs, kwargs, b)
+            if kwargs.get("dropout_p") and short == "scaled_dot_product_attention":
+                names[node] = _attention_dropout(label[node], inputs, kwargs, b)
+                continue
             n_out = len(val) if isinstance(val, (list, tuple)) else 1
             vals = val if isinstance(val, (list, tuple)) else (val,)
             dtypes = [str(v.dtype).replace("torch.", "") if hasattr(v, "dtype") else None for v in vals]
@@ -630,6 +647,36 @@ def _repeated_kv(node: str, inputs: list, kwargs: dict, b) -> tuple:
         out[j] = b._op("aten.flatten.using_ints", [x], f"{node}_{which}_repeat", 1, None,
                        {"start_dim": 1, "end_dim": 2})
     return out, {**kwargs, "enable_gqa": False}
+
+
+def _attention_dropout(node: str, inputs: list, kwargs: dict, b) -> str:
+    """Attention with dropout (``dropout_p > 0``: training mode) as torch's math path computes it,
+    written out so the dropout's draw is an input of its own (``RANDOM_DRAWS``): ``softmax(q k^T *
+    scale + mask) * (draw > p) / (1 - p) @ v``, the draw uniform over ``[b, h, s, t]``. A style
+    finds it as softmax(QK^T)V; each rank keeps its piece of one global draw."""
+    q, k, v = inputs[:3]
+    mask = inputs[3] if len(inputs) > 3 else None
+    p = float(kwargs["dropout_p"])
+    if kwargs.get("is_causal") or not 0 < p < 1:
+        raise ProgramError(f"node {node!r} (scaled_dot_product_attention, dropout_p={p}, "
+                           f"is_causal={bool(kwargs.get('is_causal'))}): attention dropout is read with "
+                           "0 < p < 1 and an explicit attn_mask; put the module in eval() to plan without dropout")
+    qs, ks = b._tensors[q].shape, b._tensors[k].shape
+    scale = kwargs.get("scale")
+    scale = float(scale) if scale is not None else 1 / math.sqrt(qs[-1])
+    kt = b._op("aten.transpose.int", [k], f"{node}_kT", 1, None, {"dim0": -2, "dim1": -1})
+    x = b._op("aten.matmul.default", [q, kt], f"{node}_scores", 1, None, {})
+    x = b._op("aten.mul.Tensor", [x, scale], f"{node}_scaled", 1, None, {})
+    if mask is not None and b._tensors[mask].dtype == "bool":  # keep where True
+        x = b._op("aten.where.ScalarOther", [mask, x, -math.inf], f"{node}_masked", 1, None, {})
+    elif mask is not None:  # an additive bias
+        x = b._op("aten.add.Tensor", [x, mask], f"{node}_masked", 1, None, {})
+    x = b._op("aten._softmax.default", [x], f"{node}_softmax", 1, None, {"dim": -1, "half_to_float": False})
+    draw = b._tensor(f"{node}_dropout_draw", qs[:-1] + (ks[-2],), "float32", "rand")
+    keep = b._op("aten.gt.Scalar", [draw, p], f"{node}_dropout_keep", 1, None, {})
+    x = b._op("aten.mul.Tensor", [x, keep], f"{node}_dropout", 1, None, {})
+    x = b._op("aten.mul.Tensor", [x, 1 / (1 - p)], f"{node}_dropout_scaled", 1, None, {})
+    return b._op("aten.matmul.default", [x, v], node, 1, None, {})
 
 
 class _Empty:
