@@ -9,7 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from shardlayout import Mesh, UnsupportedOp  # noqa: E402
+from shardlayout import Mesh, Sharding, UnsupportedOp  # noqa: E402
 from shardlayout.plan import plan  # noqa: E402
 from shardlayout.program.models import llama, style_pins  # noqa: E402
 from shardlayout.program.torch_import import from_torch  # noqa: E402
@@ -228,3 +228,32 @@ def test_a_dropout_program_keeping_every_element_is_the_module_without_dropout()
     with pytest.raises(AssertionError):  # every element dropped instead: another output
         inputs = {n: (np.zeros(v.shape) if prog.tensors[n].kind == "rand" else v) for n, v in inputs.items()}
         assert np.allclose(reference_run(p, inputs)[prog.outputs[0]], want, rtol=1e-4, atol=1e-5)
+
+
+def test_a_jitter_drawn_in_place_is_a_rescaled_draw():
+    """``torch.empty_like(x).uniform_(lo, hi)`` (Mixtral's router jitter in training mode) is
+    ``lo + (hi - lo) * draw``: with the draw at 0.5 the factor is 1 and the program computes the
+    module without jitter; at 0 it is ``lo``."""
+    from shardlayout.execute.verify import reference_run
+
+    class Jitter(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Linear(8, 8, bias=False)
+
+        def forward(self, x):
+            x = x * torch.empty_like(x).uniform_(0.8, 1.2)
+            return self.w(x)
+
+    torch.manual_seed(0)
+    module, x = Jitter().train(), torch.randn(4, 8)
+    prog = from_torch(module, (x,))
+    (draw,) = prog.inputs("rand")
+    assert prog.tensors[draw].shape == (4, 8)
+    p = plan(prog, Mesh.parse("dp=2"), {prog.inputs("input")[0]: Sharding.parse("[dp*2, 8]", Mesh.parse("dp=2"))})
+    assert p.verify().ok
+    w = module.w.weight.detach().double().numpy()
+    for level, factor in ((0.5, 1.0), (0.0, 0.8)):
+        got = reference_run(p, {prog.inputs("input")[0]: x.double().numpy(), "w.weight": w,
+                                draw: np.full((4, 8), level)})[prog.outputs[0]]
+        assert np.allclose(got, factor * x.double().numpy() @ w.T)

@@ -413,11 +413,40 @@ def _sympy_guard(text: str):
         return None
 
 
-RANDOM_DRAWS = {"rand_like": "rand", "rand": "rand", "randn_like": "randn", "randn": "randn"}
+RANDOM_DRAWS = {"rand_like": "rand", "rand": "rand", "randn_like": "randn", "randn": "randn", "uniform": "rand"}
 """Ops that draw random values, read as program inputs of kind ``rand`` (uniform on [0, 1)) or
 ``randn`` (standard normal) of the draw's global shape: a plan then shards the draw like any input
 (each rank keeps its piece of one global draw, as DTensor's offset-based RNG does), so a sharded
-dropout equals the unsharded one, mask for mask."""
+dropout equals the unsharded one, mask for mask. ``uniform(x, lo, hi)`` (``x.uniform_(lo, hi)``:
+Mixtral's router jitter) is ``lo + (hi - lo) * draw``."""
+
+
+def _draw_shapes_only(nodes) -> set:
+    """Allocations (``empty_like``, ``empty_permuted``) read only by draws, which take their shape
+    alone (``torch.empty_like(x).uniform_(lo, hi)``): not ops of the program."""
+    from ..ops import canonical_op_name
+
+    def is_draw(n) -> bool:
+        return n.op == "call_function" and canonical_op_name(str(n.target)) in RANDOM_DRAWS
+
+    return {n for n in nodes if n.op == "call_function" and canonical_op_name(str(n.target)).startswith("empty")
+            and n.users and all(is_draw(u) for u in n.users)}
+
+
+def _draw(node, short: str, name: str, val, syms, b) -> str:
+    """The draw ``node`` makes, as an input of kind ``RANDOM_DRAWS[short]`` (rescaled for ``uniform``)."""
+    dtype = str(val.dtype).replace("torch.", "")
+    draw = b._tensor(name, (), dtype, RANDOM_DRAWS[short], sym_shape=syms.shape(val))
+    if short != "uniform":
+        return draw
+    lo = node.args[1] if len(node.args) > 1 else node.kwargs.get("from", 0.0)
+    hi = node.args[2] if len(node.args) > 2 else node.kwargs.get("to", 1.0)
+    if not all(isinstance(x, (int, float)) for x in (lo, hi)):
+        raise ProgramError(f"{node_where(node)}: uniform({lo!r}, {hi!r}) needs number bounds")
+    if (lo, hi) == (0.0, 1.0):
+        return draw
+    x = b._op("aten.mul.Tensor", [draw, float(hi) - float(lo)], f"{name}_width", 1, None, {})
+    return b._op("aten.add.Tensor", [x, float(lo)], f"{name}_from", 1, None, {})
 
 
 def _decomposed(ep):
@@ -468,6 +497,7 @@ def from_exported(ep, decompose: bool = True, dim_names: dict | None = None) -> 
     input_shapes: dict = {}
     label = op_labels(ep.graph.nodes, set(params.values()) | set(buffers.values()))
     casts: dict = {}  # (tensor, cast kwargs) -> its cast: a cast repeated per use is made once
+    unread = _draw_shapes_only(ep.graph.nodes)
     for node in ep.graph.nodes:
         if node.op == "placeholder":
             val = node.meta.get("val")
@@ -483,7 +513,7 @@ def from_exported(ep, decompose: bool = True, dim_names: dict | None = None) -> 
             b._tensor(name, (), dtype, kind, sym_shape=shape)
             names[node] = name
         elif node.op == "call_function":
-            if node in loops.skip:
+            if node in loops.skip or node in unread:
                 continue
             if node in loops.alias:
                 names[node] = names[loops.alias[node]]
@@ -514,8 +544,7 @@ def from_exported(ep, decompose: bool = True, dim_names: dict | None = None) -> 
                 continue
             short = canonical_op_name(target)
             if short in RANDOM_DRAWS:  # a draw (dropout's mask): an input of its own, drawn over the global
-                names[node] = b._tensor(label[node], (), str(val.dtype).replace("torch.", ""),  # shape, each
-                                        RANDOM_DRAWS[short], sym_shape=syms.shape(val))  # rank keeps its piece
+                names[node] = _draw(node, short, label[node], val, syms, b)  # shape, each rank keeps its piece
                 continue
             if short not in known:
                 if short == "_local_scalar_dense":
