@@ -250,6 +250,68 @@ def feature_statistics(program: Program, lin) -> tuple:
     return tuple(dict.fromkeys(found))
 
 
+def input_statistics(program: Program, lin) -> tuple:
+    """The statistics over all of a Linear's input features taken in the region its activation is
+    made in (BitNet's ``attn_sub_norm`` before o_proj: the mean square of the attention's
+    ``[b, s, heads * hd]``, kept as ``[b, s, 1]``; ``ffn_sub_norm`` before down_proj), as ``(input,
+    statistic)`` pairs: reductions over the last dim alone of a tensor that reaches the activation
+    through pointwise ops and views, its last dim still the input features. A row cut makes each
+    a partial sum over the cut features, all-reduced where it is made (an RMSNorm over a cut dim
+    needs its whole statistic, as in any tensor-parallel BitNet). ``input_statistics(prog, o_proj)
+    -> (('model.layers.0.self_attn.attn_sub_norm.pow', 'model.layers.0.self_attn.attn_sub_norm.mean'),)``"""
+    g = graph(program)
+    t = program.tensors
+    found = [(g.op(i).inputs[0], g.op(i).outputs[0]) for i in _input_region(program, lin)
+             if _feature_statistic(g, i) and t[g.op(i).outputs[0]].shape[-1:] == (1,)]
+    return tuple(dict.fromkeys(found))
+
+
+def input_scales(program: Program, lin) -> tuple:
+    """1-D parameters that scale a Linear's input features one by one in the region its activation
+    is made in (BitNet's ``attn_sub_norm.weight`` of ``heads * hd`` before o_proj), when that region
+    also takes a statistic of them (``input_statistics``: a norm of the features): a row cut of the
+    Linear cuts them alike. ``input_scales(prog, o_proj) -> ('model.layers.0.self_attn.attn_sub_norm.weight',)``"""
+    if not input_statistics(program, lin):
+        return ()
+    g = graph(program)
+    t = program.tensors
+    features = t[lin.activation].shape[-1]
+    found = [p for i in _input_region(program, lin) if short(g.op(i)) == "mul"
+             for p in g.op(i).inputs if _is_param(g, p) and t[p].shape == (features,)]
+    return tuple(dict.fromkeys(found))
+
+
+def _input_region(program: Program, lin) -> list:
+    """The indices of the ops of the region a Linear's activation is made in: walked back from the
+    activation through pointwise ops and views while the last dim is the input features, and
+    forward from there through those and the statistics of the features; in op order."""
+    g = graph(program)
+    t = program.tensors
+    features = t[lin.activation].shape[-1]
+    keep = lambda x: isinstance(x, str) and t[x].shape and t[x].shape[-1] == features  # noqa: E731
+    region, seen, todo = set(), {lin.activation}, [lin.activation]
+    while todo:  # back from the activation
+        i = g.producer.get(todo.pop())
+        if i is None or not g.passes(i):
+            continue
+        region.add(i)
+        for x in g.op(i).inputs:
+            if keep(x) and x not in seen:
+                seen.add(x)
+                todo.append(x)
+    todo = list(seen)
+    while todo:  # forward from the tensors found: the statistics taken of them
+        for i in g.users(todo.pop()):
+            if i == lin.op or not (g.passes(i) or _feature_statistic(g, i)):
+                continue
+            region.add(i)
+            for o in g.op(i).outputs:
+                if keep(o) and o not in seen:
+                    seen.add(o)
+                    todo.append(o)
+    return sorted(region)
+
+
 def _feature_users(program: Program, lin) -> list:
     """The indices of the ops reading a tensor reached from ``lin``'s output through ops that keep a block's region
     open (pointwise, views, statistics), its last dim still the output features."""
@@ -574,6 +636,13 @@ def _per_head(g: Graph, i: int, wide: bool = True) -> bool:
     return n >= (3 if wide else 4) and bool(kw.get("keepdim")) and [_norm_dim(d, n) for d in dims] == [n - 1]
 
 
+def _feature_statistic(g: Graph, i: int) -> bool:
+    """Is op ``i`` a mean, sum or max over the last dim alone, kept, of a tensor of 3 or more dims (the
+    mean square of an RMSNorm of the features: BitNet's ``attn_sub_norm`` of the attention's
+    ``[b, s, heads * hd]`` before o_proj)?"""
+    return short(g.op(i)) in _HEAD_STATS and _per_head(g, i, wide=True)
+
+
 def _passes_in_block(g: Graph, i: int, wide: bool = True) -> bool:
     """Op ``i`` keeps a block's region open: it moves values, is a per-head statistic (``wide``: or
     one of all of q's features, ``_per_head``), or makes nothing (a runtime check such as
@@ -636,7 +705,7 @@ def linears_ahead(g: Graph, start: str, by_activation: dict) -> tuple:
             lin = by_activation.get((i, t))
             if lin is not None:
                 found.append(lin)
-            elif i in g.through:
+            elif i in g.through or not g.op(i).outputs or _feature_statistic(g, i):  # (a runtime check: nothing)
                 stack.extend(g.op(i).outputs)
             else:
                 return ()
@@ -833,14 +902,16 @@ def _find_blocks(program: Program) -> Structure:
         if first and last:
             claimed.update(first + last)
             blocks.append(replace(_block("attention", g, first, last), heads=query_heads(g, core)))
-    for down in linears:
-        if down in claimed:
-            continue
-        ups = linears_behind(g, (down.activation,), frozenset({down.op}), by_output, wide=False)
-        ups = tuple(lin for lin in ups if lin not in claimed and lin != down)
-        if ups:
-            claimed.update(ups + (down,))
-            blocks.append(_block("mlp", g, ups, (down,)))
+    outputs = set(program.outputs)
+    for wide in (False, True):  # then a norm of the ffn features before the down Linear (BitNet's ffn_sub_norm)
+        for down in linears:
+            if down in claimed or wide and _reaches_output(g, down.output, outputs):
+                continue  # (a head's input norm, past the last residual add, is no MLP's)
+            ups = linears_behind(g, (down.activation,), frozenset({down.op}), by_output, wide=wide)
+            ups = tuple(lin for lin in ups if lin not in claimed and lin != down)
+            if ups:
+                claimed.update(ups + (down,))
+                blocks.append(_block("mlp", g, ups, (down,)))
     blocks.extend(_others(program, g, linears, claimed))
     order = {id(b): _first_op(b, g) for b in blocks}
     return Structure(linears, tuple(sorted(blocks, key=lambda b: (order[id(b)], KINDS.index(b.kind)))))
@@ -1057,5 +1128,5 @@ def _feeds_batched(g: Graph, param: str) -> bool:
 
 
 __all__ = ["Block", "Core", "Graph", "Linear", "Structure", "attention_cores", "feature_scales", "feature_statistics",
-           "find_blocks", "find_linears", "derived", "graph", "module_of", "query_heads", "track_dims",
-           "weight_consumers"]
+           "find_blocks", "find_linears", "derived", "graph", "input_scales", "input_statistics", "module_of",
+           "query_heads", "track_dims", "weight_consumers"]

@@ -58,6 +58,8 @@ from .blocks import (
     feature_statistics,
     find_blocks,
     heads_of,
+    input_scales,
+    input_statistics,
     routed_source,
     short,
     weight_consumers,
@@ -318,6 +320,8 @@ def _megatron(program: Program, mesh: Mesh, s: Structure, sequence: bool) -> Sty
                         pins.update(_statistics(mesh, program, lin, keep))
             for lin in b.last:
                 pins.update(keep(row(mesh, program, lin)))
+                pins.update(keep({n: sharded(mesh, t[n].shape, {0: ["tp"]}) for n in input_scales(program, lin)}))
+                pins.update(_statistics(mesh, program, lin, keep, input_statistics))
         if sequence:
             for x in b.inputs:
                 pins[x] = sharded(mesh, t[x].shape, {0: ["dp"]})
@@ -352,17 +356,18 @@ def _megatron(program: Program, mesh: Mesh, s: Structure, sequence: bool) -> Sty
     return StylePins(pins, matched, frozenset(kept), tuple(whole))
 
 
-def _statistics(mesh: Mesh, program: Program, lin: Linear, keep) -> dict:
+def _statistics(mesh: Mesh, program: Program, lin: Linear, keep, which=feature_statistics) -> dict:
     """Pins of the statistics over all of a column Linear's output features (OLMo2's q_norm mean
-    square, ``feature_statistics``): the statistic's input kept where the cut makes it (batch on dp,
-    features on tp), the statistic replicated on tp: the partial sum all-reduced where it is made,
-    one collective (the planner, op by op, would reduce-scatter it, the cheaper move there, and
-    gather it again before it scales q; or, at small sizes, gather q)."""
+    square, ``feature_statistics``) or of a row Linear's input features (BitNet's sub-norms before
+    o_proj and down_proj, ``input_statistics``): the statistic's input kept where the cut makes it
+    (batch on dp, features on tp), the statistic replicated on tp: the partial sum all-reduced where
+    it is made, one collective (the planner, op by op, would reduce-scatter it, the cheaper move
+    there, and gather it again before it scales q; or, at small sizes, gather q)."""
     if lin.parts > 1:
         return {}
     t = program.tensors
     pins = {}
-    for x, stat in feature_statistics(program, lin):
+    for x, stat in which(program, lin):
         n = len(t[x].shape)
         pins.update(keep({x: sharded(mesh, t[x].shape, {0: ["dp"], n - 1: ["tp"]})}))
         pins[stat] = sharded(mesh, t[stat].shape, {0: ["dp"]})
