@@ -186,6 +186,17 @@ def qwen3_moe():
     return _build(hf.Qwen3MoeConfig, hf.Qwen3MoeForCausalLM, num_key_value_heads=2, head_dim=HIDDEN // HEADS,
                   num_experts=4, num_experts_per_tok=2, moe_intermediate_size=FFN, decoder_sparse_step=1,
                   mlp_only_layers=[])
+
+
+def bitnet():
+    """BitNet: Llama's layer with an RMSNorm over the attention's output features before o_proj
+    (``attn_sub_norm``) and over the ffn features before down_proj (``ffn_sub_norm``), ReLU² gate.
+    Built from its config as ``--hf`` builds it, its Linears are ``nn.Linear`` (the ternary
+    ``AutoBitLinear`` is swapped in by ``from_pretrained`` with a ``quantization_config`` only)."""
+    return _build(hf.BitNetConfig, hf.BitNetForCausalLM, num_key_value_heads=2, pad_token_id=0, bos_token_id=0,
+                  eos_token_id=0)
+
+
 make = llama
 
 

@@ -376,3 +376,43 @@ def test_the_full_simulation_draws_token_ids_the_table_can_look_up():
     assert drawn.shape == (2, 8) and drawn.min() >= 0 and drawn.max() < 100 and len(np.unique(drawn)) > 4
     assert np.array_equal(drawn, np.round(drawn))
     assert p.verify(mode="full").ok
+
+
+def test_bitnet_norms_before_the_row_linears_cost_one_statistic_all_reduce_each():
+    """BitNet RMS-normalises the attention's output features before o_proj (``attn_sub_norm``) and the
+    ffn features before down_proj (``ffn_sub_norm``): with those features cut on tp (the row Linears'
+    input), each norm's mean square is a partial sum over the cut features, all-reduced where it is
+    made — one [batch, seq, 1] statistic per norm (64 bytes here, against 2 KiB for each block's),
+    as any tensor-parallel BitNet pays — and the norm weights are cut with the features. q/k/v,
+    gate/up column-parallel, o/down row-parallel, Megatron's all_reduce after each block; verified,
+    and the imported program run unsharded gives the module's own logits."""
+    import torch
+
+    from shardlayout.execute.verify import reference_run
+    from shardlayout.run.torch_ops import torch_op
+
+    model, prog = program("bitnet")
+    p = plan(prog, TP2, style="megatron")
+    assert p.counts() == {("all_reduce", ("tp",)): 8}  # 2 layers: the blocks' 4 and the 4 sub-norms' statistics
+    assert _cut_as_megatron(model, p) == 14  # q, k, v, o, gate, up, down of both layers
+    for k in (0, 1):
+        pre = f"model.layers.{k}."
+        assert str(p.shardings[pre + "self_attn.attn_sub_norm.weight"]) == "[tp*16]"
+        assert str(p.shardings[pre + "mlp.ffn_sub_norm.weight"]) == "[tp*32]"
+        assert str(p.shardings[pre + "self_attn.attn_sub_norm.pow"]) == "[2, 8, tp*16]"
+    small = sorted(c.tensor for c in p.collectives if c.bytes == 2 * 8 * 4)
+    assert small == sorted(f"model.layers.{k}.{m}_sub_norm.mean" for k in (0, 1) for m in ("self_attn.attn", "mlp.ffn"))
+    assert p.verify().ok
+    sp = plan(prog, TP2, style="megatron-sp")
+    assert sp.counts() == {("all_gather", ("tp",)): 4, ("reduce_scatter", ("tp",)): 4, ("all_reduce", ("tp",)): 4}
+    assert sp.verify().ok
+    dptp = plan(prog, DPTP, style="megatron")
+    assert dptp.counts() == {("all_reduce", ("tp",)): 8} and dptp.verify().ok
+    values = {n: v.detach() for n, v in model.named_parameters()}
+    values.update(dict(model.named_buffers()))
+    (ids,) = _examples().bitnet()[1]
+    values[prog.inputs("input")[0]] = ids
+    got = reference_run(p, values, torch_op, torch)[prog.outputs[0]]
+    with torch.no_grad():
+        want = model(ids).logits
+    assert torch.allclose(got, want, atol=1e-5, rtol=1e-5)

@@ -261,8 +261,10 @@ def input_statistics(program: Program, lin) -> tuple:
     -> (('model.layers.0.self_attn.attn_sub_norm.pow', 'model.layers.0.self_attn.attn_sub_norm.mean'),)``"""
     g = graph(program)
     t = program.tensors
+    features = t[lin.activation].shape[-1]
     found = [(g.op(i).inputs[0], g.op(i).outputs[0]) for i in _input_region(program, lin)
-             if _feature_statistic(g, i) and t[g.op(i).outputs[0]].shape[-1:] == (1,)]
+             if _feature_statistic(g, i) and t[g.op(i).inputs[0]].shape[-1] == features
+             and t[g.op(i).outputs[0]].shape[-1:] == (1,)]
     return tuple(dict.fromkeys(found))
 
 
@@ -282,33 +284,22 @@ def input_scales(program: Program, lin) -> tuple:
 
 
 def _input_region(program: Program, lin) -> list:
-    """The indices of the ops of the region a Linear's activation is made in: walked back from the
-    activation through pointwise ops and views while the last dim is the input features, and
-    forward from there through those and the statistics of the features; in op order."""
+    """The indices of the ops a Linear's activation is made by, walked back from it through
+    pointwise ops, views and statistics of the input features, over tensors whose last dim is the
+    input features (or 1: a statistic, ``[b, s, 1]``); in op order."""
     g = graph(program)
     t = program.tensors
     features = t[lin.activation].shape[-1]
-    keep = lambda x: isinstance(x, str) and t[x].shape and t[x].shape[-1] == features  # noqa: E731
     region, seen, todo = set(), {lin.activation}, [lin.activation]
-    while todo:  # back from the activation
+    while todo:
         i = g.producer.get(todo.pop())
-        if i is None or not g.passes(i):
+        if i is None or i in region or not (g.passes(i) or _feature_statistic(g, i)):
             continue
         region.add(i)
         for x in g.op(i).inputs:
-            if keep(x) and x not in seen:
+            if isinstance(x, str) and x not in seen and t[x].shape and t[x].shape[-1] in (features, 1):
                 seen.add(x)
                 todo.append(x)
-    todo = list(seen)
-    while todo:  # forward from the tensors found: the statistics taken of them
-        for i in g.users(todo.pop()):
-            if i == lin.op or not (g.passes(i) or _feature_statistic(g, i)):
-                continue
-            region.add(i)
-            for o in g.op(i).outputs:
-                if keep(o) and o not in seen:
-                    seen.add(o)
-                    todo.append(o)
     return sorted(region)
 
 
