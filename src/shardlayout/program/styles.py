@@ -8,7 +8,9 @@ On a mesh with axes ``dp`` and/or ``tp`` (others replicate; ``ep`` for experts):
   than ranks, whole; a whole attention block when tp does not divide its query heads; a 1-D weight
   scaling q's features, as OLMo-2's ``q_norm``, cut with q, and the norm's statistic over all of
   q's features all-reduced where it is made: one collective), the last Linear (output / down
-  projection) row-parallel (input features on tp, its bias added once), and the block's output
+  projection) row-parallel (input features on tp, its bias added once; a norm of those features
+  before it, as BitNet's ``attn_sub_norm`` / ``ffn_sub_norm``, cut with them, its statistic
+  all-reduced where it is made), and the block's output
   (its residual add) replicated on tp: one all_reduce after each block. Embeddings and norms
   replicated (a lookup's or a patch convolution's output replicated on tp); a head (a Linear
   whose output is a program output) column-parallel on its vocabulary, its logits left sharded.
