@@ -197,6 +197,22 @@ def bitnet():
                   eos_token_id=0)
 
 
+def bitnet_ternary():
+    """BitNet with its Linears (lm_head aside) as transformers' ``AutoBitLinear`` in ``online`` mode,
+    as a quantization-aware run holds them: each forward ternarises the weight (``round(w / m)``
+    clamped to [-1, 1], times ``m``, ``m`` the mean of ``|w|`` over the whole weight) and quantizes
+    the input per token to 8 bits (scaled by its absolute max over the features)."""
+    from transformers.integrations.bitnet import replace_with_bitnet_linear
+    from transformers.utils.quantization_config import BitNetQuantConfig
+
+    model, args = bitnet()
+    weights = model.state_dict()
+    replace_with_bitnet_linear(model, modules_to_not_convert=["lm_head"], quantization_config=BitNetQuantConfig(
+        linear_class="autobitlinear", quantization_mode="online"))
+    model.load_state_dict(weights, assign=True)
+    return model.eval(), args
+
+
 make = llama
 
 

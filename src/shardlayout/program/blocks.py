@@ -414,6 +414,29 @@ def _weight_uses(g: Graph, param: str, matmuls=MATMULS):
                 nd = track_dims(op, dims, t[name].shape, t[op.outputs[0]].shape)
                 if nd is not None and any(d is not None for d in nd):
                     stack.append((op.outputs[0], nd))
+            elif _of_weight_alone(g, op, name, param):
+                stack.append((op.outputs[0], dims))
+
+
+def _of_weight_alone(g: Graph, op, name: str, param: str) -> bool:
+    """Is ``op`` an element-wise op of ``name`` (made from ``param``), of its shape, whose other
+    operands are made from ``param`` alone — BitNet's ternary weight, ``round(w * s).clamp(-1, 1) / s``
+    with ``s = 1 / mean(|w|)``? Still the Linear of ``param``: a function of the weight only."""
+    t = g.program.tensors
+    if len(op.outputs) != 1 or short(op) not in _pointwise() or t[op.outputs[0]].shape != t[name].shape:
+        return False
+    return all(_made_from(g, x, param) for x in op.inputs if isinstance(x, str) and x != name)
+
+
+def _made_from(g: Graph, x: str, source: str, depth: int = 8) -> bool:
+    """Is ``x`` computed from ``source`` alone (and constants) by at most ``depth`` ops?"""
+    if x == source:
+        return True
+    op = g.made_by(x)
+    if op is None or depth == 0:
+        return False
+    ins = [i for i in op.inputs if isinstance(i, str)]
+    return bool(ins) and all(_made_from(g, i, source, depth - 1) for i in ins)
 
 
 def _as_linear(g: Graph, param: str, i: int, pos: int, dims: tuple):
@@ -793,11 +816,36 @@ def block_inputs(g: Graph, linears) -> tuple:
         t = lin.activation
         while True:
             op = g.made_by(t)
-            if op is None or short(op) not in PLAIN_VIEWS or not op.inputs or not isinstance(op.inputs[0], str):
+            if op is None or not op.inputs or not isinstance(op.inputs[0], str):
                 break
-            t = op.inputs[0]
+            if short(op) in PLAIN_VIEWS:
+                t = op.inputs[0]
+            elif (x := _quantized(g, t)) is not None:
+                t = x  # BitNet's per-token absmax quantization of the input: a function of it alone
+            else:
+                break
         out.append(t)
     return tuple(dict.fromkeys(out))
+
+
+def _quantized(g: Graph, t: str):
+    """The tensor ``x`` when ``t`` quantizes it — made from ``x`` alone (constants aside) by element-wise
+    ops and statistics over its last dim, a ``round`` among them (BitNet's 8-bit activations,
+    ``round(x * s).clamp(-128, 127) / s`` with ``s = 127 / amax(|x|, -1)``); else None. Walked back
+    latest op first until one tensor is left. A norm of ``x`` (no rounding) is no quantization: the
+    block's input stays the norm's output."""
+    frontier, rounds = {t}, False
+    for _ in range(32):
+        x = max(frontier, key=lambda y: g.producer.get(y, -1))
+        i = g.producer.get(x)
+        if i is None or not (short(g.op(i)) in _pointwise() or _feature_statistic(g, i)):
+            return None
+        rounds = rounds or short(g.op(i)) == "round"
+        frontier = (frontier - {x}) | {y for y in g.op(i).inputs if isinstance(y, str)}
+        if len(frontier) == 1:
+            (x,) = frontier
+            return x if rounds and not _is_param(g, x) else None
+    return None
 
 
 def block_output(g: Graph, lin: Linear, inputs: tuple = ()) -> str:
