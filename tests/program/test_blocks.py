@@ -255,3 +255,28 @@ def test_a_linear_before_the_last_norm_and_the_head_is_no_mlp():
     b.output(b.op("mm", [b.op("view", [normed], name="n_rows", shape=(16, 16)), head], name="logits"))
     s = find_blocks(b.build())
     assert s.of_kind("mlp") == () and [blk.describe() for blk in s.of_kind("head")] == ["head (root): head"]
+
+
+def _ternary(weight_alone: bool = True):
+    """x @ q(w).T with q(w) = round(w * s).clamp(-1, 1) / s, s = 1 / mean(|w|) (BitNet's ternary
+    weight); not ``weight_alone``: s also scaled by a statistic of the input x."""
+    from shardlayout.program import ProgramBuilder
+
+    b = ProgramBuilder()
+    x, w = b.input("x", (16, 32)), b.param("lin.weight", (8, 32))
+    s = b.op("reciprocal", [b.op("clamp", [b.op("mean", [b.op("abs", [w], name="a")], name="m")], name="c",
+                                 min=1e-5)], name="s")
+    if not weight_alone:
+        s = b.op("mul", [s, b.op("mean", [x], name="xm")], name="sx")
+    q = b.op("div", [b.op("clamp", [b.op("round", [b.op("mul", [w, s], name="ws")], name="r")], name="t", min=-1,
+                          max=1), s], name="q")
+    b.output(b.op("mm", [x, b.op("permute", [q], name="qt", dims=(1, 0))], name="y"))
+    return b.build()
+
+
+def test_a_weight_through_ops_of_itself_alone_is_still_its_linear():
+    """Ternarised in the forward, the weight is still the Linear of its parameter (in features dim 1,
+    out features dim 0); scaled by a statistic of the input too, it is no Linear of it."""
+    (lin,) = find_linears(_ternary())
+    assert (lin.weight, lin.in_dim, lin.out_dim, lin.output, lin.activation) == ("lin.weight", 1, 0, "y", "x")
+    assert find_linears(_ternary(weight_alone=False)) == ()
