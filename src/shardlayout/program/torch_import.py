@@ -609,10 +609,11 @@ def from_exported(ep, decompose: bool = True, dim_names: dict | None = None) -> 
                 notes.append(str(g))
     b._notes.extend(notes)
     from .head_norms import merge_head_norms
+    from .max_values import max_values
     from .parallel_residual import sum_branches_first
     from .routing import recognise_routing
 
-    prog = sum_branches_first(merge_head_norms(recognise_routing(b.build())))
+    prog = sum_branches_first(merge_head_norms(max_values(recognise_routing(b.build()))))
     if loops.rows:
         check_loops_routed(prog, {names[r]: split.name for split, r in loops.rows.items()})
     return compress(prog)  # a model's layers, one block: planned from its first instances
