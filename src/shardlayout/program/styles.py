@@ -8,7 +8,9 @@ On a mesh with axes ``dp`` and/or ``tp`` (others replicate; ``ep`` for experts):
   than ranks, whole; a whole attention block when tp does not divide its query heads; a 1-D weight
   scaling q's features, as OLMo-2's ``q_norm``, cut with q, and the norm's statistic over all of
   q's features all-reduced where it is made: one collective), the last Linear (output / down
-  projection) row-parallel (input features on tp, its bias added once), and the block's output
+  projection) row-parallel (input features on tp, its bias added once; a norm of those features
+  before it, as BitNet's ``attn_sub_norm`` / ``ffn_sub_norm``, cut with them, its statistic
+  all-reduced where it is made), and the block's output
   (its residual add) replicated on tp: one all_reduce after each block. Embeddings and norms
   replicated (a lookup's or a patch convolution's output replicated on tp); a head (a Linear
   whose output is a program output) column-parallel on its vocabulary, its logits left sharded.
@@ -58,6 +60,8 @@ from .blocks import (
     feature_statistics,
     find_blocks,
     heads_of,
+    input_scales,
+    input_statistics,
     routed_source,
     short,
     weight_consumers,
@@ -71,15 +75,20 @@ class StylePins:
     """A style applied to a program: ``pins`` (tensor name -> Sharding), the blocks it
     ``matched`` (in program order) and the pinned weights it ``kept``: the ones the style promises
     stay where it put them (Megatron's column and row weights, EP's experts), so the planner never
-    moves them with a collective; a plan that would have to is refused (``StyleConflict``)."""
+    moves them with a collective; a plan that would have to is refused (``StyleConflict``).
+    ``whole`` names the matched blocks the style could not cut and kept whole on every rank, with
+    the reason (``{"model.layers.0.self_attn": "3 heads do not divide over tp=2"}``)."""
 
     pins: dict
     matched: tuple
     kept: frozenset = frozenset()
+    whole: tuple = ()  # ((block name, reason), ...)
 
     def matched_json(self) -> list:
-        """``[{"block": ..., "kind": ..., "tensors": [...]}, ...]``."""
-        return [b.to_json() for b in self.matched]
+        """``[{"block": ..., "kind": ..., "tensors": [...]}, ...]``, with ``"whole": reason`` on a
+        block kept whole."""
+        why = dict(self.whole)
+        return [b.to_json() | ({"whole": why[b.name]} if b.name in why else {}) for b in self.matched]
 
 
 def kept_pins(pins: dict, *applied: StylePins) -> frozenset:
@@ -244,19 +253,29 @@ def _repeated_style(program: Program, mesh: Mesh, style: str):
     pins, template = dict(got.pins), local(rep, 3, got.pins)
     kept, kept3 = set(got.kept), [sfx for sfx in local(rep, 3, dict.fromkeys(got.kept, True))]
     blocks = [got.matched[i] for i in at[3]]
-    middle = []
+    why = dict(got.whole)
+    middle, whole = [], []
+
+    def renamed(b: Block, f, shift: int) -> Block:  # and its reason to be kept whole, if any
+        out = moved(b, f, shift)
+        if b.name in why:
+            whole.append((out.name, why[b.name]))
+        return out
+
     for k in rep.middle:
         head = f"{rep.prefix}.{k}."
         pins.update((head + sfx, v) for sfx, v in template.items())
         kept.update(head + sfx for sfx in kept3)
-        middle.extend(moved(b, to_instance(rep, k, 3), (k - 3) * n) for b in blocks)
+        middle.extend(renamed(b, to_instance(rep, k, 3), (k - 3) * n) for b in blocks)
     if middle:  # the last instance's blocks and the rest: ops later by the middle, reads of instance 3 renamed
         cut = (at[3][-1] + 1) if at[3] else len(got.matched)
         last, reads, same = f"{rep.prefix}.{rep.count - 1}.", last_reads(rep), lambda x: x
-        tail = [moved(b, reads if b.tensors() and all(t.startswith(last) for t in b.tensors()) else same,
-                      len(rep.middle) * n) for b in got.matched[cut:]]
-        return StylePins(pins, tuple(got.matched[:cut]) + tuple(middle) + tuple(tail), frozenset(kept))
-    return StylePins(pins, got.matched, frozenset(kept))
+        head = [b for b in got.matched[:cut] if b.name in why]
+        tail = [renamed(b, reads if b.tensors() and all(t.startswith(last) for t in b.tensors()) else same,
+                        len(rep.middle) * n) for b in got.matched[cut:]]
+        return StylePins(pins, tuple(got.matched[:cut]) + tuple(middle) + tuple(tail), frozenset(kept),
+                         tuple((b.name, why[b.name]) for b in head) + tuple(whole))
+    return StylePins(pins, got.matched, frozenset(kept), got.whole)
 
 
 def style_pins(program: Program, mesh: Mesh, style: str) -> dict:
@@ -281,6 +300,7 @@ def _megatron(program: Program, mesh: Mesh, s: Structure, sequence: bool) -> Sty
         pins[out] = sharded(mesh, t[out].shape, {0: ["dp"]})
     tp = mesh.axis_size("tp")
     kept: set = set()
+    whole: list = []
 
     def keep(got: dict) -> dict:  # a column or row weight (and bias) stays where it is pinned
         kept.update(got)
@@ -289,6 +309,7 @@ def _megatron(program: Program, mesh: Mesh, s: Structure, sequence: bool) -> Sty
     for b in blocks:
         if b.kind == "attention" and b.heads is not None and b.heads % tp:  # a cut would split a head
             pins.update(replicated(mesh, program, b.tensors()))
+            whole.append((b.name, f"{b.heads} heads do not divide over tp={tp}"))
         else:
             for lin in b.first:
                 if _whole(program, b, lin, tp):
@@ -301,6 +322,8 @@ def _megatron(program: Program, mesh: Mesh, s: Structure, sequence: bool) -> Sty
                         pins.update(_statistics(mesh, program, lin, keep))
             for lin in b.last:
                 pins.update(keep(row(mesh, program, lin)))
+                pins.update(keep({n: sharded(mesh, t[n].shape, {0: ["tp"]}) for n in input_scales(program, lin)}))
+                pins.update(_statistics(mesh, program, lin, keep, input_statistics))
         if sequence:
             for x in b.inputs:
                 pins[x] = sharded(mesh, t[x].shape, {0: ["dp"]})
@@ -335,20 +358,21 @@ def _megatron(program: Program, mesh: Mesh, s: Structure, sequence: bool) -> Sty
             pins[e.output] = _activation(mesh, t[e.output].shape, sequence and len(t[e.output].shape) >= 3)
     matched = tuple(b for b in s.blocks if b.kind in ("attention", "mlp", "embedding", "norm") or b in heads
                     or b in blocks)
-    return StylePins(pins, matched, frozenset(kept))
+    return StylePins(pins, matched, frozenset(kept), tuple(whole))
 
 
-def _statistics(mesh: Mesh, program: Program, lin: Linear, keep) -> dict:
+def _statistics(mesh: Mesh, program: Program, lin: Linear, keep, which=feature_statistics) -> dict:
     """Pins of the statistics over all of a column Linear's output features (OLMo2's q_norm mean
-    square, ``feature_statistics``): the statistic's input kept where the cut makes it (batch on dp,
-    features on tp), the statistic replicated on tp: the partial sum all-reduced where it is made,
-    one collective (the planner, op by op, would reduce-scatter it, the cheaper move there, and
-    gather it again before it scales q; or, at small sizes, gather q)."""
+    square, ``feature_statistics``) or of a row Linear's input features (BitNet's sub-norms before
+    o_proj and down_proj, ``input_statistics``): the statistic's input kept where the cut makes it
+    (batch on dp, features on tp), the statistic replicated on tp: the partial sum all-reduced where
+    it is made, one collective (the planner, op by op, would reduce-scatter it, the cheaper move
+    there, and gather it again before it scales q; or, at small sizes, gather q)."""
     if lin.parts > 1:
         return {}
     t = program.tensors
     pins = {}
-    for x, stat in feature_statistics(program, lin):
+    for x, stat in which(program, lin):
         n = len(t[x].shape)
         pins.update(keep({x: sharded(mesh, t[x].shape, {0: ["dp"], n - 1: ["tp"]})}))
         pins[stat] = sharded(mesh, t[stat].shape, {0: ["dp"]})
