@@ -600,9 +600,13 @@ def print_matched(matched: list, args, limit: int = 12) -> None:
     for m in matched[:limit]:
         pre = m["block"] + "." if m["block"] else ""
         names = [n[len(pre):] if pre and n.startswith(pre) else n for n in m["tensors"]]
-        print(f"  {m['kind']:<10} {m['block'] or '(root)'}: {', '.join(names)}")
+        whole = f" (kept whole: {m['whole']})" if "whole" in m else ""
+        print(f"  {m['kind']:<10} {m['block'] or '(root)'}: {', '.join(names)}{whole}")
     if len(matched) > limit:
         print(f"  ... {len(matched) - limit} more (--json lists every one)")
+    whole = [m for m in matched[limit:] if "whole" in m]
+    if whole:
+        print(f"  {len(whole)} more kept whole on every rank, as {whole[0]['block']}: {whole[0]['whole']}")
     print()
 
 

@@ -28,7 +28,9 @@ def test_the_model_is_built_on_meta_from_the_config_alone(tiny):
     module, (ids,) = hf_model(str(tiny / "config.json"), batch=2, seq=16)
     assert type(module).__name__ == "LlamaForCausalLM"
     assert {p.device.type for p in module.parameters()} == {"meta"}
-    assert tuple(ids.shape) == (2, 16) and int(ids.max()) < 128
+    assert tuple(ids.shape) == (2, 16) and ids.device.type == "meta"  # with the weights
+    _, (cpu_ids,) = hf_model(str(tiny / "config.json"), batch=2, seq=16, device="cpu")
+    assert cpu_ids.device.type == "cpu" and int(cpu_ids.max()) < 128
 
 
 def test_plan_hf_megatron_counts_and_sizes(tiny, capsys):
@@ -47,6 +49,19 @@ def test_default_sizes_give_each_data_parallel_rank_a_sequence(tiny, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["shapes"]["input_ids"] == [2, 64]
     assert [(c["kind"], c["axes_text"]) for c in out["collectives"]] == [("all_reduce", "tp")] * 4
+
+
+def test_positions_built_on_the_ids_device_index_a_meta_table(tmp_path, capsys):
+    """XGLM builds its position ids on ``input_ids.device`` and indexes its sinusoidal table (a
+    buffer on the model's device) with them: the example ids live where the weights do."""
+    transformers.XGLMConfig(vocab_size=128, d_model=32, ffn_dim=64, num_layers=2, attention_heads=4,
+                            max_position_embeddings=64).save_pretrained(tmp_path)
+    assert main(["plan", "--hf", str(tmp_path), "--mesh", "tp=2", "--style", "megatron", "--size", "batch=2,seq=16",
+                 "--verify", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    # 2 layers of attention and MLP, and the tied embedding cut on its vocabulary
+    assert [c["kind"] for c in out["collectives"]] == ["all_reduce"] * 5
+    assert out["verified"] is True
 
 
 @pytest.mark.parametrize("argv,match", [

@@ -211,6 +211,21 @@ def test_matched_blocks_are_reported():
                                 "h.0.attn.c_proj.bias"]}
 
 
+def test_attention_whose_heads_do_not_divide_is_kept_whole_and_said(capsys):
+    """4 heads over tp=3: a cut would split a head, so Megatron keeps each attention block whole on
+    every rank (its weights replicated, no collective) and says so, block by block; the MLPs are
+    still cut (one all_reduce each)."""
+    mesh = Mesh.parse("tp=3")
+    got = apply_style(program("hf_llama"), mesh, "megatron")
+    attention = [m["block"] for m in got.matched_json() if m["kind"] == "attention"]
+    assert dict(got.whole) == {b: "4 heads do not divide over tp=3" for b in attention} and len(attention) == L
+    assert all(got.pins[n] == Sharding.replicated(mesh, got.pins[n].shape)
+               for m in got.matched_json() if m["kind"] == "attention" for n in m["tensors"])
+    assert main(["plan", "--module", f"{ZOO}:make_hf_llama", "--mesh", "tp=3", "--style", "megatron", "--verify"]) == 0
+    out = capsys.readouterr().out
+    assert "(kept whole: 4 heads do not divide over tp=3)" in out and f"{L} x all_reduce on tp" in out
+
+
 @pytest.mark.parametrize("style", ["megatron", "megatron-sp"])
 def test_a_model_without_blocks_is_refused(style):
     with pytest.raises(UnmatchedStyle) as e:

@@ -101,7 +101,8 @@ def hf_model(source: str, batch: int = 1, seq: int | None = None, device: str = 
         raise HfModelError(f"--hf {source}: transformers builds no causal LM from this config ({_first_line(e)})") \
             from None
     vocab = getattr(cfg, "vocab_size", None) or 2
-    ids = torch.arange(batch * seq).reshape(batch, seq) % vocab
+    ids = (torch.arange(batch * seq).reshape(batch, seq) % vocab).to(device)  # where the weights are: a
+    # forward may build positions on the ids' device and index a weight with them (XGLM)
     return model.eval(), (ids,)
 
 

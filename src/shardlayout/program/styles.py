@@ -71,15 +71,20 @@ class StylePins:
     """A style applied to a program: ``pins`` (tensor name -> Sharding), the blocks it
     ``matched`` (in program order) and the pinned weights it ``kept``: the ones the style promises
     stay where it put them (Megatron's column and row weights, EP's experts), so the planner never
-    moves them with a collective; a plan that would have to is refused (``StyleConflict``)."""
+    moves them with a collective; a plan that would have to is refused (``StyleConflict``).
+    ``whole`` names the matched blocks the style could not cut and kept whole on every rank, with
+    the reason (``{"model.layers.0.self_attn": "3 heads do not divide over tp=2"}``)."""
 
     pins: dict
     matched: tuple
     kept: frozenset = frozenset()
+    whole: tuple = ()  # ((block name, reason), ...)
 
     def matched_json(self) -> list:
-        """``[{"block": ..., "kind": ..., "tensors": [...]}, ...]``."""
-        return [b.to_json() for b in self.matched]
+        """``[{"block": ..., "kind": ..., "tensors": [...]}, ...]``, with ``"whole": reason`` on a
+        block kept whole."""
+        why = dict(self.whole)
+        return [b.to_json() | ({"whole": why[b.name]} if b.name in why else {}) for b in self.matched]
 
 
 def kept_pins(pins: dict, *applied: StylePins) -> frozenset:
@@ -247,19 +252,29 @@ def _repeated_style(program: Program, mesh: Mesh, style: str):
     pins, template = dict(got.pins), local(rep, 3, got.pins)
     kept, kept3 = set(got.kept), [sfx for sfx in local(rep, 3, dict.fromkeys(got.kept, True))]
     blocks = [got.matched[i] for i in at[3]]
-    middle = []
+    why = dict(got.whole)
+    middle, whole = [], []
+
+    def renamed(b: Block, f, shift: int) -> Block:  # and its reason to be kept whole, if any
+        out = moved(b, f, shift)
+        if b.name in why:
+            whole.append((out.name, why[b.name]))
+        return out
+
     for k in rep.middle:
         head = f"{rep.prefix}.{k}."
         pins.update((head + sfx, v) for sfx, v in template.items())
         kept.update(head + sfx for sfx in kept3)
-        middle.extend(moved(b, to_instance(rep, k, 3), (k - 3) * n) for b in blocks)
+        middle.extend(renamed(b, to_instance(rep, k, 3), (k - 3) * n) for b in blocks)
     if middle:  # the last instance's blocks and the rest: ops later by the middle, reads of instance 3 renamed
         cut = (at[3][-1] + 1) if at[3] else len(got.matched)
         last, reads, same = f"{rep.prefix}.{rep.count - 1}.", last_reads(rep), lambda x: x
-        tail = [moved(b, reads if b.tensors() and all(t.startswith(last) for t in b.tensors()) else same,
-                      len(rep.middle) * n) for b in got.matched[cut:]]
-        return StylePins(pins, tuple(got.matched[:cut]) + tuple(middle) + tuple(tail), frozenset(kept))
-    return StylePins(pins, got.matched, frozenset(kept))
+        head = [b for b in got.matched[:cut] if b.name in why]
+        tail = [renamed(b, reads if b.tensors() and all(t.startswith(last) for t in b.tensors()) else same,
+                        len(rep.middle) * n) for b in got.matched[cut:]]
+        return StylePins(pins, tuple(got.matched[:cut]) + tuple(middle) + tuple(tail), frozenset(kept),
+                         tuple((b.name, why[b.name]) for b in head) + tuple(whole))
+    return StylePins(pins, got.matched, frozenset(kept), got.whole)
 
 
 def style_pins(program: Program, mesh: Mesh, style: str) -> dict:
@@ -284,6 +299,7 @@ def _megatron(program: Program, mesh: Mesh, s: Structure, sequence: bool) -> Sty
         pins[out] = sharded(mesh, t[out].shape, {0: ["dp"]})
     tp = mesh.axis_size("tp")
     kept: set = set()
+    whole: list = []
 
     def keep(got: dict) -> dict:  # a column or row weight (and bias) stays where it is pinned
         kept.update(got)
@@ -292,6 +308,7 @@ def _megatron(program: Program, mesh: Mesh, s: Structure, sequence: bool) -> Sty
     for b in blocks:
         if b.kind == "attention" and b.heads is not None and b.heads % (tp * b.runs):  # a cut would split a head
             pins.update(replicated(mesh, program, b.tensors()))
+            whole.append((b.name, f"{b.heads} heads do not divide over tp={tp}"))
         else:
             for lin in b.first:
                 if _whole(program, b, lin, tp):
@@ -335,7 +352,7 @@ def _megatron(program: Program, mesh: Mesh, s: Structure, sequence: bool) -> Sty
             pins[e.output] = _activation(mesh, t[e.output].shape, sequence and len(t[e.output].shape) >= 3)
     matched = tuple(b for b in s.blocks if b.kind in ("attention", "mlp", "embedding", "norm") or b in heads
                     or b in blocks)
-    return StylePins(pins, matched, frozenset(kept))
+    return StylePins(pins, matched, frozenset(kept), tuple(whole))
 
 
 def _statistics(mesh: Mesh, program: Program, lin: Linear, keep) -> dict:
