@@ -117,6 +117,9 @@ def test_differential_attention_is_kept_whole_when_tp_would_split_its_pairs():
     p = _plan("diff_llama", "megatron", mesh)
     assert p.counts() == {("all_reduce", TP): L}
     assert str(p.shardings["layers.0.self_attn.q_proj.weight"]) == "[16, 16]"
+    why = "4 heads in 2 runs paired run with run: 2 per run do not divide over tp=4"
+    assert dict(apply_style(program("diff_llama"), mesh, "megatron").whole) == {
+        f"layers.{k}.self_attn": why for k in range(L)}
 
 
 def test_weight_shardings_gpt2_fused_qkv_and_conv1d():

@@ -5,7 +5,9 @@ On a mesh with axes ``dp`` and/or ``tp`` (others replicate; ``ep`` for experts):
 - ``megatron``: in each attention and MLP block the first Linears (q, k, v; up and gate) are
   column-parallel (output features on tp; a fused q|k|v or gate|up weight strided, so each rank
   holds its slice of every part; a q|k|v fused into unequal pieces, and k / v with fewer kv heads
-  than ranks, whole; a whole attention block when tp does not divide its query heads; a 1-D weight
+  than ranks, whole; a whole attention block when tp does not divide its query heads; heads that
+  an attention pairs run with run — differential attention's head ``i`` with ``i + H/2``,
+  ``Block.runs`` — cut in each run, ``[2*tp*8, 32]``, so a rank's pairs are whole; a 1-D weight
   scaling q's features, as OLMo-2's ``q_norm``, cut with q, and the norm's statistic over all of
   q's features all-reduced where it is made: one collective), the last Linear (output / down
   projection) row-parallel (input features on tp, its bias added once), and the block's output
@@ -307,8 +309,10 @@ def _megatron(program: Program, mesh: Mesh, s: Structure, sequence: bool) -> Sty
 
     for b in blocks:
         if b.kind == "attention" and b.heads is not None and b.heads % (tp * b.runs):  # a cut would split a head
-            pins.update(replicated(mesh, program, b.tensors()))
-            whole.append((b.name, f"{b.heads} heads do not divide over tp={tp}"))
+            pins.update(replicated(mesh, program, b.tensors()))  # (or a pair of differential attention's)
+            whole.append((b.name, f"{b.heads} heads do not divide over tp={tp}" if b.runs == 1 else
+                          f"{b.heads} heads in {b.runs} runs paired run with run: {b.heads // b.runs} per run "
+                          f"do not divide over tp={tp}"))
         else:
             for lin in b.first:
                 if _whole(program, b, lin, tp):
