@@ -29,6 +29,10 @@ names it:
   tp, the norm's mean square is a sum over the cut features, one all_reduce of the
   ``[batch, seq, 1]`` statistic per norm — an inherent extra collective (vLLM all-gathers q and k
   instead, a larger one), so two more small all_reduces per layer.
+* ``sub_norm``: an RMSNorm over the features a row Linear reads (BitNet's ``attn_sub_norm`` before
+  o_proj, ``ffn_sub_norm`` before down_proj): with those features cut on tp, the norm's mean square
+  is a sum over the cut features, one all_reduce of the ``[batch, seq, 1]`` statistic per norm (as
+  any tensor-parallel BitNet must), so two more small all_reduces per layer.
 
 Resumable: each run's result is kept in ``--work`` (default ``/tmp/hf_sweep``) under a key of the
 config's bytes, the style, the mesh and shardlayout's own source, so a rerun after a fix reruns
@@ -73,7 +77,8 @@ class Case:
     """A config to sweep: ``name``; ``example`` (a factory of examples/hf_models.py whose model's
     config is used) or ``model_type`` with ``kwargs`` over the examples' tiny sizes; ``parallel``
     (attention and MLP read the same input: one all_reduce a layer); ``extra``: named departures
-    from Megatron's count (``stat``: q/k norms over all features, one all_reduce each per layer)."""
+    from Megatron's count (``stat``: q/k norms over all features, ``sub_norm``: norms of a row
+    Linear's cut input features; one all_reduce each per layer)."""
 
     name: str
     model_type: str = ""
@@ -126,7 +131,8 @@ CASES = (
     _c("arcee", "arcee", **GQA), _c("seed_oss", "seed_oss", head_dim=8, **GQA),
     _c("internlm3", "internlm3", head_dim=8, **GQA), _c("ernie4_5", "ernie4_5", head_dim=8, **GQA),
     _c("hunyuan_dense", "hunyuan_v1_dense", head_dim=8, **GQA), _c("nemotron", "nemotron", head_dim=8, **GQA),
-    _c("persimmon", "persimmon"), _c("bitnet", "bitnet", **GQA), _c("vaultgemma", "vaultgemma", head_dim=8, **GQA),
+    _c("persimmon", "persimmon"), _c("bitnet", "bitnet", extra=("sub_norm",), **GQA),
+    _c("vaultgemma", "vaultgemma", head_dim=8, **GQA),
     _c("diffllama", "diffllama", **GQA), _c("diffllama_mha", "diffllama", num_key_value_heads=4),
     _c("phimoe", "phimoe", num_local_experts=4, num_experts_per_tok=2, **GQA),
     _c("jetmoe", "jetmoe", num_local_experts=4, num_experts_per_tok=2, kv_channels=8, num_key_value_heads=4),
@@ -207,9 +213,9 @@ def prepare(case: Case, work: Path) -> tuple[Path, Facts | str]:
 
 def expected(case: Case, f: Facts, style: str) -> Counter | None:
     """Megatron's collectives for ``style`` (``auto``: None, not counted). ``stat`` adds one
-    all_reduce per q/k norm over all features."""
+    all_reduce per q/k norm over all features, ``sub_norm`` one per norm of a row Linear's input."""
     blocks = f.layers * (1 if case.parallel or f.whole_attention else 2) + f.tied
-    stat = 2 * f.layers if "stat" in case.extra else 0
+    stat = 2 * f.layers * sum(x in case.extra for x in ("stat", "sub_norm"))
     if style == "megatron":
         want = Counter({("all_reduce", "tp"): blocks + stat})
     elif style == "megatron-sp":

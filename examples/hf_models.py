@@ -198,6 +198,33 @@ def qwen3_moe():
     return _build(hf.Qwen3MoeConfig, hf.Qwen3MoeForCausalLM, num_key_value_heads=2, head_dim=HIDDEN // HEADS,
                   num_experts=4, num_experts_per_tok=2, moe_intermediate_size=FFN, decoder_sparse_step=1,
                   mlp_only_layers=[])
+
+
+def bitnet():
+    """BitNet: Llama's layer with an RMSNorm over the attention's output features before o_proj
+    (``attn_sub_norm``) and over the ffn features before down_proj (``ffn_sub_norm``), ReLU² gate.
+    Built from its config as ``--hf`` builds it, its Linears are ``nn.Linear`` (the ternary
+    ``AutoBitLinear`` is swapped in by ``from_pretrained`` with a ``quantization_config`` only)."""
+    return _build(hf.BitNetConfig, hf.BitNetForCausalLM, num_key_value_heads=2, pad_token_id=0, bos_token_id=0,
+                  eos_token_id=0)
+
+
+def bitnet_ternary():
+    """BitNet with its Linears (lm_head aside) as transformers' ``AutoBitLinear`` in ``online`` mode,
+    as a quantization-aware run holds them: each forward ternarises the weight (``round(w / m)``
+    clamped to [-1, 1], times ``m``, ``m`` the mean of ``|w|`` over the whole weight) and quantizes
+    the input per token to 8 bits (scaled by its absolute max over the features)."""
+    from transformers.integrations.bitnet import replace_with_bitnet_linear
+    from transformers.utils.quantization_config import BitNetQuantConfig
+
+    model, args = bitnet()
+    weights = model.state_dict()
+    replace_with_bitnet_linear(model, modules_to_not_convert=["lm_head"], quantization_config=BitNetQuantConfig(
+        linear_class="autobitlinear", quantization_mode="online"))
+    model.load_state_dict(weights, assign=True)
+    return model.eval(), args
+
+
 make = llama
 
 

@@ -90,3 +90,16 @@ def test_walk_runs_exactly_the_planned_collectives():
     ran = [c for c in ex.calls if c[0] not in ("op", "local")]
     assert sorted(ran) == sorted((c.kind.value, c.axes_text()) for c in p.collectives)
     assert sum(1 for c in ex.calls if c[0] == "op") == len(prog.ops)
+
+
+def test_an_all_reduce_of_a_whole_tensors_statistic_runs_on_every_rank():
+    """A weight cut on tp, scaled by the mean of its magnitudes over the whole weight (BitNet's ternary
+    scale): each rank's mean is a partial sum, all-reduced as a 0-d tensor — each rank's piece a
+    number, not an array to place into."""
+    b = ProgramBuilder()
+    w = b.param("w", (8, 4))
+    m = b.op("mean", [b.op("abs", [w], name="a")], name="m")
+    b.output(b.op("div", [w, b.op("clamp", [m], name="c", min=1e-5)], name="q"))
+    p = plan(b.build(), Mesh.parse("tp=2"), {"w": "[tp*4, 4]", "q": "[tp*4, 4]"})
+    assert [(c.kind.value, c.tensor, c.bytes) for c in p.collectives] == [("all_reduce", "m", 4)]
+    assert p.verify().ok

@@ -190,6 +190,98 @@ def test_an_index_by_a_constant_is_a_pick_inside_an_attention_block():
     assert [(blk.describe(), blk.output) for blk in att] == [("attention attn: qkv -> o", "resid")]
 
 
+def _rms_norm(b, x, weight, name):
+    """``weight * x * rsqrt(mean(x**2, -1) + eps)`` as torch.export decomposes an RMSNorm."""
+    ms = b.op("mean", [b.op("pow", [x, 2], name=f"{name}.pow")], name=f"{name}.mean", dim=(-1,), keepdim=True)
+    r = b.op("rsqrt", [b.op("add", [ms, 1e-5], name=f"{name}.add")], name=f"{name}.rsqrt")
+    return b.op("mul", [weight, b.op("mul", [x, r], name=f"{name}.mul")], name=f"{name}.out")
+
+
+def _sub_norm_mlp(sub_norm: bool = True):
+    """x -> up -> relu -> [RMSNorm of the 32 ffn features] -> down -> + x -> RMSNorm -> head."""
+    from shardlayout.program import ProgramBuilder
+
+    b = ProgramBuilder()
+    x = b.input("x", (2, 8, 16))
+    up, down, head = b.param("mlp.up", (16, 32)), b.param("mlp.down", (32, 16)), b.param("head", (16, 24))
+    rows = b.op("view", [x], name="rows", shape=(16, 16))
+    h = b.op("view", [b.op("relu", [b.op("mm", [rows, up], name="up.mm")], name="act")], name="h", shape=(2, 8, 32))
+    if sub_norm:
+        h = _rms_norm(b, h, b.param("mlp.sub_norm.weight", (32,)), "mlp.sub_norm")
+    d = b.op("view", [b.op("mm", [b.op("view", [h], name="h_rows", shape=(16, 32)), down], name="down.mm")],
+             name="d", shape=(2, 8, 16))
+    resid = b.op("add", [x, d], name="resid")
+    normed = _rms_norm(b, resid, b.param("norm.weight", (16,)), "norm")
+    b.output(b.op("mm", [b.op("view", [normed], name="n_rows", shape=(16, 16)), head], name="logits"))
+    return b.build()
+
+
+def test_a_norm_of_the_ffn_features_before_the_down_linear_stays_in_the_mlp():
+    """BitNet's ``ffn_sub_norm``: the mean square of the features the down Linear reads is inside the
+    MLP block (``input_statistics``, its weight ``input_scales``); megatron all-reduces the
+    statistic where it is made (one more all_reduce of [2, 8, 1]) and cuts the weight with the
+    features; the head past the last residual add and its norm is no MLP's down. Verified."""
+    from shardlayout import Mesh
+    from shardlayout.plan import plan
+    from shardlayout.program.blocks import input_scales, input_statistics
+
+    prog = _sub_norm_mlp()
+    s = find_blocks(prog)
+    assert [b.describe() for b in s.of_kind("mlp", "head")] == ["mlp mlp: up -> down", "head (root): head"]
+    (mlp,) = s.of_kind("mlp")
+    assert input_statistics(prog, mlp.last[0]) == (("mlp.sub_norm.pow", "mlp.sub_norm.mean"),)
+    assert input_scales(prog, mlp.last[0]) == ("mlp.sub_norm.weight",)
+    assert input_statistics(prog, mlp.first[0]) == () and input_scales(prog, mlp.first[0]) == ()
+    p = plan(prog, Mesh.parse("tp=2"), style="megatron")
+    assert p.counts() == {("all_reduce", ("tp",)): 2}
+    assert sorted(c.tensor for c in p.collectives) == ["d", "mlp.sub_norm.mean"]
+    assert str(p.shardings["mlp.sub_norm.weight"]) == "[tp*16]" and str(p.shardings["mlp.down"]) == "[tp*16, 16]"
+    assert p.verify().ok
+    plain = _sub_norm_mlp(sub_norm=False)  # the same without the norm: no statistic, Megatron's one all_reduce
+    assert input_statistics(plain, find_blocks(plain).of_kind("mlp")[0].last[0]) == ()
+
+
+def test_a_linear_before_the_last_norm_and_the_head_is_no_mlp():
+    """x -> A -> + x -> RMSNorm -> head: the head's input is a norm of the residual stream A's output
+    joins; read as an MLP (A up, head down), the logits would be a partial sum. No MLP is found."""
+    from shardlayout.program import ProgramBuilder
+
+    b = ProgramBuilder()
+    x = b.input("x", (2, 8, 16))
+    a, head = b.param("a", (16, 16)), b.param("head", (16, 24))
+    y = b.op("view", [b.op("mm", [b.op("view", [x], name="rows", shape=(16, 16)), a], name="a.mm")], name="y",
+             shape=(2, 8, 16))
+    normed = _rms_norm(b, b.op("add", [x, y], name="resid"), b.param("norm.weight", (16,)), "norm")
+    b.output(b.op("mm", [b.op("view", [normed], name="n_rows", shape=(16, 16)), head], name="logits"))
+    s = find_blocks(b.build())
+    assert s.of_kind("mlp") == () and [blk.describe() for blk in s.of_kind("head")] == ["head (root): head"]
+
+
+def _ternary(weight_alone: bool = True):
+    """x @ q(w).T with q(w) = round(w * s).clamp(-1, 1) / s, s = 1 / mean(|w|) (BitNet's ternary
+    weight); not ``weight_alone``: s also scaled by a statistic of the input x."""
+    from shardlayout.program import ProgramBuilder
+
+    b = ProgramBuilder()
+    x, w = b.input("x", (16, 32)), b.param("lin.weight", (8, 32))
+    s = b.op("reciprocal", [b.op("clamp", [b.op("mean", [b.op("abs", [w], name="a")], name="m")], name="c",
+                                 min=1e-5)], name="s")
+    if not weight_alone:
+        s = b.op("mul", [s, b.op("mean", [x], name="xm")], name="sx")
+    q = b.op("div", [b.op("clamp", [b.op("round", [b.op("mul", [w, s], name="ws")], name="r")], name="t", min=-1,
+                          max=1), s], name="q")
+    b.output(b.op("mm", [x, b.op("permute", [q], name="qt", dims=(1, 0))], name="y"))
+    return b.build()
+
+
+def test_a_weight_through_ops_of_itself_alone_is_still_its_linear():
+    """Ternarised in the forward, the weight is still the Linear of its parameter (in features dim 1,
+    out features dim 0); scaled by a statistic of the input too, it is no Linear of it."""
+    (lin,) = find_linears(_ternary())
+    assert (lin.weight, lin.in_dim, lin.out_dim, lin.output, lin.activation) == ("lin.weight", 1, 0, "y", "x")
+    assert find_linears(_ternary(weight_alone=False)) == ()
+
+
 def test_differential_attention_is_one_block_whose_heads_pair_in_two_runs():
     """DiffLlama's form (zoo ``DiffLlama``): two SDPA calls on one q and k over v's halves are one
     attention block; the result's heads chunked in two halves and subtracted pair head ``i`` with

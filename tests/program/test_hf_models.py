@@ -378,6 +378,92 @@ def test_the_full_simulation_draws_token_ids_the_table_can_look_up():
     assert p.verify(mode="full").ok
 
 
+def test_bitnet_norms_before_the_row_linears_cost_one_statistic_all_reduce_each():
+    """BitNet RMS-normalises the attention's output features before o_proj (``attn_sub_norm``) and the
+    ffn features before down_proj (``ffn_sub_norm``): with those features cut on tp (the row Linears'
+    input), each norm's mean square is a partial sum over the cut features, all-reduced where it is
+    made — one [batch, seq, 1] statistic per norm (64 bytes here, against 2 KiB for each block's),
+    as any tensor-parallel BitNet pays — and the norm weights are cut with the features. q/k/v,
+    gate/up column-parallel, o/down row-parallel, Megatron's all_reduce after each block; verified,
+    and the imported program run unsharded gives the module's own logits."""
+    import torch
+
+    from shardlayout.execute.verify import reference_run
+    from shardlayout.run.torch_ops import torch_op
+
+    model, prog = program("bitnet")
+    p = plan(prog, TP2, style="megatron")
+    assert p.counts() == {("all_reduce", ("tp",)): 8}  # 2 layers: the blocks' 4 and the 4 sub-norms' statistics
+    assert _cut_as_megatron(model, p) == 14  # q, k, v, o, gate, up, down of both layers
+    for k in (0, 1):
+        pre = f"model.layers.{k}."
+        assert str(p.shardings[pre + "self_attn.attn_sub_norm.weight"]) == "[tp*16]"
+        assert str(p.shardings[pre + "mlp.ffn_sub_norm.weight"]) == "[tp*32]"
+        assert str(p.shardings[pre + "self_attn.attn_sub_norm.pow"]) == "[2, 8, tp*16]"
+    small = sorted(c.tensor for c in p.collectives if c.bytes == 2 * 8 * 4)
+    assert small == sorted(f"model.layers.{k}.{m}_sub_norm.mean" for k in (0, 1) for m in ("self_attn.attn", "mlp.ffn"))
+    assert p.verify().ok
+    sp = plan(prog, TP2, style="megatron-sp")
+    assert sp.counts() == {("all_gather", ("tp",)): 4, ("reduce_scatter", ("tp",)): 4, ("all_reduce", ("tp",)): 4}
+    assert sp.verify().ok
+    dptp = plan(prog, DPTP, style="megatron")
+    assert dptp.counts() == {("all_reduce", ("tp",)): 8} and dptp.verify().ok
+    values = {n: v.detach() for n, v in model.named_parameters()}
+    values.update(dict(model.named_buffers()))
+    (ids,) = _examples().bitnet()[1]
+    values[prog.inputs("input")[0]] = ids
+    got = reference_run(p, values, torch_op, torch)[prog.outputs[0]]
+    with torch.no_grad():
+        want = model(ids).logits
+    assert torch.allclose(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_bitnet_ternary_linears_are_linears_of_their_weights_and_their_statistics_all_reduced():
+    """BitNet's ``AutoBitLinear`` (online, as quantization-aware training holds it) ternarises its
+    weight in the forward — ``round(w * s).clamp(-1, 1) / s``, ``s = 1 / mean(|w|)`` over the whole
+    weight — and quantizes its input per token (``127 / amax(|x|, -1)``). The weight's ops read the
+    weight alone, so it is still the Linear of that parameter, cut where Megatron cuts it; each
+    rank's mean of its slice is a partial sum: all-reduced, one 4-byte scalar per cut Linear (14 for
+    2 layers), the exact global scale. The row Linears' input max over the cut features is a
+    partial max, all-reduced (a [batch, seq, 1] statistic; ``max`` whose indices nobody reads is
+    read as ``amax``), as are the sub-norms' mean squares: 4 + 4 + 4 + 14 all_reduces. The
+    quantized input of q/k/v is one block input (the norm's output): one all_gather per block
+    under megatron-sp. Verified, and the program run unsharded gives the module's own logits."""
+    import torch
+    import torch._dynamo
+
+    from shardlayout.execute.verify import reference_run
+    from shardlayout.program.blocks import find_blocks
+    from shardlayout.run.torch_ops import torch_op
+
+    model, prog = program("bitnet_ternary")
+    attn = find_blocks(prog).of_kind("attention")
+    assert [b.inputs for b in attn] == [(f"model.layers.{k}.input_layernorm.mul_1",) for k in (0, 1)]
+    p = plan(prog, TP2, style="megatron")
+    assert p.counts() == {("all_reduce", ("tp",)): 26}
+    assert _cut_as_megatron(model, p) == 14
+    leaves = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+              "mlp.up_proj", "mlp.down_proj")
+    by_size = {}
+    for c in p.collectives:
+        by_size.setdefault(c.bytes, []).append(c.tensor)
+    assert sorted(by_size[4]) == sorted(f"model.layers.{k}.{leaf}.mean" for k in (0, 1) for leaf in leaves)
+    assert sorted(by_size[2 * 8 * 4]) == sorted(f"model.layers.{k}.{t}" for k in (0, 1) for t in (
+        "self_attn.attn_sub_norm.mean", "mlp.ffn_sub_norm.mean", "self_attn.o_proj.max.0", "mlp.down_proj.max.0"))
+    assert p.verify().ok
+    sp = plan(prog, TP2, style="megatron-sp")
+    assert sp.counts() == {("all_gather", ("tp",)): 4, ("reduce_scatter", ("tp",)): 4, ("all_reduce", ("tp",)): 22}
+    assert sp.verify().ok
+    values = {n: v.detach() for n, v in model.named_parameters()}
+    values.update(dict(model.named_buffers()))
+    (ids,) = _examples().bitnet_ternary()[1]
+    values[prog.inputs("input")[0]] = ids
+    got = reference_run(p, values, torch_op, torch)[prog.outputs[0]]
+    with torch._dynamo.config.patch(disable=True), torch.no_grad():  # its quantizers are torch.compile'd
+        want = model(ids).logits
+    assert torch.allclose(got, want, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("name,kv", [("diffllama", "[2*tp*8, 32]"), ("diffllama_gqa", "[16, 32]")])
 def test_megatron_cuts_differential_attention_by_head_pairs(name, kv):
     """DiffLlama pairs output head ``i`` with query heads ``i`` and ``i + H/2`` (two SDPA calls on one

@@ -9,7 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from shardlayout import Mesh, UnsupportedOp  # noqa: E402
+from shardlayout import Mesh, Sharding, UnsupportedOp  # noqa: E402
 from shardlayout.plan import plan  # noqa: E402
 from shardlayout.program.models import llama, style_pins  # noqa: E402
 from shardlayout.program.torch_import import from_torch  # noqa: E402
@@ -177,3 +177,83 @@ def test_an_imported_model_with_one_layer_unlike_the_others_is_planned_op_by_op(
     assert prog.repeated is None
     m = Mesh.parse("tp=2")
     assert plan(prog, m, style_pins(prog, m, "megatron")).verify().ok
+
+
+def test_dropout_in_training_mode_is_a_draw_each_rank_keeps_its_piece_of():
+    """A module in training mode (dropout on, as ``Model(config)`` leaves it): each dropout's mask is
+    a uniform draw, a program input of kind ``rand`` of the global shape (attention's ``[b, h, s, t]``
+    inside SDPA); Megatron plans the collectives of the module in eval mode, and the plan verifies
+    (every rank's piece of one global draw)."""
+    from .zoo import BATCH, HEADS, SEQ, make_dropout
+
+    module, args = make_dropout()
+    prog = from_torch(module, args)
+    draws = {n: prog.tensors[n].shape for n in prog.inputs("rand")}
+    assert len(draws) == 1 + 3 * 2  # the embeddings' sum, and per layer two branches and the attention
+    assert sorted(draws.values()).count((BATCH, HEADS, SEQ, SEQ)) == 2
+    mesh = Mesh.parse("tp=2")
+    p = plan(prog, mesh, style_pins(prog, mesh, "megatron"))
+    v = p.verify()
+    assert v.ok, v.message
+    eval_prog = from_torch(module.eval(), args)
+    want = plan(eval_prog, mesh, style_pins(eval_prog, mesh, "megatron"))
+    assert [c.kind for c in p.collectives] == [c.kind for c in want.collectives]
+    for n, shape in draws.items():
+        if len(shape) == 4:  # attention's draw is cut as its heads are
+            assert p.shardings[n].local_shape(0) == (BATCH, HEADS // 2, SEQ, SEQ)
+
+
+def test_a_dropout_program_keeping_every_element_is_the_module_without_dropout():
+    """The draws' reading checked against torch: with every draw 1 (every element kept) and p tiny
+    (scale 1 / (1 - p) ~ 1), the unsharded program computes the module's eval-mode output."""
+    from shardlayout.execute.verify import reference_run
+
+    from .zoo import make_dropout
+
+    module, (ids,) = make_dropout(p=1e-9)
+    prog = from_torch(module, (ids,))
+    mesh = Mesh.parse("tp=1")
+    p = plan(prog, mesh, {})
+    params = dict(module.named_parameters()) | dict(module.named_buffers())
+    inputs = {}
+    for n in prog.inputs():
+        t = prog.tensors[n]
+        inputs[n] = np.ones(t.shape) if t.kind == "rand" else \
+            ids.numpy().astype(np.float64) if t.kind == "input" else params[n].detach().double().numpy()
+    got = reference_run(p, inputs)[prog.outputs[0]]
+    module.eval()
+    with torch.no_grad():
+        want = module(ids).double().numpy()
+    assert np.allclose(got, want, rtol=1e-4, atol=1e-5)
+    with pytest.raises(AssertionError):  # every element dropped instead: another output
+        inputs = {n: (np.zeros(v.shape) if prog.tensors[n].kind == "rand" else v) for n, v in inputs.items()}
+        assert np.allclose(reference_run(p, inputs)[prog.outputs[0]], want, rtol=1e-4, atol=1e-5)
+
+
+def test_a_jitter_drawn_in_place_is_a_rescaled_draw():
+    """``torch.empty_like(x).uniform_(lo, hi)`` (Mixtral's router jitter in training mode) is
+    ``lo + (hi - lo) * draw``: with the draw at 0.5 the factor is 1 and the program computes the
+    module without jitter; at 0 it is ``lo``."""
+    from shardlayout.execute.verify import reference_run
+
+    class Jitter(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Linear(8, 8, bias=False)
+
+        def forward(self, x):
+            x = x * torch.empty_like(x).uniform_(0.8, 1.2)
+            return self.w(x)
+
+    torch.manual_seed(0)
+    module, x = Jitter().train(), torch.randn(4, 8)
+    prog = from_torch(module, (x,))
+    (draw,) = prog.inputs("rand")
+    assert prog.tensors[draw].shape == (4, 8)
+    p = plan(prog, Mesh.parse("dp=2"), {prog.inputs("input")[0]: Sharding.parse("[dp*2, 8]", Mesh.parse("dp=2"))})
+    assert p.verify().ok
+    w = module.w.weight.detach().double().numpy()
+    for level, factor in ((0.5, 1.0), (0.0, 0.8)):
+        got = reference_run(p, {prog.inputs("input")[0]: x.double().numpy(), "w.weight": w,
+                                draw: np.full((4, 8), level)})[prog.outputs[0]]
+        assert np.allclose(got, factor * x.double().numpy() @ w.T)

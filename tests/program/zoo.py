@@ -14,6 +14,7 @@ styles: none uses this project's weight names.
     Phi3         Phi-3's fused ``qkv_proj`` cut by slices (``qkv[..., :d]``) and ``gate_up_proj``
                  (chunk), RoPE on the sliced q and k
     ConvNet      no attention and no MLP block: convolutions and a single Linear head
+    DropoutGPT   GPT-2's shape in training mode: ``nn.Dropout`` and SDPA's ``dropout_p``
     DiffLlama    HFLlama with differential attention (DiffLlama's form): two SDPA calls over the
                  halves of v, the result's heads paired ``i, i + H/2``; ``halves_llama``: one SDPA
                  call, the result's heads in halves scaled apart and joined again, not paired
@@ -460,6 +461,46 @@ class Phi3(HFLlama):
         self.layers = nn.ModuleList(Phi3Layer() for _ in range(layers))
 
 
+class DropoutLayer(nn.Module):
+    """A GPT-2 layer as users train it: ``nn.Dropout`` after the embedding's sum and each branch,
+    attention dropout inside SDPA (``dropout_p`` in training mode) with a boolean causal mask."""
+
+    def __init__(self, dim=DIM, heads=HEADS, p=0.1):
+        super().__init__()
+        self.heads, self.hd, self.p = heads, dim // heads, p
+        self.ln_1, self.ln_2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = (nn.Linear(dim, dim) for _ in range(4))
+        self.up, self.down = nn.Linear(dim, FFN), nn.Linear(FFN, dim)
+        self.drop = nn.Dropout(p)
+        self.register_buffer("causal", torch.ones(SEQ, SEQ, dtype=torch.bool).tril(), persistent=False)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        h = self.ln_1(x)
+        q, k, v = (w(h).view(b, t, self.heads, self.hd).transpose(1, 2)
+                   for w in (self.q_proj, self.k_proj, self.v_proj))
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=self.causal[:t, :t],
+                                           dropout_p=self.p if self.training else 0.0)
+        x = x + self.drop(self.o_proj(a.transpose(1, 2).reshape(b, t, d)))
+        return x + self.drop(self.down(F.gelu(self.up(self.ln_2(x)))))
+
+
+class DropoutGPT(nn.Module):
+    def __init__(self, layers: int = 2, p: float = 0.1):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(VOCAB, DIM), nn.Embedding(SEQ, DIM)
+        self.drop = nn.Dropout(p)
+        self.h = nn.ModuleList(DropoutLayer(p=p) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(DIM)
+        self.lm_head = nn.Linear(DIM, VOCAB, bias=False)
+
+    def forward(self, ids):
+        x = self.drop(self.wte(ids) + self.wpe(torch.arange(ids.shape[1])))
+        for layer in self.h:
+            x = layer(x)
+        return self.lm_head(self.ln_f(x))
+
+
 # ------------------------------------------------------------------------------------------
 # differential attention (DiffLlama's form), and heads split in halves that are not combined
 # ------------------------------------------------------------------------------------------
@@ -518,6 +559,12 @@ def make_halves_llama(layers: int = 2):
 
 def _tokens():
     return torch.randint(0, VOCAB, (BATCH, SEQ))
+
+
+def make_dropout(layers: int = 2, p: float = 0.1):
+    """``DropoutGPT`` in training mode (dropout on), as ``Model(config)`` leaves a module."""
+    torch.manual_seed(0)
+    return DropoutGPT(layers, p).train(), (_tokens(),)
 
 
 def make_hf_llama(layers: int = 2):

@@ -37,6 +37,8 @@ def run(*args, env=None):
     # a tied embedding on dp: the head's transpose reads the weight with a complete gradient (its
     # output's is summed), the embedding with a partial one: only the embedding's is summed again
     (["--module", "tests/program/zoo.py:make_gpt2_tied", "--mesh", "dp=2", "--style", "dp"], None),
+    # training mode: dropout's draws (attention's cut by heads), each rank's piece of one global draw
+    (["--module", "tests/program/zoo.py:make_dropout", "--mesh", "tp=2", "--style", "megatron"], None),
 ])
 def test_training_step_equals_the_unsharded_run_and_executes_the_planned_collectives(args, planned):
     r = run(*args, "--json", "--dtype", "float64", "--train")

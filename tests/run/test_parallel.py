@@ -274,3 +274,31 @@ def test_the_forwards_output_structure_and_tied_weights_are_kept(fake_world):
     out = pmod(ids)
     assert set(out) == {"logits", "hidden", "note"} and out["note"] is None
     assert tuple(out["logits"].shape) == (4, 8, 32) and isinstance(out["hidden"], DTensor)
+
+
+def test_dropout_draws_agree_on_replicas_and_differ_between_pieces(fake_world):
+    """A module in training mode: each dropout draw is made on every rank from the job's seed, the
+    call and the piece the rank holds, so ranks holding the same piece (replicas, the residual
+    stream's dropout on tp) draw the same mask and others (attention's, cut by heads) their own;
+    a second call draws again."""
+    import shardlayout
+    from shardlayout.run.parallel import draws, local_draw
+
+    sys.path.insert(0, str(ROOT / "tests" / "program"))
+    from zoo import make_dropout
+
+    fake_world(2)
+    model, (ids,) = make_dropout()
+    pmod = shardlayout.parallelize(model, "tp=2", style="megatron", example_inputs=(ids,), outputs="local")
+    plan = pmod.plan
+    d0, d1 = draws(plan, 0), draws(plan, 1)
+    assert set(d0) == set(plan.program.inputs("rand")) and len(d0) == 7
+    cut = {n for n in d0 if plan.shardings[n].local_shape(0) != plan.shardings[n].shape}
+    assert len(cut) == 2  # the two attention draws, cut by heads
+    for n in d0:
+        assert (d0[n][3] == d1[n][3]) == (n not in cut)  # the same piece, the same key
+        a, b = local_draw(d0[n], 7, 1), local_draw(d1[n], 7, 1)
+        assert torch.equal(a, b) == (n not in cut) and tuple(a.shape) == plan.shardings[n].local_shape(0)
+        assert 0 <= float(a.min()) and float(a.max()) < 1
+        assert not torch.equal(a, local_draw(d0[n], 7, 2))  # every call draws again
+    assert tuple(pmod(ids).shape) == plan.program.tensors[plan.program.outputs[0]].shape[:-1] + (16,)

@@ -102,7 +102,10 @@ def collective_piece(c, rank: int, pieces: dict, want=None, held=None):
                 raise ShardMismatch(
                     f"{c.kind.value} over {c.axes_text()}: rank {q} of rank {rank}'s group {group} does not hold "
                     f"every element rank {rank} needs ({src} -> {dst}); a reduction needs them from every member")
-            stacked[m][at] = block
+            if at:
+                stacked[m][at] = block
+            else:  # a 0-d piece (a whole tensor's mean, all-reduced): stacked[m] is a number, not a view
+                stacked[m] = block
         else:
             out[at] = block
         have[at] = True

@@ -900,11 +900,14 @@ def _nested_mismatch(plan, name: str, got: dict, want, rtol, atol) -> str | None
 def full_input(prog, name: str, rng) -> np.ndarray:
     """A random global value of program input ``name`` for the whole-plan simulation: floats, or
     for integer ids the integers a consumer can look up (an embedding's rows; else 0 and 1), for a
-    boolean mask 0/1. ``full_input(prog, "input_ids", np.random.default_rng(0))``"""
+    boolean mask 0/1, for a uniform draw (kind ``rand``) values in [0, 1).
+    ``full_input(prog, "input_ids", np.random.default_rng(0))``"""
     t = prog.tensors[name]
     shape = tuple(t.shape)
     if t.dtype == "bool":
         return rng.integers(0, 2, shape).astype(np.float64)
+    if t.kind == "rand":  # a uniform draw (dropout's: compared with p)
+        return rng.random(shape)
     if not t.dtype.startswith("int") and not t.dtype.startswith("uint"):
         return rng.standard_normal(shape) if shape else np.asarray(rng.standard_normal())
     rows = [prog.tensors[op.inputs[0]].shape[0] for op in prog.ops

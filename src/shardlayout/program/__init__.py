@@ -45,7 +45,8 @@ from . import symbols as _sy  # noqa: E402 - after ProgramError, which its error
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """A named tensor: shape, dtype and kind ("input", "param", "buffer" or "value"); ``ragged``
+    """A named tensor: shape, dtype and kind ("input", "param", "buffer", "value", or a random draw
+    made in forward: "rand" uniform on [0, 1), "randn" standard normal, e.g. dropout's); ``ragged``
     (a :class:`~shardlayout.sharding.ragged.Ragged`) when one dim's extent differs per component
     (the shape then holds the expected extent; set from the ops, ``program.ragged``)."""
 
@@ -326,7 +327,7 @@ class Program:
 
 
 DTYPES = tuple(ITEMSIZE)  # every element type the cost model knows the size of
-KINDS = ("input", "param", "buffer", "value")
+KINDS = ("input", "param", "buffer", "value", "rand", "randn")
 MAX_DIM = (1 << 63) - 1  # torch's int64 sizes
 MAX_REPEAT = 1 << 20  # instances of a repeated block (the CLI's --layers stops at 4096)
 

@@ -253,6 +253,59 @@ def feature_statistics(program: Program, lin) -> tuple:
     return tuple(dict.fromkeys(found))
 
 
+def input_statistics(program: Program, lin) -> tuple:
+    """The statistics over all of a Linear's input features taken in the region its activation is
+    made in (BitNet's ``attn_sub_norm`` before o_proj: the mean square of the attention's
+    ``[b, s, heads * hd]``, kept as ``[b, s, 1]``; ``ffn_sub_norm`` before down_proj), as ``(input,
+    statistic)`` pairs: reductions over the last dim alone of a tensor that reaches the activation
+    through pointwise ops and views, its last dim still the input features. A row cut makes each
+    a partial sum over the cut features, all-reduced where it is made (an RMSNorm over a cut dim
+    needs its whole statistic, as in any tensor-parallel BitNet). ``input_statistics(prog, o_proj)
+    -> (('model.layers.0.self_attn.attn_sub_norm.pow', 'model.layers.0.self_attn.attn_sub_norm.mean'),)``"""
+    g = graph(program)
+    t = program.tensors
+    features = t[lin.activation].shape[-1]
+    found = [(g.op(i).inputs[0], g.op(i).outputs[0]) for i in _input_region(program, lin)
+             if _feature_statistic(g, i) and t[g.op(i).inputs[0]].shape[-1] == features
+             and t[g.op(i).outputs[0]].shape[-1:] == (1,)]
+    return tuple(dict.fromkeys(found))
+
+
+def input_scales(program: Program, lin) -> tuple:
+    """1-D parameters that scale a Linear's input features one by one in the region its activation
+    is made in (BitNet's ``attn_sub_norm.weight`` of ``heads * hd`` before o_proj), when that region
+    also takes a statistic of them (``input_statistics``: a norm of the features): a row cut of the
+    Linear cuts them alike. ``input_scales(prog, o_proj) -> ('model.layers.0.self_attn.attn_sub_norm.weight',)``"""
+    if not input_statistics(program, lin):
+        return ()
+    g = graph(program)
+    t = program.tensors
+    features = t[lin.activation].shape[-1]
+    found = [p for i in _input_region(program, lin) if short(g.op(i)) == "mul"
+             for p in g.op(i).inputs if _is_param(g, p) and t[p].shape == (features,)]
+    return tuple(dict.fromkeys(found))
+
+
+def _input_region(program: Program, lin) -> list:
+    """The indices of the ops a Linear's activation is made by, walked back from it through
+    pointwise ops, views and statistics of the input features, over tensors whose last dim is the
+    input features (or 1: a statistic, ``[b, s, 1]``); in op order."""
+    g = graph(program)
+    t = program.tensors
+    features = t[lin.activation].shape[-1]
+    region, seen, todo = set(), {lin.activation}, [lin.activation]
+    while todo:
+        i = g.producer.get(todo.pop())
+        if i is None or i in region or not (g.passes(i) or _feature_statistic(g, i)):
+            continue
+        region.add(i)
+        for x in g.op(i).inputs:
+            if isinstance(x, str) and x not in seen and t[x].shape and t[x].shape[-1] in (features, 1):
+                seen.add(x)
+                todo.append(x)
+    return sorted(region)
+
+
 def _feature_users(program: Program, lin) -> list:
     """The indices of the ops reading a tensor reached from ``lin``'s output through ops that keep a block's region
     open (pointwise, views, statistics), its last dim still the output features."""
@@ -364,6 +417,29 @@ def _weight_uses(g: Graph, param: str, matmuls=MATMULS):
                 nd = track_dims(op, dims, t[name].shape, t[op.outputs[0]].shape)
                 if nd is not None and any(d is not None for d in nd):
                     stack.append((op.outputs[0], nd))
+            elif _of_weight_alone(g, op, name, param):
+                stack.append((op.outputs[0], dims))
+
+
+def _of_weight_alone(g: Graph, op, name: str, param: str) -> bool:
+    """Is ``op`` an element-wise op of ``name`` (made from ``param``), of its shape, whose other
+    operands are made from ``param`` alone — BitNet's ternary weight, ``round(w * s).clamp(-1, 1) / s``
+    with ``s = 1 / mean(|w|)``? Still the Linear of ``param``: a function of the weight only."""
+    t = g.program.tensors
+    if len(op.outputs) != 1 or short(op) not in _pointwise() or t[op.outputs[0]].shape != t[name].shape:
+        return False
+    return all(_made_from(g, x, param) for x in op.inputs if isinstance(x, str) and x != name)
+
+
+def _made_from(g: Graph, x: str, source: str, depth: int = 8) -> bool:
+    """Is ``x`` computed from ``source`` alone (and constants) by at most ``depth`` ops?"""
+    if x == source:
+        return True
+    op = g.made_by(x)
+    if op is None or depth == 0:
+        return False
+    ins = [i for i in op.inputs if isinstance(i, str)]
+    return bool(ins) and all(_made_from(g, i, source, depth - 1) for i in ins)
 
 
 def _as_linear(g: Graph, param: str, i: int, pos: int, dims: tuple):
@@ -577,6 +653,13 @@ def _per_head(g: Graph, i: int, wide: bool = True) -> bool:
     return n >= (3 if wide else 4) and bool(kw.get("keepdim")) and [_norm_dim(d, n) for d in dims] == [n - 1]
 
 
+def _feature_statistic(g: Graph, i: int) -> bool:
+    """Is op ``i`` a mean, sum or max over the last dim alone, kept, of a tensor of 3 or more dims (the
+    mean square of an RMSNorm of the features: BitNet's ``attn_sub_norm`` of the attention's
+    ``[b, s, heads * hd]`` before o_proj)?"""
+    return short(g.op(i)) in _HEAD_STATS and _per_head(g, i, wide=True)
+
+
 def _passes_in_block(g: Graph, i: int, wide: bool = True) -> bool:
     """Op ``i`` keeps a block's region open: it moves values, is a per-head statistic (``wide``: or
     one of all of q's features, ``_per_head``), or makes nothing (a runtime check such as
@@ -639,7 +722,7 @@ def linears_ahead(g: Graph, start: str, by_activation: dict) -> tuple:
             lin = by_activation.get((i, t))
             if lin is not None:
                 found.append(lin)
-            elif _passes_in_block(g, i, wide=False):  # views, pointwise, a norm of each head
+            elif i in g.through or not g.op(i).outputs or _feature_statistic(g, i):  # (a runtime check: nothing)
                 stack.extend(g.op(i).outputs)
             else:
                 return ()
@@ -877,11 +960,36 @@ def block_inputs(g: Graph, linears) -> tuple:
         t = lin.activation
         while True:
             op = g.made_by(t)
-            if op is None or short(op) not in PLAIN_VIEWS or not op.inputs or not isinstance(op.inputs[0], str):
+            if op is None or not op.inputs or not isinstance(op.inputs[0], str):
                 break
-            t = op.inputs[0]
+            if short(op) in PLAIN_VIEWS:
+                t = op.inputs[0]
+            elif (x := _quantized(g, t)) is not None:
+                t = x  # BitNet's per-token absmax quantization of the input: a function of it alone
+            else:
+                break
         out.append(t)
     return tuple(dict.fromkeys(out))
+
+
+def _quantized(g: Graph, t: str):
+    """The tensor ``x`` when ``t`` quantizes it — made from ``x`` alone (constants aside) by element-wise
+    ops and statistics over its last dim, a ``round`` among them (BitNet's 8-bit activations,
+    ``round(x * s).clamp(-128, 127) / s`` with ``s = 127 / amax(|x|, -1)``); else None. Walked back
+    latest op first until one tensor is left. A norm of ``x`` (no rounding) is no quantization: the
+    block's input stays the norm's output."""
+    frontier, rounds = {t}, False
+    for _ in range(32):
+        x = max(frontier, key=lambda y: g.producer.get(y, -1))
+        i = g.producer.get(x)
+        if i is None or not (short(g.op(i)) in _pointwise() or _feature_statistic(g, i)):
+            return None
+        rounds = rounds or short(g.op(i)) == "round"
+        frontier = (frontier - {x}) | {y for y in g.op(i).inputs if isinstance(y, str)}
+        if len(frontier) == 1:
+            (x,) = frontier
+            return x if rounds and not _is_param(g, x) else None
+    return None
 
 
 def block_output(g: Graph, lin: Linear, inputs: tuple = ()) -> str:
@@ -981,14 +1089,16 @@ def _find_blocks(program: Program) -> Structure:
             first = tuple(_one_role(g, lin, cores) for lin in first)
             blocks.append(replace(_block("attention", g, first, last), heads=query_heads(g, cores[0]),
                                   runs=head_runs(g, first, cores, sinks | {lin.op for lin in last})))
-    for down in linears:
-        if down in claimed:
-            continue
-        ups = linears_behind(g, (down.activation,), frozenset({down.op}), by_output, wide=False)
-        ups = tuple(lin for lin in ups if lin not in claimed and lin != down)
-        if ups:
-            claimed.update(ups + (down,))
-            blocks.append(_block("mlp", g, ups, (down,)))
+    outputs = set(program.outputs)
+    for wide in (False, True):  # then a norm of the ffn features before the down Linear (BitNet's ffn_sub_norm)
+        for down in linears:
+            if down in claimed or wide and _reaches_output(g, down.output, outputs):
+                continue  # (a head's input norm, past the last residual add, is no MLP's)
+            ups = linears_behind(g, (down.activation,), frozenset({down.op}), by_output, wide=wide)
+            ups = tuple(lin for lin in ups if lin not in claimed and lin != down)
+            if ups:
+                claimed.update(ups + (down,))
+                blocks.append(_block("mlp", g, ups, (down,)))
     blocks.extend(_others(program, g, linears, claimed))
     order = {id(b): _first_op(b, g) for b in blocks}
     return Structure(linears, tuple(sorted(blocks, key=lambda b: (order[id(b)], KINDS.index(b.kind)))))
@@ -1205,5 +1315,5 @@ def _feeds_batched(g: Graph, param: str) -> bool:
 
 
 __all__ = ["Block", "Core", "Graph", "Linear", "Structure", "attention_cores", "feature_scales", "feature_statistics",
-           "find_blocks", "find_linears", "derived", "graph", "head_runs", "module_of", "query_heads", "shared_cores",
-           "track_dims", "weight_consumers"]
+           "find_blocks", "find_linears", "derived", "graph", "head_runs", "input_scales", "input_statistics",
+           "module_of", "query_heads", "shared_cores", "track_dims", "weight_consumers"]

@@ -10,7 +10,9 @@ On a mesh with axes ``dp`` and/or ``tp`` (others replicate; ``ep`` for experts):
   ``Block.runs`` — cut in each run, ``[2*tp*8, 32]``, so a rank's pairs are whole; a 1-D weight
   scaling q's features, as OLMo-2's ``q_norm``, cut with q, and the norm's statistic over all of
   q's features all-reduced where it is made: one collective), the last Linear (output / down
-  projection) row-parallel (input features on tp, its bias added once), and the block's output
+  projection) row-parallel (input features on tp, its bias added once; a norm of those features
+  before it, as BitNet's ``attn_sub_norm`` / ``ffn_sub_norm``, cut with them, its statistic
+  all-reduced where it is made), and the block's output
   (its residual add) replicated on tp: one all_reduce after each block. Embeddings and norms
   replicated (a lookup's or a patch convolution's output replicated on tp); a head (a Linear
   whose output is a program output) column-parallel on its vocabulary, its logits left sharded.
@@ -60,6 +62,8 @@ from .blocks import (
     feature_statistics,
     find_blocks,
     heads_of,
+    input_scales,
+    input_statistics,
     routed_source,
     short,
     weight_consumers,
@@ -325,6 +329,8 @@ def _megatron(program: Program, mesh: Mesh, s: Structure, sequence: bool) -> Sty
                         pins.update(_statistics(mesh, program, lin, keep))
             for lin in b.last:
                 pins.update(keep(row(mesh, program, lin)))
+                pins.update(keep({n: sharded(mesh, t[n].shape, {0: ["tp"]}) for n in input_scales(program, lin)}))
+                pins.update(_statistics(mesh, program, lin, keep, input_statistics))
         if sequence:
             for x in b.inputs:
                 pins[x] = sharded(mesh, t[x].shape, {0: ["dp"]})
@@ -359,17 +365,18 @@ def _megatron(program: Program, mesh: Mesh, s: Structure, sequence: bool) -> Sty
     return StylePins(pins, matched, frozenset(kept), tuple(whole))
 
 
-def _statistics(mesh: Mesh, program: Program, lin: Linear, keep) -> dict:
+def _statistics(mesh: Mesh, program: Program, lin: Linear, keep, which=feature_statistics) -> dict:
     """Pins of the statistics over all of a column Linear's output features (OLMo2's q_norm mean
-    square, ``feature_statistics``): the statistic's input kept where the cut makes it (batch on dp,
-    features on tp), the statistic replicated on tp: the partial sum all-reduced where it is made,
-    one collective (the planner, op by op, would reduce-scatter it, the cheaper move there, and
-    gather it again before it scales q; or, at small sizes, gather q)."""
+    square, ``feature_statistics``) or of a row Linear's input features (BitNet's sub-norms before
+    o_proj and down_proj, ``input_statistics``): the statistic's input kept where the cut makes it
+    (batch on dp, features on tp), the statistic replicated on tp: the partial sum all-reduced where
+    it is made, one collective (the planner, op by op, would reduce-scatter it, the cheaper move
+    there, and gather it again before it scales q; or, at small sizes, gather q)."""
     if lin.parts > 1:
         return {}
     t = program.tensors
     pins = {}
-    for x, stat in feature_statistics(program, lin):
+    for x, stat in which(program, lin):
         n = len(t[x].shape)
         pins.update(keep({x: sharded(mesh, t[x].shape, {0: ["dp"], n - 1: ["tp"]})}))
         pins[stat] = sharded(mesh, t[stat].shape, {0: ["dp"]})

@@ -22,6 +22,7 @@ cannot read is specialised: every symbol in it gets a guard ``symbol == example`
 from __future__ import annotations
 
 import contextlib
+import math
 import operator
 import re
 
@@ -412,6 +413,42 @@ def _sympy_guard(text: str):
         return None
 
 
+RANDOM_DRAWS = {"rand_like": "rand", "rand": "rand", "randn_like": "randn", "randn": "randn", "uniform": "rand"}
+"""Ops that draw random values, read as program inputs of kind ``rand`` (uniform on [0, 1)) or
+``randn`` (standard normal) of the draw's global shape: a plan then shards the draw like any input
+(each rank keeps its piece of one global draw, as DTensor's offset-based RNG does), so a sharded
+dropout equals the unsharded one, mask for mask. ``uniform(x, lo, hi)`` (``x.uniform_(lo, hi)``:
+Mixtral's router jitter) is ``lo + (hi - lo) * draw``."""
+
+
+def _draw_shapes_only(nodes) -> set:
+    """Allocations (``empty_like``, ``empty_permuted``) read only by draws, which take their shape
+    alone (``torch.empty_like(x).uniform_(lo, hi)``): not ops of the program."""
+    from ..ops import canonical_op_name
+
+    def is_draw(n) -> bool:
+        return n.op == "call_function" and canonical_op_name(str(n.target)) in RANDOM_DRAWS
+
+    return {n for n in nodes if n.op == "call_function" and canonical_op_name(str(n.target)).startswith("empty")
+            and n.users and all(is_draw(u) for u in n.users)}
+
+
+def _draw(node, short: str, name: str, val, syms, b) -> str:
+    """The draw ``node`` makes, as an input of kind ``RANDOM_DRAWS[short]`` (rescaled for ``uniform``)."""
+    dtype = str(val.dtype).replace("torch.", "")
+    draw = b._tensor(name, (), dtype, RANDOM_DRAWS[short], sym_shape=syms.shape(val))
+    if short != "uniform":
+        return draw
+    lo = node.args[1] if len(node.args) > 1 else node.kwargs.get("from", 0.0)
+    hi = node.args[2] if len(node.args) > 2 else node.kwargs.get("to", 1.0)
+    if not all(isinstance(x, (int, float)) for x in (lo, hi)):
+        raise ProgramError(f"{node_where(node)}: uniform({lo!r}, {hi!r}) needs number bounds")
+    if (lo, hi) == (0.0, 1.0):
+        return draw
+    x = b._op("aten.mul.Tensor", [draw, float(hi) - float(lo)], f"{name}_width", 1, None, {})
+    return b._op("aten.add.Tensor", [x, float(lo)], f"{name}_from", 1, None, {})
+
+
 def _decomposed(ep):
     """``ep`` in core ATen (``repeat`` too, as expand + view, and ``clamp`` by tensors), attention kept whole:
     ``scaled_dot_product_attention`` has a rule, and one op is what the per-rank program should run
@@ -425,6 +462,8 @@ def _decomposed(ep):
     table.pop(torch.ops.aten.scaled_dot_product_attention.default, None)
     # a tile is expand + view (views' rules); a clamp by tensor bounds (PhiMoE's router) is where / ge / le
     table.update(get_decompositions([torch.ops.aten.repeat.default, torch.ops.aten.clamp.Tensor]))
+    # dropout in training mode: a uniform draw compared with p (``RANDOM_DRAWS``), then two products
+    table.update(get_decompositions([torch.ops.aten.native_dropout.default]))
     try:
         return ep.run_decompositions(table)
     except (ValueError, RuntimeError) as e:
@@ -458,6 +497,7 @@ def from_exported(ep, decompose: bool = True, dim_names: dict | None = None) -> 
     input_shapes: dict = {}
     label = op_labels(ep.graph.nodes, set(params.values()) | set(buffers.values()))
     casts: dict = {}  # (tensor, cast kwargs) -> its cast: a cast repeated per use is made once
+    unread = _draw_shapes_only(ep.graph.nodes)
     for node in ep.graph.nodes:
         if node.op == "placeholder":
             val = node.meta.get("val")
@@ -473,7 +513,7 @@ def from_exported(ep, decompose: bool = True, dim_names: dict | None = None) -> 
             b._tensor(name, (), dtype, kind, sym_shape=shape)
             names[node] = name
         elif node.op == "call_function":
-            if node in loops.skip:
+            if node in loops.skip or node in unread:
                 continue
             if node in loops.alias:
                 names[node] = names[loops.alias[node]]
@@ -503,6 +543,9 @@ def from_exported(ep, decompose: bool = True, dim_names: dict | None = None) -> 
                 _assert_fact(node, target, names, syms, facts, notes)
                 continue
             short = canonical_op_name(target)
+            if short in RANDOM_DRAWS:  # a draw (dropout's mask): an input of its own, drawn over the global
+                names[node] = _draw(node, short, label[node], val, syms, b)  # shape, each rank keeps its piece
+                continue
             if short not in known:
                 if short == "_local_scalar_dense":
                     raise UnsupportedOp(
@@ -527,6 +570,9 @@ def from_exported(ep, decompose: bool = True, dim_names: dict | None = None) -> 
             kwargs.update(LIBRARY_PARAMS.get(str(node.target), {}))
             if kwargs.get("enable_gqa") and short == "scaled_dot_product_attention":
                 inputs, kwargs = _repeated_kv(label[node], inputs, kwargs, b)
+            if kwargs.get("dropout_p") and short == "scaled_dot_product_attention":
+                names[node] = _attention_dropout(label[node], inputs, kwargs, b)
+                continue
             n_out = len(val) if isinstance(val, (list, tuple)) else 1
             vals = val if isinstance(val, (list, tuple)) else (val,)
             dtypes = [str(v.dtype).replace("torch.", "") if hasattr(v, "dtype") else None for v in vals]
@@ -563,10 +609,11 @@ def from_exported(ep, decompose: bool = True, dim_names: dict | None = None) -> 
                 notes.append(str(g))
     b._notes.extend(notes)
     from .head_norms import merge_head_norms
+    from .max_values import max_values
     from .parallel_residual import sum_branches_first
     from .routing import recognise_routing
 
-    prog = sum_branches_first(merge_head_norms(recognise_routing(b.build())))
+    prog = sum_branches_first(merge_head_norms(max_values(recognise_routing(b.build()))))
     if loops.rows:
         check_loops_routed(prog, {names[r]: split.name for split, r in loops.rows.items()})
     return compress(prog)  # a model's layers, one block: planned from its first instances
@@ -630,6 +677,36 @@ def _repeated_kv(node: str, inputs: list, kwargs: dict, b) -> tuple:
         out[j] = b._op("aten.flatten.using_ints", [x], f"{node}_{which}_repeat", 1, None,
                        {"start_dim": 1, "end_dim": 2})
     return out, {**kwargs, "enable_gqa": False}
+
+
+def _attention_dropout(node: str, inputs: list, kwargs: dict, b) -> str:
+    """Attention with dropout (``dropout_p > 0``: training mode) as torch's math path computes it,
+    written out so the dropout's draw is an input of its own (``RANDOM_DRAWS``): ``softmax(q k^T *
+    scale + mask) * (draw > p) / (1 - p) @ v``, the draw uniform over ``[b, h, s, t]``. A style
+    finds it as softmax(QK^T)V; each rank keeps its piece of one global draw."""
+    q, k, v = inputs[:3]
+    mask = inputs[3] if len(inputs) > 3 else None
+    p = float(kwargs["dropout_p"])
+    if kwargs.get("is_causal") or not 0 < p < 1:
+        raise ProgramError(f"node {node!r} (scaled_dot_product_attention, dropout_p={p}, "
+                           f"is_causal={bool(kwargs.get('is_causal'))}): attention dropout is read with "
+                           "0 < p < 1 and an explicit attn_mask; put the module in eval() to plan without dropout")
+    qs, ks = b._tensors[q].shape, b._tensors[k].shape
+    scale = kwargs.get("scale")
+    scale = float(scale) if scale is not None else 1 / math.sqrt(qs[-1])
+    kt = b._op("aten.transpose.int", [k], f"{node}_kT", 1, None, {"dim0": -2, "dim1": -1})
+    x = b._op("aten.matmul.default", [q, kt], f"{node}_scores", 1, None, {})
+    x = b._op("aten.mul.Tensor", [x, scale], f"{node}_scaled", 1, None, {})
+    if mask is not None and b._tensors[mask].dtype == "bool":  # keep where True
+        x = b._op("aten.where.ScalarOther", [mask, x, -math.inf], f"{node}_masked", 1, None, {})
+    elif mask is not None:  # an additive bias
+        x = b._op("aten.add.Tensor", [x, mask], f"{node}_masked", 1, None, {})
+    x = b._op("aten._softmax.default", [x], f"{node}_softmax", 1, None, {"dim": -1, "half_to_float": False})
+    draw = b._tensor(f"{node}_dropout_draw", qs[:-1] + (ks[-2],), "float32", "rand")
+    keep = b._op("aten.gt.Scalar", [draw, p], f"{node}_dropout_keep", 1, None, {})
+    x = b._op("aten.mul.Tensor", [x, keep], f"{node}_dropout", 1, None, {})
+    x = b._op("aten.mul.Tensor", [x, 1 / (1 - p)], f"{node}_dropout_scaled", 1, None, {})
+    return b._op("aten.matmul.default", [x, v], node, 1, None, {})
 
 
 class _Empty:

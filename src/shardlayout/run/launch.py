@@ -48,6 +48,8 @@ def _global_inputs(plan, seed: int, dtype: str = "float32") -> dict:
             out[name] = torch.from_numpy(rng.integers(0, _index_bound(plan.program, name), t.shape))
         elif t.dtype == "bool":  # masks
             out[name] = torch.from_numpy(rng.integers(0, 2, t.shape).astype(bool))
+        elif t.kind == "rand":  # a uniform draw (dropout's), one over the global shape
+            out[name] = torch.from_numpy(rng.random(t.shape).astype(dtype))
         else:
             out[name] = torch.from_numpy(rng.standard_normal(t.shape).astype(dtype))
     return out

@@ -268,7 +268,8 @@ def parallelize(module, mesh, plan=None, *, example_inputs=None, style=None, tp_
     if ragged_tensors(plan):  # routed rows: sizes known at run time, the plan interpreted (eager)
         gm = InterpretedProgram(plan, rank, groups, reductions, segs)
     else:
-        gm = rank_program(plan, rank, groups, [by_name[n] if n in by_name else state[n] for n in prog.inputs()],
+        gm = rank_program(plan, rank, groups, [by_name[n] if n in by_name else state[n] if n in state
+                                               else draw_example(prog.tensors[n]) for n in prog.inputs()],
                           reductions, segs)
     pmod = ParallelModule(module, plan, dm, rank, gm, outputs, constants, structure)
     object.__setattr__(pmod, "streams", segs)
@@ -359,6 +360,8 @@ class ParallelModule(_module_base()):
         for name, b in module._buffers.items():
             self.register_buffer(name, b, persistent=name not in module._non_persistent_buffers_set)
         self._index = {n: _local_index(plan.shardings[n], rank) for n in self._user}
+        self._draws = draws(plan, rank)
+        self._seed, self._calls = shared_seed() if self._draws else 0, 0
         self._local_shapes = {n: tuple(plan.shardings[n].local_shape(rank)) for n in self._user}
         self._out = [(n, plan.shardings[n], _placements(plan.shardings[n], f"output {n!r}")
                       if outputs == "dtensor" else None) for n in prog.outputs]
@@ -413,9 +416,12 @@ class ParallelModule(_module_base()):
     def forward(self, *args, **kwargs):
         given = _bind(self._signature, self._user, args, kwargs)
         values = []
+        self._calls += 1
         for n in self._inputs:
             if n in given:
                 values.append(self._local_input(n, given[n]))
+            elif n in self._draws:
+                values.append(local_draw(self._draws[n], self._seed, self._calls))
             else:
                 t = self.get_parameter(n) if _is_param(self, n) else self.get_buffer(n)
                 values.append(t.to_local())
@@ -431,6 +437,59 @@ class ParallelModule(_module_base()):
         spec, leaves = self._structure
         it = iter(outs)
         return tree_unflatten([next(it) if v is _tensor_leaf() else v for v in leaves], spec)
+
+
+def draws(plan, rank: int) -> dict:
+    """The program's random draws (dropout's masks, inputs of kind ``rand`` / ``randn``) as
+    ``{name: (kind, dtype, this rank's shape, the piece it holds)}``: ranks holding the same piece
+    (replicas) draw the same values, ranks holding other pieces independent ones.
+    ``draws(plan, 0) -> {"drop.rand_like": ("rand", "float32", (2, 8, 16), "9f2c...")}``"""
+    import hashlib
+
+    import numpy as np
+
+    prog = plan.program
+    out = {}
+    for n in prog.inputs():
+        t = prog.tensors[n]
+        if t.kind in ("rand", "randn"):
+            s = plan.shardings[n]
+            h = hashlib.blake2b(n.encode(), digest_size=16)
+            for ix in s.indices(rank):  # the global indices of this rank's piece, dim by dim
+                h.update(np.asarray(ix, dtype=np.int64).tobytes() + b"|")
+            out[n] = (t.kind, t.dtype, tuple(s.local_shape(rank)), h.hexdigest())
+    return out
+
+
+def shared_seed() -> int:
+    """One seed for every rank of the job: rank 0's draw from torch's default generator,
+    broadcast (a job seeded with ``torch.manual_seed`` draws the same dropout masks run after run)."""
+    import torch
+
+    seed = torch.randint(0, 2**62, (1,), dtype=torch.int64)
+    torch.distributed.broadcast(seed, src=0)
+    return int(seed.item())
+
+
+def local_draw(draw: tuple, seed: int, call: int):
+    """This rank's piece of a draw at forward call ``call``: seeded by the job's seed, the call and
+    the piece (``draws``), so replicas agree and the draw changes every call."""
+    import hashlib
+
+    import torch
+
+    kind, dtype, shape, piece = draw
+    digest = hashlib.blake2b(f"{seed}|{call}|{piece}".encode(), digest_size=8).digest()
+    g = torch.Generator().manual_seed(int.from_bytes(digest, "little") >> 1)
+    fn = torch.rand if kind == "rand" else torch.randn
+    return fn(shape, generator=g, dtype=getattr(torch, dtype)).to(_device_type())
+
+
+def draw_example(t):
+    """A tensor of a draw's dtype (``rank_program`` reads only dtypes of its examples)."""
+    import torch
+
+    return torch.zeros((), dtype=getattr(torch, t.dtype))
 
 
 def _tensor_leaf():

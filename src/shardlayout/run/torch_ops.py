@@ -128,6 +128,8 @@ def torch_op(opdef, args: list, params: dict, out_shapes: list) -> list:
 
     keep = _value_params(opdef)
     kw = {k: v for k, v in params.items() if k in keep and not (v is None and keep[k])}
+    if kw.get("keepdim") is False and "dim" not in kw:  # a whole tensor's mean / sum: aten's overload has no keepdim
+        del kw["keepdim"]
     for k in _DTYPE_PARAMS:
         if k in kw:
             kw[k] = _torch_dtype(torch, kw[k])
