@@ -19,7 +19,8 @@ block — one per layer when attention and MLP read the same input (parallel res
 GPT-NeoX, Falcon, Phi, Cohere, ...) — and one for a tied, vocab-parallel table's lookup;
 ``megatron-sp``: that many reduce_scatters, and one all_gather before each block (the tied
 lookup's reduce_scatter and the head's gather counted too); ``ep``: two all_to_alls per MoE layer
-(the routed rows out and back). An attention whose query heads tp does not divide is kept whole
+(the routed rows out and back). An attention whose query heads tp does not divide (differential
+attention's head pairs: ``examples/hf_models.py:head_runs``) is kept whole
 (no cut inside a head): its all_reduce is not due (under megatron-sp its input is still
 gathered). Where the expectation is not Megatron's, the case says so in ``extra`` and the table
 names it:
@@ -137,7 +138,8 @@ CASES = (
     _c("hunyuan_dense", "hunyuan_v1_dense", head_dim=8, **GQA), _c("nemotron", "nemotron", head_dim=8, **GQA),
     _c("persimmon", "persimmon"), _c("bitnet", "bitnet", extra=("sub_norm",), **GQA),
     _c("vaultgemma", "vaultgemma", head_dim=8, **GQA),
-    _c("diffllama", "diffllama", **GQA), _c("phimoe", "phimoe", num_local_experts=4, num_experts_per_tok=2, **GQA),
+    _c("diffllama", "diffllama", **GQA), _c("diffllama_mha", "diffllama", num_key_value_heads=4),
+    _c("phimoe", "phimoe", num_local_experts=4, num_experts_per_tok=2, **GQA),
     _c("jetmoe", "jetmoe", extra=("moa",), num_local_experts=4, num_experts_per_tok=2, kv_channels=8,
        num_key_value_heads=4),
     _c("ernie4_5_moe", "ernie4_5_moe", head_dim=8, moe_num_experts=4, moe_k=2, moe_intermediate_size=48,
@@ -177,7 +179,8 @@ def config_of(case: Case):
 class Facts:
     """What the expectation reads off a case's model: ``layers``, ``tied`` (one vocab-parallel table
     for lookup and head), ``moe_layers``, ``cuts`` (``megatron_cuts`` on tp=2), ``whole_attention``
-    (tp=2 does not divide the query heads: the attention is kept whole, its all_reduce not due)."""
+    (tp=2 does not divide the query heads, or their pairs under differential attention: the attention
+    is kept whole, its all_reduce not due)."""
 
     layers: int
     tied: bool
@@ -194,7 +197,7 @@ def facts(model) -> Facts:
     moe = {re.search(r"\.(\d+)\.", n).group(1) for n, p in model.named_parameters()
            if p.dim() == 3 and re.search(r"\.(layers|h|blocks)\.\d+\.", n)}
     heads = getattr(model.config, "num_attention_heads", 2)
-    return Facts(model.config.num_hidden_layers, tied, len(moe), cuts, heads % 2 != 0)
+    return Facts(model.config.num_hidden_layers, tied, len(moe), cuts, heads % (2 * examples().head_runs(model)) != 0)
 
 
 def prepare(case: Case, work: Path) -> tuple[Path, Facts | str]:

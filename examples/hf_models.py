@@ -191,6 +191,18 @@ def jetmoe():
                   num_local_experts=4, num_experts_per_tok=2)
 
 
+def diffllama():
+    """DiffLlama: differential attention — two attention calls on one q and k over the two halves of
+    v (kv heads ``j`` and ``j + kv/2``), the result's heads chunked in two and subtracted (head ``i``
+    minus lambda times head ``i + H/2``), an RMSNorm of each head pair."""
+    return _build(hf.DiffLlamaConfig, hf.DiffLlamaForCausalLM, num_key_value_heads=HEADS, head_dim=HIDDEN // HEADS)
+
+
+def diffllama_gqa():
+    """DiffLlama with 2 kv heads for 4 query heads: one kv head per half of v."""
+    return _build(hf.DiffLlamaConfig, hf.DiffLlamaForCausalLM, num_key_value_heads=2, head_dim=HIDDEN // HEADS)
+
+
 def qwen3_moe():
     """Qwen3-MoE: 4 experts, top-2, every layer sparse."""
     return _build(hf.Qwen3MoeConfig, hf.Qwen3MoeForCausalLM, num_key_value_heads=2, head_dim=HIDDEN // HEADS,
@@ -239,7 +251,8 @@ def megatron_cuts(model, tp: int = 2) -> dict:
     """Where Megatron cuts each layer weight (a parameter of the model's layer list) on ``tp``: its
     name -> the weight dims cut, ``()`` for a weight Megatron keeps whole — k/v of fewer kv heads
     than ``tp`` divides (MQA; Megatron-LM replicates them), a fused [q heads | k | v] of unequal
-    pieces, an attention whose heads ``tp`` does not divide — and
+    pieces, an attention whose heads ``tp`` does not divide (differential attention: whose head
+    pairs, ``head_runs``; k/v whose kv pairs ``j, j + kv/2``) — and
     None for one it does not place (norms, routers, biases). ``nn.Linear`` holds (out, in),
     GPT-2's Conv1D (in, out); grouped experts ``(experts, a, b)`` are cut in their ffn dim (the one
     that is not the hidden size; when both are, as in JetMoE's mixture of attention, whose q and o
@@ -252,6 +265,7 @@ def megatron_cuts(model, tp: int = 2) -> dict:
 
     cfg = model.config
     hidden = cfg.hidden_size
+    runs = head_runs(model)  # differential attention: Megatron keeps head pairs (i, i + H/2) on one rank
     heads = getattr(cfg, "num_attention_heads", None)
     kv = getattr(cfg, "num_key_value_heads", None) or heads
     if hasattr(cfg, "multi_query") and not getattr(cfg, "new_decoder_architecture", False):
@@ -277,10 +291,19 @@ def megatron_cuts(model, tp: int = 2) -> dict:
         module = model.get_submodule(name.rsplit(".", 1)[0])
         col, row = (0, 1) if isinstance(module, torch.nn.Linear) else (1, 0)
         grouped = getattr(cfg, "new_decoder_architecture", False)  # Falcon's q|k|v fused per kv group: cut by groups
-        if attention and heads % tp:  # a cut would split a head: the attention block whole
+        if attention and heads % (tp * runs):  # a cut would split a head (or a pair): the attention block whole
             out[name] = ()
-        elif leaf in KV and kv % tp or leaf in FUSED_QKV and kv != heads and not grouped:
+        elif leaf in KV and kv % (tp * runs) or leaf in FUSED_QKV and kv != heads and not grouped:
             out[name] = ()
         else:
             out[name] = (col,) if leaf in COLUMN else (row,)
     return out
+
+
+def head_runs(model) -> int:
+    """2 for differential attention (DiffLlama: its attention modules hold the lambdas
+    ``lambda_q1`` ...), whose output head ``i`` is query head ``i`` minus lambda times query head
+    ``i + H/2`` over kv heads ``j`` and ``j + kv/2``: a rank must hold both heads of its pairs, so
+    Megatron cuts each half of the heads on tp (``2 * tp`` must divide the heads); else 1.
+    ``head_runs(diffllama()[0]) -> 2``"""
+    return 2 if any(n.endswith(".lambda_q1") for n, _ in model.named_parameters()) else 1

@@ -280,3 +280,17 @@ def test_a_weight_through_ops_of_itself_alone_is_still_its_linear():
     (lin,) = find_linears(_ternary())
     assert (lin.weight, lin.in_dim, lin.out_dim, lin.output, lin.activation) == ("lin.weight", 1, 0, "y", "x")
     assert find_linears(_ternary(weight_alone=False)) == ()
+
+
+def test_differential_attention_is_one_block_whose_heads_pair_in_two_runs():
+    """DiffLlama's form (zoo ``DiffLlama``): two SDPA calls on one q and k over v's halves are one
+    attention block; the result's heads chunked in two halves and subtracted pair head ``i`` with
+    ``i + H/2`` (``runs`` 2); v, chunked into halves of its own heads that both feed SDPA's v, is
+    no fused Linear. Halves of the heads scaled apart and joined again (``halves_llama``) pair
+    nothing: ``runs`` 1."""
+    for family, runs in (("diff_llama", 2), ("halves_llama", 1)):
+        att = find_blocks(program(family)).of_kind("attention")
+        assert [(b.kind, b.name, _weights(b, "first"), _weights(b, "last")) for b in att] == [
+            ("attention", f"layers.{k}.self_attn", ["q_proj", "k_proj", "v_proj"], ["o_proj"]) for k in (0, 1)]
+        assert [(b.runs, b.heads, [lin.parts for lin in b.first]) for b in att] == [(runs, 4, [1, 1, 1])] * 2
+        assert [b.output for b in att] == ["layers.0.add", "layers.1.add"]  # the residual add

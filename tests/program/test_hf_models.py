@@ -540,3 +540,56 @@ def test_jetmoe_attention_is_kept_whole_when_tp_does_not_divide_one_experts_head
     cuts = _examples().megatron_cuts(model, tp=4)
     assert cuts[pre + "experts.input_linear.weight"] == () and cuts[pre + "kv_proj.weight"] == ()
     assert p.verify().ok
+
+
+@pytest.mark.parametrize("name,kv", [("diffllama", "[2*tp*8, 32]"), ("diffllama_gqa", "[16, 32]")])
+def test_megatron_cuts_differential_attention_by_head_pairs(name, kv):
+    """DiffLlama pairs output head ``i`` with query heads ``i`` and ``i + H/2`` (two SDPA calls on one
+    q and k over v's halves, kv heads ``j`` and ``j + kv/2``; the result chunked in two halves of
+    heads, subtracted, normed per pair). Cut as ``[2*tp*8]`` each rank holds a run of each half —
+    query heads {0, 2} on rank 0, {1, 3} on rank 1 — so its pairs are whole and the attention runs
+    on local heads: q, k, v column-parallel (k and v whole with one kv head per half, fewer than the
+    ranks), o_proj row-parallel, Megatron's one all_reduce (or reduce_scatter) per block; verified,
+    and the imported program equals the module's own logits."""
+    import numpy as np
+    import torch
+
+    from shardlayout.execute.verify import reference_run
+    from shardlayout.run.torch_ops import torch_op
+
+    model, prog = program(name)
+    p = plan(prog, TP2, style="megatron")
+    assert p.counts() == {("all_reduce", ("tp",)): 4}
+    pre = "model.layers.1.self_attn."
+    assert str(p.shardings[pre + "q_proj.weight"]) == "[2*tp*8, 32]"
+    assert str(p.shardings[pre + "k_proj.weight"]) == str(p.shardings[pre + "v_proj.weight"]) == kv
+    assert str(p.shardings[pre + "o_proj.weight"]) == "[32, tp*16]"
+    assert _cut_as_megatron(model, p) >= 8
+    (sdpa, *_) = [op for op in prog.ops if op.name.startswith(pre + "scaled_dot_product_attention")]
+    q = p.shardings[sdpa.inputs[0]]  # [batch, heads, seq, head_dim]
+    heads = np.broadcast_to(np.arange(4.0)[None, :, None, None], q.shape)
+    assert [sorted(set(piece[0, :, 0, 0])) for piece in q.shard(heads).values()] == [[0, 2], [1, 3]]
+    assert p.verify().ok
+    sp = plan(prog, TP2, style="megatron-sp")
+    assert sp.counts() == {("all_gather", ("tp",)): 4, ("reduce_scatter", ("tp",)): 4}
+    assert _cut_as_megatron(model, sp) >= 8
+    assert sp.verify().ok
+    state = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    inputs = {n: state[n].detach() for n in prog.inputs() if n in state}
+    inputs["input_ids"] = _examples()._ids()
+    with torch.no_grad():
+        got = reference_run(p, inputs, torch_op, torch)[prog.outputs[0]]
+        assert torch.allclose(got, model(inputs["input_ids"]).logits, atol=1e-6)
+
+
+def test_megatron_keeps_a_differential_attention_whole_when_tp_splits_its_pairs():
+    """4 query heads make 2 pairs: on tp=4 no cut gives each rank whole pairs, so the attention
+    block stays whole (the MLP still Megatron)."""
+    model, prog = program("diffllama")
+    tp4 = Mesh.parse("tp=4")
+    p = plan(prog, tp4, style="megatron")
+    assert p.counts() == {("all_reduce", ("tp",)): 2}
+    for leaf in ("q_proj", "k_proj", "v_proj", "o_proj"):
+        assert _tp(p, f"model.layers.0.self_attn.{leaf}.weight") == []
+    assert _examples().megatron_cuts(model, tp=4)["model.layers.0.self_attn.q_proj.weight"] == ()
+    assert p.verify().ok

@@ -96,6 +96,32 @@ def test_weight_shardings_hf_llama():
     assert str(p.shardings[program("hf_llama").outputs[0]]) == "[dp, 8, tp*16]"
 
 
+@pytest.mark.parametrize("style", ["megatron", "megatron-sp"])
+def test_differential_attention_cuts_each_half_of_the_heads(style):
+    """Differential attention (zoo ``DiffLlama``) pairs head ``i`` with ``i + H/2``: q, k and v are
+    cut on tp in each half of their heads (``[2*tp*4]``: a rank holds its run of both halves, its
+    pairs whole), the output projection row-parallel on the pairs' features; Megatron's collectives
+    per layer, no more; verified (``_plan``)."""
+    p = _plan("diff_llama", style)
+    assert p.counts() == PER_LAYER[style]
+    pre = "layers.1.self_attn."
+    assert _shardings(p, [pre + n + ".weight" for n in ("q_proj", "k_proj", "v_proj", "o_proj")]) == {
+        pre + "q_proj.weight": "[2*tp*4, 16]", pre + "k_proj.weight": "[2*tp*4, 16]",
+        pre + "v_proj.weight": "[2*tp*4, 16]", pre + "o_proj.weight": "[16, tp*8]"}
+
+
+def test_differential_attention_is_kept_whole_when_tp_would_split_its_pairs():
+    """4 heads make 2 pairs: tp=4 cannot give every rank whole pairs, so the attention block stays
+    whole on every rank (its o_proj not reduced); the MLP is still Megatron."""
+    mesh = Mesh.parse("tp=4")
+    p = _plan("diff_llama", "megatron", mesh)
+    assert p.counts() == {("all_reduce", TP): L}
+    assert str(p.shardings["layers.0.self_attn.q_proj.weight"]) == "[16, 16]"
+    why = "4 heads in 2 runs paired run with run: 2 per run do not divide over tp=4"
+    assert dict(apply_style(program("diff_llama"), mesh, "megatron").whole) == {
+        f"layers.{k}.self_attn": why for k in range(L)}
+
+
 def test_weight_shardings_gpt2_fused_qkv_and_conv1d():
     """Conv1D weights are (in, out): column-parallel shards dim 1. The fused q|k|v weight is
     strided, each rank holding its slice of q, of k and of v, and the split carves it: no extra

@@ -15,6 +15,9 @@ styles: none uses this project's weight names.
                  (chunk), RoPE on the sliced q and k
     ConvNet      no attention and no MLP block: convolutions and a single Linear head
     DropoutGPT   GPT-2's shape in training mode: ``nn.Dropout`` and SDPA's ``dropout_p``
+    DiffLlama    HFLlama with differential attention (DiffLlama's form): two SDPA calls over the
+                 halves of v, the result's heads paired ``i, i + H/2``; ``halves_llama``: one SDPA
+                 call, the result's heads in halves scaled apart and joined again, not paired
 
 Each ``make_*`` returns ``(module, example_args)``, as ``--module FILE.py:factory`` wants.
 """
@@ -498,6 +501,62 @@ class DropoutGPT(nn.Module):
         return self.lm_head(self.ln_f(x))
 
 
+# ------------------------------------------------------------------------------------------
+# differential attention (DiffLlama's form), and heads split in halves that are not combined
+# ------------------------------------------------------------------------------------------
+
+
+class DiffAttention(HFAttention):
+    """``paired``: two SDPA calls on one q and k over the halves of v (kv heads ``j`` and ``j + kv/2``,
+    each half repeated to the kv heads), the results' heads chunked in two, head ``i`` minus lambda
+    times head ``i + H/2``, then an RMSNorm of each pair (DiffLlama). Else one SDPA call whose
+    result's heads are chunked in two halves scaled apart and joined again (nothing pairs them)."""
+
+    def __init__(self, paired: bool = True, heads=HEADS):
+        super().__init__(kv_heads=heads)
+        self.paired = paired
+        self.lambda_q, self.lambda_k = nn.Parameter(torch.randn(self.hd) / 4), nn.Parameter(torch.randn(self.hd) / 4)
+
+    def forward(self, x, cos, sin):
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, -1, self.hd).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, -1, self.hd).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, -1, self.hd).transpose(1, 2)
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        if not self.paired:
+            a1, a2 = torch.chunk(F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2), 2, dim=2)
+            return self.o_proj(torch.cat([a1 * 0.5, a2 * 2.0], dim=2).reshape(b, t, -1))
+        v1, v2 = (h.repeat(1, 2, 1, 1) for h in torch.chunk(v, 2, dim=1))
+        a = torch.cat([F.scaled_dot_product_attention(q, k, v1, is_causal=True).transpose(1, 2),
+                       F.scaled_dot_product_attention(q, k, v2, is_causal=True).transpose(1, 2)], dim=-1)
+        a1, a2 = torch.chunk(a, 2, dim=2)  # [b, t, H/2, 2 hd] each
+        a = a1 - (torch.exp(torch.sum(self.lambda_q * self.lambda_k)) + 0.2) * a2
+        a = a * torch.rsqrt(a.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return self.o_proj(a.reshape(b, t, -1))
+
+
+class DiffLayer(HFLayer):
+    def __init__(self, paired: bool = True):
+        super().__init__()
+        self.self_attn = DiffAttention(paired)
+
+
+class DiffLlama(HFLlama):
+    def __init__(self, layers: int = 2, paired: bool = True):
+        super().__init__(layers)
+        self.layers = nn.ModuleList(DiffLayer(paired) for _ in range(layers))
+
+
+def make_diff_llama(layers: int = 2):
+    torch.manual_seed(0)
+    return DiffLlama(layers).eval(), (_tokens(),)
+
+
+def make_halves_llama(layers: int = 2):
+    torch.manual_seed(0)
+    return DiffLlama(layers, paired=False).eval(), (_tokens(),)
+
+
 def _tokens():
     return torch.randint(0, VOCAB, (BATCH, SEQ))
 
@@ -559,10 +618,11 @@ def make_convnet():
 
 FAMILIES = {"hf_llama": make_hf_llama, "titan_llama": make_titan_llama, "titan3_llama": make_titan3_llama,
             "gpt2": make_gpt2,
-            "mlp_stack": make_mlp_stack, "vit": make_vit, "convnet": make_convnet, "phi3": make_phi3}
+            "mlp_stack": make_mlp_stack, "vit": make_vit, "convnet": make_convnet, "phi3": make_phi3,
+            "diff_llama": make_diff_llama, "halves_llama": make_halves_llama}
 
 
-LAYERED = ("hf_llama", "titan_llama", "titan3_llama", "gpt2", "vit", "phi3")
+LAYERED = ("hf_llama", "titan_llama", "titan3_llama", "gpt2", "vit", "phi3", "diff_llama", "halves_llama")
 
 
 @functools.cache

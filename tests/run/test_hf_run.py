@@ -71,3 +71,13 @@ def test_gpt_oss_biased_experts_train_tensor_parallel_as_the_unsharded_model(run
     assert rep["equal"] and rep["max_loss_rel_err"] <= 1e-5 and rep["max_param_rel_err"] <= 1e-5
     assert rep["collectives"]["forward"] == {"all_reduce": 4}
     assert rep["collectives"] == rep["planned_collectives"]
+
+
+def test_diffllama_trains_under_megatron_as_the_unsharded_model(run_json):
+    """transformers' DiffLlama (differential attention: head ``i`` paired with ``i + H/2``) on 2 gloo
+    ranks: q, k and v cut in each half of their heads (``[2*tp*8]``), so each rank computes its
+    pairs locally; 2 AdamW steps equal the unsharded model, Megatron's 4 forward all_reduces."""
+    rep = run_json("--module", EXAMPLE + ":diffllama", "--mesh", "tp=2", "--style", "megatron", "--steps", "2")
+    assert rep["equal"] and rep["max_loss_rel_err"] <= 1e-5 and rep["max_param_rel_err"] <= 1e-5
+    assert rep["collectives"]["forward"] == {"all_reduce": 4}
+    assert rep["collectives"] == rep["planned_collectives"]

@@ -92,7 +92,9 @@ class Block:
     share), ``first`` / ``last`` (Linears: column- then row-parallel under Megatron), ``inputs``
     (the activations its first Linears read, before their views), ``output`` (the residual add
     that closes it, or its last tensor), ``params`` (the parameters of a non-Linear block),
-    ``heads`` (an attention block's query heads, read off its core: None when not known)."""
+    ``heads`` (an attention block's query heads, read off its core: None when not known),
+    ``runs`` (an attention block's heads fall into that many equal runs combined run with run:
+    differential attention's head ``i`` with head ``i + H/2``, 2; ``head_runs``)."""
 
     kind: str
     name: str
@@ -102,6 +104,7 @@ class Block:
     output: str | None = None
     params: tuple = ()
     heads: int | None = None
+    runs: int = 1
 
     def tensors(self) -> tuple:
         """Every parameter of the block, in order. ``Block("norm", "n", params=("n.w",)).tensors() -> ('n.w',)``"""
@@ -790,6 +793,147 @@ def attention_cores(g: Graph, linear_ops: frozenset) -> tuple:
     return tuple(cores)
 
 
+def shared_cores(cores: tuple) -> tuple:
+    """The cores grouped by the query they read, in program order: differential attention calls
+    SDPA twice on one q and k (two halves of v), and its two results make one output, so the two
+    are one attention block. ``shared_cores((c1, c2, c3))  -> ((c1, c2), (c3,))`` (c1, c2 one q)"""
+    groups: dict = {}
+    for c in cores:
+        groups.setdefault(c.q, []).append(c)
+    return tuple(tuple(cs) for cs in groups.values())
+
+
+def _one_role(g: Graph, lin: Linear, cores: tuple) -> Linear:
+    """``lin`` unfused when its equal pieces all feed one operand of the cores (q, k or v): a split
+    of its own heads (DiffLlama's v chunked in two halves, one for each of its two SDPA calls), not
+    a fused q|k|v whose pieces go to different operands."""
+    if lin.parts <= 1:
+        return lin
+    role = {}
+    for c in cores:
+        for name, x in (("v", c.v), ("k", c.k), ("q", c.q)):
+            role[x] = name
+    found, seen, todo = set(), set(), [lin.output]
+    while todo:
+        x = todo.pop()
+        if x in seen:
+            continue
+        seen.add(x)
+        if x in role:
+            found.add(role[x])
+            continue
+        for i in g.users(x):
+            if i in g.through:
+                todo.extend(g.op(i).outputs)
+    return replace(lin, parts=1) if len(found) == 1 else lin
+
+
+def head_runs(g: Graph, first: tuple, cores: tuple, stop: frozenset) -> int:
+    """Into how many equal runs an attention block splits its heads and then combines run with run
+    (1: none). Differential attention (DiffLlama) chunks the heads of its result in two and
+    subtracts the second half from the first (head ``i`` pairs with head ``i + H/2``)::
+
+        out [b, s, H, 2hd] -> chunk(2, dim=heads) -> out1 - lambda * out2 -> [b, s, H/2, 2hd]
+
+    A plain cut of the heads on tp (``[tp*H/tp]``) puts head ``i`` and head ``i + H/2`` on
+    different ranks; cut as ``[2*tp*H/2tp]`` each rank holds a run of both halves, its pairs whole.
+    Read by following the heads dim (of each first Linear's ``(heads, head_dim)`` view, and of each
+    core's result) through views, pointwise ops and joins along other dims to a split along it into
+    equal pieces that a pointwise op then reads two of (a split whose pieces go their own ways, as
+    a per-head norm's, combines nothing); the least common multiple of those counts, up to ``stop``
+    (the block's cores and last Linears). ``head_runs(g, first, cores, stop) -> 2``"""
+    from math import lcm
+
+    t = g.program.tensors
+    starts = [(c.output, len(t[c.output].shape) - 3) for c in cores if len(t[c.output].shape) == 4]
+    for lin in first:
+        view = _heads_view(g, lin)
+        if view is not None:
+            starts.append((view, len(t[view].shape) - 2))
+    runs, seen, todo = 1, set(), list(starts)
+    while todo:
+        x, dim = todo.pop()
+        if (x, dim) in seen:
+            continue
+        seen.add((x, dim))
+        for i in g.users(x):
+            if i in stop:
+                continue
+            got = _along(g, i, x, dim)
+            if isinstance(got, int):
+                runs = lcm(runs, got)
+            else:
+                todo.extend(got)
+    return runs
+
+
+def _heads_view(g: Graph, lin) -> str | None:
+    """The view that splits ``lin``'s output features into ``(heads, head_dim)`` (within three
+    pass-through ops, as ``heads_of`` finds it), or None."""
+    t = g.program.tensors
+    features = t[lin.output].shape[-1]
+    todo, seen = [(lin.output, 0)], set()
+    while todo:
+        x, depth = todo.pop()
+        for i in g.users(x):
+            if i in seen or depth >= 3:
+                continue
+            seen.add(i)
+            op = g.op(i)
+            out = t[op.outputs[0]].shape if op.outputs else ()
+            src = t[x].shape
+            if short(op) in VIEWS and len(out) == len(src) + 1 and src[-1] == features \
+                    and out[-2] * out[-1] == features and out[:-2] == src[:-1]:
+                return op.outputs[0]
+            if g.passes(i):
+                todo.extend((o, depth + 1) for o in op.outputs)
+    return None
+
+
+def _along(g: Graph, i: int, x: str, dim: int):
+    """Op ``i`` reading ``x`` whose dim ``dim`` is the heads: the count of equal pieces when it
+    splits that dim and a pointwise op reads two of them (``head_runs``), else where the heads
+    dim goes on: ``[(output, its heads dim), ...]`` (``[]``: lost, or the op is no pass-through)."""
+    op = g.op(i)
+    base, kw, t = short(op), op.kwargs(), g.program.tensors
+    n = len(t[x].shape)
+    if op.inputs[0] == x and base in SPLITS:
+        if _norm_dim(kw.get("dim", 0), n) != dim:
+            return [(o, dim) for o in op.outputs]
+        sizes = {t[o].shape[dim] for o in op.outputs}
+        return len(op.outputs) if len(sizes) == 1 and len(op.outputs) > 1 and _combined(g, op.outputs) else []
+    if base in ("cat", "stack") or base in ("slice", "narrow", "select"):
+        cut = _norm_dim(kw.get("dim", 0), n)
+        return [(op.outputs[0], dim)] if base in ("cat", "slice", "narrow") and cut != dim else []
+    if base in VIEWS and op.inputs[0] == x and len(op.outputs) == 1:
+        marks = tuple(0 if d == dim else None for d in range(n))
+        new = track_dims(op, marks, t[x].shape, t[op.outputs[0]].shape)
+        return [(op.outputs[0], new.index(0))] if new is not None and 0 in new else []
+    if base in _pointwise() and len(op.outputs) == 1:
+        out = len(t[op.outputs[0]].shape)
+        return [(op.outputs[0], dim + out - n)] if out >= n else []
+    return []
+
+
+def _combined(g: Graph, pieces, depth: int = 4) -> bool:
+    """Does a pointwise op read (through at most ``depth`` views and pointwise ops) two of ``pieces``?"""
+    reach = []
+    for p in pieces:
+        ops, frontier = set(), [p]
+        for _ in range(depth):
+            nxt = []
+            for x in frontier:
+                for i in g.users(x):
+                    base = short(g.op(i))
+                    if base in _pointwise():
+                        ops.add(i)
+                    if base in _pointwise() or base in VIEWS:
+                        nxt.extend(g.op(i).outputs)
+            frontier = nxt
+        reach.append(ops)
+    return any(a & b for k, a in enumerate(reach) for b in reach[k + 1:])
+
+
 def _written_out(g: Graph, s: int, linear_ops: frozenset):
     """The core around softmax op ``s``: a batched matmul of two activations before it, and one
     taking its result as the left operand after it."""
@@ -942,14 +1086,18 @@ def _find_blocks(program: Program) -> Structure:
     # routed rows reaching the core through route / unroute(pairs=True), which only move rows)
     attn_by_output = {**by_output, **{lin.output: lin for lin in stacked}}
     attn_by_activation = {**by_activation, **{(lin.op, lin.activation): lin for lin in stacked}}
-    for core in attention_cores(g, linear_ops):
-        first = linears_behind(g, (core.q, core.k, core.v), core.sinks, attn_by_output)
-        last = linears_ahead(g, core.output, attn_by_activation)
+    for cores in shared_cores(attention_cores(g, linear_ops)):
+        sinks = frozenset().union(*(c.sinks for c in cores))
+        first = linears_behind(g, tuple(x for c in cores for x in (c.q, c.k, c.v)), sinks, attn_by_output)
+        ahead = [linears_ahead(g, c.output, attn_by_activation) for c in cores]
+        last = tuple(sorted(set().union(*ahead), key=lambda lin: lin.op)) if all(ahead) else ()
         first = tuple(lin for lin in first if lin not in claimed)
         last = tuple(lin for lin in last if lin not in claimed)
         if first and last:
             claimed.update(first + last)
-            blocks.append(replace(_block("attention", g, first, last), heads=_cut_heads(g, core, first)))
+            first = tuple(_one_role(g, lin, cores) for lin in first)
+            blocks.append(replace(_block("attention", g, first, last), heads=_cut_heads(g, cores[0], first),
+                                  runs=head_runs(g, first, cores, sinks | {lin.op for lin in last})))
     outputs = set(program.outputs)
     for wide in (False, True):  # then a norm of the ffn features before the down Linear (BitNet's ffn_sub_norm)
         for down in linears:
@@ -1195,5 +1343,5 @@ def _feeds_batched(g: Graph, param: str) -> bool:
 
 
 __all__ = ["Block", "Core", "Graph", "Linear", "Structure", "attention_cores", "feature_scales", "feature_statistics",
-           "find_blocks", "find_linears", "derived", "graph", "input_scales", "input_statistics", "module_of",
-           "query_heads", "track_dims", "weight_consumers"]
+           "find_blocks", "find_linears", "derived", "graph", "head_runs", "input_scales", "input_statistics",
+           "module_of", "query_heads", "shared_cores", "track_dims", "weight_consumers"]

@@ -5,7 +5,9 @@ On a mesh with axes ``dp`` and/or ``tp`` (others replicate; ``ep`` for experts):
 - ``megatron``: in each attention and MLP block the first Linears (q, k, v; up and gate) are
   column-parallel (output features on tp; a fused q|k|v or gate|up weight strided, so each rank
   holds its slice of every part; a q|k|v fused into unequal pieces, and k / v with fewer kv heads
-  than ranks, whole; a whole attention block when tp does not divide its query heads; a 1-D weight
+  than ranks, whole; a whole attention block when tp does not divide its query heads; heads that
+  an attention pairs run with run — differential attention's head ``i`` with ``i + H/2``,
+  ``Block.runs`` — cut in each run, ``[2*tp*8, 32]``, so a rank's pairs are whole; a 1-D weight
   scaling q's features, as OLMo-2's ``q_norm``, cut with q, and the norm's statistic over all of
   q's features all-reduced where it is made: one collective), the last Linear (output / down
   projection) row-parallel (input features on tp, its bias added once; a norm of those features
@@ -142,12 +144,15 @@ def _strided(mesh: Mesh, shape: tuple, dim: int, axis: str, parts: int) -> Shard
     return Sharding(mesh, shape, [fs if d == dim else [] for d in range(len(shape))])
 
 
-def column(mesh: Mesh, program: Program, lin: Linear, axis: str = "tp") -> dict:
-    """Pins of a column-parallel Linear: output features (weight and bias) on ``axis``."""
+def column(mesh: Mesh, program: Program, lin: Linear, axis: str = "tp", runs: int = 1) -> dict:
+    """Pins of a column-parallel Linear: output features (weight and bias) on ``axis``; with
+    ``runs > 1`` (an attention whose heads combine run with run: ``Block.runs``) each part's
+    features cut run by run, so each rank holds its share of every run (``[2*tp*8, 32]``)."""
     t = program.tensors
-    pins = {lin.weight: strided(mesh, t[lin.weight].shape, lin.out_dim, axis, lin.parts)}
+    parts = lin.parts * runs
+    pins = {lin.weight: strided(mesh, t[lin.weight].shape, lin.out_dim, axis, parts)}
     if lin.bias:  # its features are its last dim (an expert's bias [experts, features] too)
-        pins[lin.bias] = strided(mesh, t[lin.bias].shape, len(t[lin.bias].shape) - 1, axis, lin.parts)
+        pins[lin.bias] = strided(mesh, t[lin.bias].shape, len(t[lin.bias].shape) - 1, axis, parts)
     return pins
 
 
@@ -307,17 +312,19 @@ def _megatron(program: Program, mesh: Mesh, s: Structure, sequence: bool) -> Sty
         return got
 
     for b in blocks:
-        if b.kind == "attention" and b.heads is not None and b.heads % tp:  # a cut would split a head
-            pins.update(replicated(mesh, program, b.tensors()))
-            whole.append((b.name, f"{b.heads} heads do not divide over tp={tp}"))
+        if b.kind == "attention" and b.heads is not None and b.heads % (tp * b.runs):  # a cut would split a head
+            pins.update(replicated(mesh, program, b.tensors()))  # (or a pair of differential attention's)
+            whole.append((b.name, f"{b.heads} heads do not divide over tp={tp}" if b.runs == 1 else
+                          f"{b.heads} heads in {b.runs} runs paired run with run: {b.heads // b.runs} per run "
+                          f"do not divide over tp={tp}"))
         else:
             for lin in b.first:
                 if _whole(program, b, lin, tp):
                     pins.update(replicated(mesh, program, [lin.weight] + ([lin.bias] if lin.bias else [])))
                 else:
-                    pins.update(keep(column(mesh, program, lin)))
+                    pins.update(keep(column(mesh, program, lin, runs=b.runs)))
                     if b.kind == "attention":  # OLMo2's q_norm / k_norm weight, cut with q / k
-                        pins.update(keep({n: strided(mesh, t[n].shape, 0, "tp", lin.parts)
+                        pins.update(keep({n: strided(mesh, t[n].shape, 0, "tp", lin.parts * b.runs)
                                           for n in feature_scales(program, lin)}))
                         pins.update(_statistics(mesh, program, lin, keep))
             for lin in b.last:
@@ -387,7 +394,7 @@ def _whole(program: Program, b: Block, lin: Linear, tp: int) -> bool:
     if b.kind != "attention":
         return False
     heads = heads_of(program, lin)
-    return bool(lin.pieces) or (heads is not None and heads % tp != 0)
+    return bool(lin.pieces) or (heads is not None and heads % (tp * b.runs) != 0)
 
 
 def tied_embedding(program: Program, mesh: Mesh, s: Structure, head: Block) -> Block | None:
