@@ -1001,6 +1001,18 @@ def routed_source(program: Program, lin: Linear) -> str | None:
     return None
 
 
+def view_root(program: Program, t: str, depth: int = 8) -> str:
+    """The tensor ``t`` is a view of, through view ops (``t`` itself when it is made otherwise):
+    the routed tokens ``x.view(-1, dim)`` an expert reads are the ``x`` its router reads too."""
+    g = graph(program)
+    for _ in range(depth):
+        i = g.producer.get(t)
+        if i is None or short(g.op(i)) not in VIEWS or not isinstance(g.op(i).inputs[0], str):
+            return t
+        t = g.op(i).inputs[0]
+    return t
+
+
 def _sources(program: Program, last: Linear, first: tuple) -> tuple:
     """The routed tokens (``routed_source``) of the first expert matmuls whose outputs ``last``'s
     rows are made from (its own layer's, when one experts block holds every layer's stacks)."""
