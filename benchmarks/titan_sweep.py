@@ -52,7 +52,7 @@ TP, DPTP, EP = "tp=2", "dp=2,tp=2", "ep=2"
 RUNS = (("megatron", TP), ("megatron-sp", TP), ("megatron", DPTP), ("auto", DPTP))
 TITAN = ("tp-plan", DPTP)  # torchtitan's own TP plan
 CASES = ("llama3", "llama3_gqa", "qwen3", "qwen3_split_qkv", "qwen3_moe", "deepseek_v3", "kimi_k2_7", "gpt_oss",
-         "qwen3_5")
+         "muse_glimmer", "qwen3_5")
 
 
 @functools.cache

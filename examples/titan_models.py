@@ -13,6 +13,7 @@ take; AutoParallel runs them the same way), and returns ``(model, (token ids,))`
     gpt_oss                 attention sinks and biases, MoE with biased experts (8, 96 features; bfloat16,
                             as torchtitan runs them)
     qwen3_5                 Gated DeltaNet layers (needs ``fla``, flash-linear-attention: triton kernels)
+    muse_glimmer            gain-centred RMSNorms, sliding-window layers (windows of 128: causal at 16 tokens)
 
 ``tp_plan(factory)`` is torchtitan's own TP plan for a factory's model, read off torchtitan's code
 path (each model's ``update_from_config`` sets every module config's ``sharding_config``, which
@@ -128,6 +129,7 @@ deepseek_v3 = _factory("deepseek_v3", "deepseek_v3")
 kimi_k2_7 = _factory("kimi_k2_7", "kimi_k2_7")
 gpt_oss = _factory("gpt_oss", "gpt_oss", dtype=torch.bfloat16, edit=_small_moe)
 qwen3_5 = _factory("qwen3_5", "qwen3_5")
+muse_glimmer = _factory("muse_glimmer", "muse_glimmer")
 FACTORIES = tuple(CONFIGS)
 
 

@@ -887,16 +887,19 @@ def _others(program: Program, g: Graph, linears: tuple, claimed: set) -> list:
                              output=lin.output))
     experts = [n for n, s in tensors.items() if s.kind == "param" and len(s.shape) >= 3 and _feeds_batched(g, n)]
     if experts:
-        biases = [b for w in experts for i in g.users(w) for o in g.op(i).outputs for b in _expert_biases(g, o)]
+        biases = [b for w in experts for o in _batched_outputs(g, w) for b in _expert_biases(g, o)]
         params = tuple(dict.fromkeys(experts + biases))
         out.append(Block("experts", module_of(params), params=params))
     return out
 
 
+_SAME = ("_to_copy", "to", "type_as", "alias")
+
+
 def _expert_biases(g: Graph, out: str) -> list:
     """The per-expert biases added to routed rows ``out`` of an expert matmul: ``out + b[:, None]``
     with ``b`` a parameter ``[experts, features]`` (transformers' ``bias[sorted expert ids]``, as
-    ``program.routing`` reads it)."""
+    ``program.routing`` reads it), through a cast or an alias."""
     got = []
     for i in g.users(out):
         op = g.op(i)
@@ -904,6 +907,8 @@ def _expert_biases(g: Graph, out: str) -> list:
             continue
         for x in op.inputs:
             src = g.made_by(x) if isinstance(x, str) and x != out else None
+            while src is not None and short(src) in _SAME and isinstance(src.inputs[0], str):
+                src = g.made_by(src.inputs[0])  # the bias cast to the rows' dtype, or aliased (torchtitan's GPT-OSS)
             if src is not None and short(src) == "unsqueeze" and dict(src.params).get("dim") == 1 and \
                     _is_param(g, src.inputs[0]) and len(g.program.tensors[src.inputs[0]].shape) == 2:
                 got.append(src.inputs[0])
@@ -1053,7 +1058,13 @@ def _residual_after(g: Graph, t: str, sources: tuple = (), depth: int = 16) -> s
 
 def _feeds_batched(g: Graph, param: str) -> bool:
     """Does ``param`` reach a batched matmul (bmm, einsum, _grouped_mm) through views?"""
-    seen, stack = set(), [param]
+    return bool(_batched_outputs(g, param))
+
+
+def _batched_outputs(g: Graph, param: str) -> list:
+    """The outputs of the batched matmuls (bmm, einsum, _grouped_mm) ``param`` reaches through
+    views and casts (torchtitan casts its expert weights to bfloat16 first)."""
+    seen, stack, out = set(), [param], []
     while stack:
         t = stack.pop()
         if t in seen:
@@ -1062,10 +1073,10 @@ def _feeds_batched(g: Graph, param: str) -> bool:
         for i in g.users(t):
             base = short(g.op(i))
             if base in BATCHED:
-                return True
-            if base in VIEWS:
+                out.extend(o for o in g.op(i).outputs if o not in out)
+            elif base in VIEWS:
                 stack.extend(g.op(i).outputs)
-    return False
+    return out
 
 
 __all__ = ["Block", "Core", "Graph", "Linear", "Structure", "attention_cores", "feature_scales", "feature_statistics",
