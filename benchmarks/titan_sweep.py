@@ -40,6 +40,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from torch import nn
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import hf_sweep  # noqa: E402
 from hf_sweep import _counts, cut_dims  # noqa: E402
@@ -90,7 +92,7 @@ def prepare(name: str) -> Facts | str:
     if not path.exists() or path.read_text() != text:
         path.write_text(text)
     head = getattr(model, "lm_head", None)
-    tied = head is not None and head.weight is model.tok_embeddings.weight
+    tied = head is not None and any(head.weight is m.weight for m in model.modules() if isinstance(m, nn.Embedding))
     moe = {n.split(".")[1] for n, p in model.named_parameters() if p.dim() == 3 and n.startswith("layers.")}
     return Facts(len(model.layers), tied, len(moe), ex.megatron_cuts(model, tp=2))
 

@@ -129,7 +129,17 @@ deepseek_v3 = _factory("deepseek_v3", "deepseek_v3")
 kimi_k2_7 = _factory("kimi_k2_7", "kimi_k2_7")
 gpt_oss = _factory("gpt_oss", "gpt_oss", dtype=torch.bfloat16, edit=_small_moe)
 qwen3_5 = _factory("qwen3_5", "qwen3_5")
-muse_glimmer = _factory("muse_glimmer", "muse_glimmer")
+_muse_glimmer = _factory("muse_glimmer", "muse_glimmer")
+
+
+def muse_glimmer(layers: int = 2, seq: int = 16, batch: int = 2):
+    """torchtitan's muse_glimmer ``debugmodel`` cut to ``layers`` layers, maskless SDPA, under
+    torchtitan's ``partial_dtensor`` SPMD backend: its forward asserts spmd types on the mesh axes
+    under the default ``spmd_types`` backend, which needs a device mesh (one process has none)."""
+    from torchtitan.distributed.utils import set_spmd_backend
+
+    set_spmd_backend("partial_dtensor")
+    return _muse_glimmer(layers, seq, batch)
 FACTORIES = tuple(CONFIGS)
 
 
@@ -224,7 +234,7 @@ def megatron_cuts(model, tp: int = 2) -> dict:
     experts ``(experts, a, b)`` are cut in their ffn dim (``F`` or ``G`` of the dims torchtitan
     names, ``w1_EFD``; else the one that is not the model dim).
     ``megatron_cuts(llama3()[0])["layers.0.feed_forward.w2.weight"] -> (1,)``"""
-    dim = model.tok_embeddings.weight.shape[1]
+    dim = next(m.embedding_dim for m in model.modules() if isinstance(m, torch.nn.Embedding))
     out = {}
     for name, p in model.named_parameters():
         if not name.startswith("layers."):

@@ -872,8 +872,10 @@ def _others(program: Program, g: Graph, linears: tuple, claimed: set) -> list:
                              params=params[:1]))
         elif base in NORMS and params:
             out.append(Block("norm", module_of(params), inputs=(op.inputs[0],), output=op.outputs[0], params=params))
-        elif base == "mul" and len(params) == 1 and len(tensors[params[0]].shape) == 1 and params[0] not in biases:
-            act = [x for x in op.inputs if isinstance(x, str) and x != params[0]]
+        elif base == "mul" and len(scales := _scales(g, op)) == 1 and len(tensors[scales[0][1]].shape) == 1 and \
+                scales[0][1] not in biases:
+            params = (scales[0][1],)
+            act = [x for x in op.inputs if isinstance(x, str) and x != scales[0][0]]
             if act and tensors[act[0]].shape and tensors[act[0]].shape[-1] == tensors[params[0]].shape[0]:
                 out.append(Block("norm", module_of(params), inputs=(_normalized(g, act[0]),), output=op.outputs[0],
                                  params=params))
@@ -890,6 +892,22 @@ def _others(program: Program, g: Graph, linears: tuple, claimed: set) -> list:
         biases = [b for w in experts for o in _batched_outputs(g, w) for b in _expert_biases(g, o)]
         params = tuple(dict.fromkeys(experts + biases))
         out.append(Block("experts", module_of(params), params=params))
+    return out
+
+
+def _scales(g: Graph, op) -> list:
+    """``(operand, parameter)`` of each operand of ``op`` that is a parameter, or a parameter
+    plus (or times) a constant: muse_glimmer's gain-centred norm scales by ``weight + 1.0``."""
+    out = []
+    for x in op.inputs:
+        if _is_param(g, x):
+            out.append((x, x))
+            continue
+        src = g.made_by(x) if isinstance(x, str) else None
+        if src is not None and short(src) in ("add", "sub", "mul") and len(src.inputs) == 2:
+            ps = [i for i in src.inputs if _is_param(g, i)]
+            if len(ps) == 1 and not any(isinstance(i, str) for i in src.inputs if i != ps[0]):
+                out.append((x, ps[0]))
     return out
 
 

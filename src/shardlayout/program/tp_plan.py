@@ -17,6 +17,9 @@ modules are the prefixes of the program's parameter and buffer names. Values, on
   the key names), ``["Replicate()", "Shard(0)"]``; a sharding in our notation, ``"[tp*16, 16]"``;
   or ``{"weight": ..., "bias": ...}`` per parameter.
 
+A module whose parameters no op reads and that runs no op (a vision encoder a text-only forward
+never calls) is listed as ``unread`` and left to the planner (replicated: no value depends on it).
+
 Block boundaries follow the plan: the residual add closing a block whose last Linear is rowwise is
 replicated on tp (sequence-sharded when the plan has a ``sequence_parallel`` entry); user inputs
 are batched on dp when the mesh has it. The planner completes every other tensor at minimum cost.
@@ -197,6 +200,13 @@ def _module_pins(program: Program, mesh: Mesh, module: str, value, sequence: boo
     return pins
 
 
+def _unread(program: Program, module: str) -> bool:
+    """Does ``module`` hold parameters that no op reads, and run no op (``_under``) itself?"""
+    own = _own(program, module)
+    return bool(own) and not _read(program) & set(own) and not any(_under(o, module) for op in program.ops
+                                                                     for o in op.outputs)
+
+
 def _read(program: Program) -> set:
     """The tensors some op of ``program`` reads."""
     return {x for op in program.ops for x in op.inputs}
@@ -240,6 +250,11 @@ def apply_tp_plan(program: Program, mesh: Mesh, tp_plan: dict, allow_unmatched: 
                 f"{_listing(mods)} (patterns match atom by atom: '*' never spans a dot). Fix the pattern, or pass "
                 "--allow-unmatched")
         for m in hits:
+            if isinstance(value, str) and value in VALUES and _unread(program, m):
+                # torchtitan's plan names modules this forward never runs (a VLM's vision encoder on text):
+                # nothing reads their parameters, so no cut of them changes a value or a collective
+                matched.append(Block("unread", m, params=_own(program, m)))
+                continue
             got = _module_pins(program, mesh, m, value, sequence)
             pins.update(got)
             matched.append(Block(value if isinstance(value, str) and value in VALUES else "explicit", m,
