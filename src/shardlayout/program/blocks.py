@@ -1026,7 +1026,8 @@ def routed_source(program: Program, lin: Linear) -> str | None:
 
 def view_root(program: Program, t: str, depth: int = 8) -> str:
     """The tensor ``t`` is a view of, through view ops (``t`` itself when it is made otherwise):
-    the routed tokens ``x.view(-1, dim)`` an expert reads are the ``x`` its router reads too."""
+    the routed tokens ``x.view(-1, dim)`` an expert reads are the ``x`` its router reads too.
+    ``view_root(prog, "layers.0.moe.view") -> "layers.0.ffn_norm.mul_1"``"""
     g = graph(program)
     for _ in range(depth):
         i = g.producer.get(t)
