@@ -152,7 +152,8 @@ def tp_plan(name: str, sequence_parallel: bool = True, tp: int = 2) -> dict:
     ``sharding_config``; a module whose ``weight`` is ``Shard(0)`` on tp is ``colwise`` (a Linear)
     or ``rowwise`` (an Embedding: vocab-parallel), ``Shard(1)`` ``rowwise``; a norm reading
     sequence shards ``sequence_parallel``; any other parameter sharded on tp (grouped experts,
-    attention sinks) an explicit sharding like ``"[8, tp*5760, 256]"``.
+    attention sinks) an explicit sharding like ``"[8, tp*96, 256]"``, which holds for ``tp`` ranks
+    (the files in ``examples/titan_tp`` are for tp=2).
     ``tp_plan("llama3")["layers.*.attention.wo"] -> 'rowwise'``"""
     import spmd_types as spmd
     from torchtitan.distributed.parallel_dims import MeshAxisName
@@ -181,7 +182,7 @@ def tp_plan(name: str, sequence_parallel: bool = True, tp: int = 2) -> dict:
         elif isinstance(module, torch.nn.Linear) and shard.get("weight") == 1 and "bias" not in shard:
             value = "rowwise"
         elif shard:
-            value = {p: _text(getattr(module, p).shape, d) for p, d in shard.items()}
+            value = {p: _text(getattr(module, p).shape, d, tp) for p, d in shard.items()}
         elif weight is not None and weight.dim() == 1 and sc.in_src_shardings and \
                 _sequence(sc.in_src_shardings.get("input")):
             value = "sequence_parallel"
@@ -213,8 +214,9 @@ def _sequence(layout) -> bool:
     return spec is not None and len(spec) > 1 and spec[1] is not None
 
 
-def _text(shape, dim: int) -> str:
-    return "[" + ", ".join(f"tp*{n // 2}" if d == dim else str(n) for d, n in enumerate(shape)) + "]"
+def _text(shape, dim: int, tp: int) -> str:
+    """A sharding's text with dim ``dim`` cut on ``tp`` ranks: ``_text((8, 96), 1, 2) -> "[8, tp*48]"``."""
+    return "[" + ", ".join(f"tp*{n // tp}" if d == dim else str(n) for d, n in enumerate(shape)) + "]"
 
 
 # --- where Megatron cuts each layer weight ------------------------------------------------------
