@@ -5,8 +5,7 @@ torchtitan family's ``debugmodel`` cut to 2 layers, maskless SDPA) planned by th
 would, ``shardlayout plan --module examples/titan_models.py:FACTORY --mesh M --style S --verify
 --json``, in a fresh process per run:
 
-* ``megatron`` on ``tp=2`` and on ``dp=2,tp=2``, ``megatron-sp`` on ``tp=2``, ``auto`` on
-  ``dp=2,tp=2``, ``ep`` on ``ep=2`` for MoE models, and torchtitan's own TP plan (read off its
+* ``megatron`` and ``megatron-sp`` on ``tp=2`` and on ``dp=2,tp=2``, ``auto`` on ``dp=2,tp=2``, ``ep`` on ``ep=2`` for MoE models, and torchtitan's own TP plan (read off its
   code path by ``examples/titan_models.py:tp_plan``, sequence parallel, written to
   ``examples/titan_tp/FACTORY.json``) as ``--tp-plan`` on ``dp=2,tp=2``;
 * each run is classified as ``benchmarks/hf_sweep.py`` does: its exit code (2 with one line: a
@@ -51,7 +50,7 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "titan_models.py"
 PLANS = ROOT / "examples" / "titan_tp"
 TP, DPTP, EP = "tp=2", "dp=2,tp=2", "ep=2"
-RUNS = (("megatron", TP), ("megatron-sp", TP), ("megatron", DPTP), ("auto", DPTP))
+RUNS = (("megatron", TP), ("megatron-sp", TP), ("megatron", DPTP), ("megatron-sp", DPTP), ("auto", DPTP))
 TITAN = ("tp-plan", DPTP)  # torchtitan's own TP plan
 CASES = ("llama3", "llama3_gqa", "qwen3", "qwen3_split_qkv", "qwen3_moe", "deepseek_v3", "kimi_k2_7", "gpt_oss",
          "muse_glimmer", "qwen3_5")
