@@ -5,8 +5,9 @@ torchtitan family's ``debugmodel`` cut to 2 layers, maskless SDPA) planned by th
 would, ``shardlayout plan --module examples/titan_models.py:FACTORY --mesh M --style S --verify
 --json``, in a fresh process per run:
 
-* ``megatron`` and ``megatron-sp`` on ``tp=2`` and on ``dp=2,tp=2``, ``auto`` on ``dp=2,tp=2``, ``ep`` on ``ep=2`` for MoE models, and torchtitan's own TP plan (read off its
-  code path by ``examples/titan_models.py:tp_plan``, sequence parallel, written to
+* ``megatron`` and ``megatron-sp`` on ``tp=2`` and on ``dp=2,tp=2``, ``auto`` on ``dp=2,tp=2``,
+  ``ep`` on ``ep=2`` for MoE models, and torchtitan's own TP plan (read off its code path by
+  ``examples/titan_models.py:tp_plan``, sequence parallel, written to
   ``examples/titan_tp/FACTORY.json``) as ``--tp-plan`` on ``dp=2,tp=2``;
 * each run is classified as ``benchmarks/hf_sweep.py`` does: its exit code (2 with one line: a
   model the project cannot plan yet, listed with its reason), ``verified``, the collectives
