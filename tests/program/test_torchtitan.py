@@ -204,3 +204,14 @@ def test_deepseek_v3_latent_attention_dense_then_moe_layer(titan):
     assert not _megatron_dims(p, model, titan)
     assert not any(f.axis for fs in p.shardings["layers.1.attention.wkv_a.weight"].dims for f in fs)
     assert p.verify().ok
+
+
+def test_torchtitans_plan_read_off_its_sharding_configs_is_the_hand_written_one(titan):
+    """``tp_plan`` reads torchtitan's own sharding configs (what ``Module.parallelize`` applies): for
+    Llama3 it is the plan written by hand from torchtitan's code (``examples/titan_llama3_tp.json``),
+    and without sequence parallelism the norms drop out."""
+    import json
+
+    assert titan.tp_plan("llama3") == json.loads((EXAMPLES / "titan_llama3_tp.json").read_text())
+    plain = titan.tp_plan("llama3", sequence_parallel=False)
+    assert not [k for k, v in plain.items() if v == "sequence_parallel"] and plain["layers.*.attention.wo"] == "rowwise"
