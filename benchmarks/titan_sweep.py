@@ -153,7 +153,7 @@ def classify(f: Facts, style: str, r: dict) -> list:
     """Why run ``r`` is not strict OK, one reason a string (``[]``: strict OK). An exit 2 with one
     line is a clean refusal (``refused: ...``), still not OK."""
     if r["rc"] == 2 and r.get("error_lines", 1) == 1:
-        return [f"refused: {r['error']}"]
+        return [f"refused: {r['error'].replace(str(ROOT) + '/', '')}"]
     if r["rc"] not in (0, 1) or "tensors" not in r:
         return [f"exit {r['rc']}: {r['error']}"]
     reasons = [] if r["verified"] else ["not verified"]
