@@ -21,14 +21,18 @@ import torch.nn.functional as F
 class TitanMoE(nn.Module):
     """``TitanMoE(dim, experts, ffn, top_k, counts="histc"|"bincount", gather="index"|"gather",
     combine="scatter_add"|"index_add"|"deterministic", scores="after"|"before", run="grouped"|"loop",
-    batched=False, casts="once"|"per_matmul")`` (``deterministic``: torchtitan's ``deterministic_scatter_add``
-    custom op; ``counts="onehot"``, ``batched`` and ``casts="per_matmul"``: its Qwen3-MoE's forms)."""
+    batched=False, casts="once"|"per_matmul", biases=False)`` (``deterministic``: torchtitan's
+    ``deterministic_scatter_add`` custom op; ``counts="onehot"``, ``batched`` and ``casts="per_matmul"``:
+    its Qwen3-MoE's forms; ``biases``: its GPT-OSS's per-expert biases, each expert's row repeated
+    over its rows by ``repeat_interleave`` of the counts padded with a slack entry)."""
 
     def __init__(self, dim: int = 256, experts: int = 8, ffn: int = 512, top_k: int = 2, counts: str = "histc",
                  gather: str = "index", combine: str = "scatter_add", scores: str = "after", run: str = "grouped",
-                 batched: bool = False, casts: str = "once"):
+                 batched: bool = False, casts: str = "once", biases: bool = False):
         super().__init__()
         self.experts, self.top_k, self.batched, self.casts = experts, top_k, batched, casts
+        self.b1 = nn.Parameter(torch.randn(experts, ffn) / 4) if biases else None
+        self.b2 = nn.Parameter(torch.randn(experts, dim) / 4) if biases else None
         self.counts, self.gather, self.combine, self.scores, self.run = counts, gather, combine, scores, run
         self.router = nn.Linear(dim, experts, bias=False)
         self.w1 = nn.Parameter(torch.randn(experts, dim, ffn) / dim ** 0.5)
@@ -67,9 +71,14 @@ class TitanMoE(nn.Module):
             offs = torch.cumsum(counts.to(torch.int32), dim=0, dtype=torch.int32)
             xb = xs.bfloat16()
             xb3 = xs.bfloat16() if self.casts == "per_matmul" else xb  # torchtitan casts per expert matmul
-            h = F.silu(torch._grouped_mm(xb, self.w1.bfloat16(), offs=offs)) * \
-                torch._grouped_mm(xb3, self.w3.bfloat16(), offs=offs)
-            ys = torch._grouped_mm(h, self.w2.bfloat16(), offs=offs).float()
+            h1 = torch._grouped_mm(xb, self.w1.bfloat16(), offs=offs)
+            if self.b1 is not None:
+                h1 = h1 + per_expert_rows(self.b1, counts, offs, xs.shape[0]).to(h1.dtype)
+            h = F.silu(h1) * torch._grouped_mm(xb3, self.w3.bfloat16(), offs=offs)
+            ys = torch._grouped_mm(h, self.w2.bfloat16(), offs=offs)
+            if self.b2 is not None:
+                ys = ys + per_expert_rows(self.b2, counts, offs, xs.shape[0]).to(ys.dtype)
+            ys = ys.float()
         if self.scores == "after":
             ys = ys * weights
         if self.combine == "scatter_add":
@@ -77,6 +86,15 @@ class TitanMoE(nn.Module):
         if self.combine == "deterministic":  # torchtitan's own combine (its Qwen3-MoE, DeepSeek-V3)
             return deterministic_scatter_add()(torch.zeros_like(x), token.unsqueeze(1).expand(-1, d), ys)
         return torch.zeros_like(x).index_add(0, token, ys)
+
+
+def per_expert_rows(b, counts, offs, rows: int):
+    """Each routed row's expert's row of ``b`` (experts, features), as torchtitan's GPT-OSS adds its
+    expert biases: ``b`` padded with a zero row, repeated by the counts padded with the slack
+    ``rows - offs[-1]`` (no D2H sync: ``output_size`` is static)."""
+    tail = (rows - offs[-1]).unsqueeze(0).to(counts.dtype)
+    padded = torch.cat([b, b.new_zeros(1, b.shape[-1])])
+    return padded.repeat_interleave(torch.cat([counts, tail]).long(), dim=0, output_size=rows)
 
 
 def deterministic_scatter_add():

@@ -452,3 +452,21 @@ def test_arange_refuses_bounds_that_are_not_finite(end):
         propagate("arange", [], end=end, mesh=Mesh.parse("tp=2"))
     assert f"op arange: end = {end!r} is not a finite number; give finite start, end and step" in str(e.value)
     assert propagate("arange", [], end=10.5, mesh=Mesh.parse("tp=2")).outputs[0].shape == (11,)
+
+
+def test_repeat_interleave_of_counts_keeps_counts_and_indices_whole():
+    """``repeat_interleave(repeats; output_size)``: index i repeated repeats[i] times (torch's own, the
+    oracle); every position depends on all the counts before it, so sharded counts are gathered and
+    the indices are whole; without ``output_size`` the extent is data-dependent: refused."""
+    import torch
+
+    from shardlayout.ops import registered
+
+    m = Mesh.parse("tp=2")
+    p = propagate("repeat_interleave", [Sharding.parse("[tp*3]", m)], output_size=9)
+    assert str(p.outputs[0]) == "[9]" and str(p.input_targets[0]) == "[6]" and p.needs_communication
+    counts = np.array([2, 0, 3, 1, 0, 3])
+    got = registered()["repeat_interleave"].numpy(counts, output_size=9)
+    assert np.array_equal(got, torch.repeat_interleave(torch.tensor(counts), output_size=9).numpy())
+    with pytest.raises(ShardingError, match="give output_size"):
+        propagate("repeat_interleave", [Sharding.parse("[6]", m)])

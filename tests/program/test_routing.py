@@ -416,3 +416,32 @@ def test_jetmoe_mixture_of_attention_keeps_rows_per_pair_and_equals_the_module()
     assert [c.bytes for c in p.collectives] == [rows] * 4
     assert str(p.shardings["moa.input_linear.weight"]) == "[ep*2, 16, 16]"
     assert p.verify().ok
+
+
+@pytest.mark.parametrize("counts", ["histc", "onehot"])
+def test_torchtitan_gpt_oss_expert_biases_repeated_by_the_padded_counts_are_per_expert_rows(counts):
+    # torchtitan 0.3's GPT-OSS: cat([b, zeros(1, F)]).repeat_interleave(cat([counts, slack]), output_size=R)
+    # added to the grouped matmul's rows: each routed row's expert's bias, read as b per expert
+    m, (x,) = titan.make(**SMALL, counts=counts, biases=True, combine="deterministic")
+    prog = from_torch(m, (x,))
+    names = targets(prog)
+    assert not (GONE | {"repeat_interleave", "index_select"}) & set(names), names
+    assert names.count("route") == 2 and names.count("unroute") == 1
+    with torch.no_grad():
+        want = m(x)
+    assert torch.equal(run_unsharded(m, x, prog), want)
+    p = plan(prog, Mesh.parse("ep=4"), style="ep")  # the experts and their biases kept on ep: the tokens move
+    assert [c.kind.value for c in p.collectives] == ["all_to_all"] * 2 and p.verify().ok
+    assert all(p.shardings[n].dims[0][0].axis == "ep" for n in ("b1", "b2"))
+
+
+def test_a_bias_repeated_by_other_counts_is_left_as_it_is():
+    # repeat_interleave of counts that are not the routing's (here: reversed) is no per-expert row: not rewritten
+    m, (x,) = titan.make(**SMALL, biases=True)
+    real = titan.per_expert_rows
+    titan.per_expert_rows = lambda b, counts, offs, rows: real(b, counts.flip(0), offs, rows)
+    try:
+        prog = from_torch(m, (x,))
+    finally:
+        titan.per_expert_rows = real
+    assert "route" not in targets(prog) and "repeat_interleave" in targets(prog)

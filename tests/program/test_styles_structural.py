@@ -305,6 +305,20 @@ def test_tp_plan_with_a_vocab_parallel_embedding_pays_megatron_plus_one_each(mes
     assert not [c for c in p.collectives if c.tensor in got.kept]
 
 
+def test_tp_plan_on_a_tied_table_gain_norms_and_a_module_never_run():
+    """torchtitan's plan on a tied model (Qwen3's): torch.export reads the table by the head's name,
+    ``tok_embeddings.weight`` is unread, so ``tok_embeddings: rowwise`` is the lookup run in that
+    module (vocab-parallel, reduce-scattered where made) and ``output: colwise`` the same rows; norms
+    scaling by ``weight + 1.0`` (muse_glimmer's) run sequence-parallel; a ``vision`` encoder the forward
+    never runs is listed ``unread`` and pins nothing. Megatron-SP's count plus one each; verified."""
+    p, got = _tp("titan_tied_llama", {**TITAN_SP, "vision.*": "colwise"})
+    assert p.counts() == {("all_gather", TP): 2 * L + 1, ("reduce_scatter", TP): 2 * L + 1}
+    assert str(p.shardings["output.weight"]) == "[tp*16, 16]"
+    kinds = {m["block"]: m["kind"] for m in got.matched_json()}
+    assert kinds["tok_embeddings"] == "rowwise" and kinds["layers.1.ffn_norm"] == "sequence_parallel"
+    assert kinds["vision.0"] == kinds["vision.1"] == "unread" and not any(n.startswith("vision") for n in got.pins)
+
+
 def test_tp_plan_on_hf_and_fused_gpt2():
     hf = {"layers.*.self_attn.[qkv]_proj": "colwise", "layers.*.self_attn.o_proj": "rowwise",
           "layers.*.mlp.gate_proj": "colwise", "layers.*.mlp.up_proj": "colwise", "layers.*.mlp.down_proj": "rowwise"}

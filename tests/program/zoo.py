@@ -577,6 +577,30 @@ def make_titan_llama(layers: int = 2):
     return TitanLlama(layers).eval(), (_tokens(),)
 
 
+class GainNorm(nn.RMSNorm):
+    """torchtitan's muse_glimmer norm: the scale is ``weight + gain_center``."""
+
+    def forward(self, x):
+        return F.rms_norm(x, self.normalized_shape, self.weight + 1.0, self.eps)
+
+
+class TitanTiedLlama(TitanLlama):
+    """TitanLlama with the table tied to the head (``output.weight is tok_embeddings.weight``: torch.export
+    reads both by the head's name), gain-centred norms, and a ``vision`` encoder its forward never runs."""
+
+    def __init__(self, layers: int = 2):
+        super().__init__(layers)
+        self.output.weight = self.tok_embeddings.weight
+        for layer in self.layers.values():
+            layer.attention_norm, layer.ffn_norm = GainNorm(DIM), GainNorm(DIM)
+        self.vision = nn.Sequential(nn.Linear(DIM, DIM), nn.Linear(DIM, DIM))
+
+
+def make_titan_tied_llama(layers: int = 2):
+    torch.manual_seed(0)
+    return TitanTiedLlama(layers).eval(), (_tokens(),)
+
+
 def make_titan3_llama(layers: int = 2):
     torch.manual_seed(0)
     return Titan3Llama(layers).eval(), (_tokens(),)
@@ -617,12 +641,14 @@ def make_convnet():
 
 
 FAMILIES = {"hf_llama": make_hf_llama, "titan_llama": make_titan_llama, "titan3_llama": make_titan3_llama,
+            "titan_tied_llama": make_titan_tied_llama,
             "gpt2": make_gpt2,
             "mlp_stack": make_mlp_stack, "vit": make_vit, "convnet": make_convnet, "phi3": make_phi3,
             "diff_llama": make_diff_llama, "halves_llama": make_halves_llama}
 
 
-LAYERED = ("hf_llama", "titan_llama", "titan3_llama", "gpt2", "vit", "phi3", "diff_llama", "halves_llama")
+LAYERED = ("hf_llama", "titan_llama", "titan3_llama", "titan_tied_llama", "gpt2", "vit", "phi3", "diff_llama",
+           "halves_llama")
 
 
 @functools.cache

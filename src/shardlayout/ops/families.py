@@ -967,6 +967,34 @@ register_op("histc", "x ; bins: int[1..] = 100, min: scalar = 0, max: scalar = 0
 register_op("bincount", "x, weights? ; minlength: int[0..] = 0, bins: int[1..] = 100", _histc_rule,
             not_simulated="its output size depends on the data")
 
+
+
+def _repeat_interleave_rule(name, inputs, output_size=None, cost_model=None, tensor_dtype="float32", out_pins=(),
+                            **_):
+    """``repeat_interleave(repeats; output_size)``: index ``i`` repeated ``repeats[i]`` times (what
+    ``x.repeat_interleave(repeats, dim)`` gathers ``x``'s rows by). Every output position depends on
+    all the counts before it: the counts and the indices stay whole. ``output_size`` gives the
+    extent (without it, it is data-dependent)."""
+    if output_size is None or output_size < 0:
+        raise OpError(f"op {name}: give output_size (the sum of the repeats); without it the output's size "
+                      "depends on the data")
+    s = inputs[0]
+    if s.ndim != 1:
+        raise OpError(f"op {name}: repeats must be 1-D, got shape {s.shape}")
+    return _whole(name, [s], ["a"], "Z", {"a", "Z"}, [(output_size,)], cost_model, tensor_dtype, out_pins)
+
+
+def _np_repeat_interleave(repeats, output_size=None):
+    r = np.asarray(repeats).astype(np.int64)
+    out = np.repeat(np.arange(len(r)), r)
+    if output_size is not None and len(out) != output_size:
+        raise OpError(f"repeat_interleave: the repeats sum to {len(out)}, output_size is {output_size}")
+    return out
+
+
+register_op("repeat_interleave", "repeats ; output_size: int? = None", _repeat_interleave_rule,
+            _np_repeat_interleave)
+
 # ------------------------------------------------------------------------------------------
 # attention
 # ------------------------------------------------------------------------------------------

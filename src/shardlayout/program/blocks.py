@@ -1152,8 +1152,10 @@ def _others(program: Program, g: Graph, linears: tuple, claimed: set) -> list:
                              params=params[:1]))
         elif base in NORMS and params:
             out.append(Block("norm", module_of(params), inputs=(op.inputs[0],), output=op.outputs[0], params=params))
-        elif base == "mul" and len(params) == 1 and len(tensors[params[0]].shape) == 1 and params[0] not in biases:
-            act = [x for x in op.inputs if isinstance(x, str) and x != params[0]]
+        elif base == "mul" and len(scales := _scales(g, op)) == 1 and len(tensors[scales[0][1]].shape) == 1 and \
+                scales[0][1] not in biases:
+            params = (scales[0][1],)
+            act = [x for x in op.inputs if isinstance(x, str) and x != scales[0][0]]
             if act and tensors[act[0]].shape and tensors[act[0]].shape[-1] == tensors[params[0]].shape[0]:
                 out.append(Block("norm", module_of(params), inputs=(_normalized(g, act[0]),), output=op.outputs[0],
                                  params=params))
@@ -1167,16 +1169,35 @@ def _others(program: Program, g: Graph, linears: tuple, claimed: set) -> list:
                              output=lin.output))
     experts = [n for n, s in tensors.items() if s.kind == "param" and len(s.shape) >= 3 and _feeds_batched(g, n)]
     if experts:
-        biases = [b for w in experts for i in g.users(w) for o in g.op(i).outputs for b in _expert_biases(g, o)]
+        biases = [b for w in experts for o in _batched_outputs(g, w) for b in _expert_biases(g, o)]
         params = tuple(dict.fromkeys(experts + biases))
         out.append(Block("experts", module_of(params), params=params))
     return out
 
 
+def _scales(g: Graph, op) -> list:
+    """``(operand, parameter)`` of each operand of ``op`` that is a parameter, or a parameter
+    plus (or times) a constant: muse_glimmer's gain-centred norm scales by ``weight + 1.0``."""
+    out = []
+    for x in op.inputs:
+        if _is_param(g, x):
+            out.append((x, x))
+            continue
+        src = g.made_by(x) if isinstance(x, str) else None
+        if src is not None and short(src) in ("add", "sub", "mul") and len(src.inputs) == 2:
+            ps = [i for i in src.inputs if _is_param(g, i)]
+            if len(ps) == 1 and not any(isinstance(i, str) for i in src.inputs if i != ps[0]):
+                out.append((x, ps[0]))
+    return out
+
+
+_SAME = ("_to_copy", "to", "type_as", "alias")
+
+
 def _expert_biases(g: Graph, out: str) -> list:
     """The per-expert biases added to routed rows ``out`` of an expert matmul: ``out + b[:, None]``
     with ``b`` a parameter ``[experts, features]`` (transformers' ``bias[sorted expert ids]``, as
-    ``program.routing`` reads it)."""
+    ``program.routing`` reads it), through a cast or an alias."""
     got = []
     for i in g.users(out):
         op = g.op(i)
@@ -1184,6 +1205,8 @@ def _expert_biases(g: Graph, out: str) -> list:
             continue
         for x in op.inputs:
             src = g.made_by(x) if isinstance(x, str) and x != out else None
+            while src is not None and short(src) in _SAME and isinstance(src.inputs[0], str):
+                src = g.made_by(src.inputs[0])  # the bias cast to the rows' dtype, or aliased (torchtitan's GPT-OSS)
             if src is not None and short(src) == "unsqueeze" and dict(src.params).get("dim") == 1 and \
                     _is_param(g, src.inputs[0]) and len(g.program.tensors[src.inputs[0]].shape) == 2:
                 got.append(src.inputs[0])
@@ -1287,6 +1310,19 @@ def routed_source(program: Program, lin: Linear) -> str | None:
     return None
 
 
+def view_root(program: Program, t: str, depth: int = 8) -> str:
+    """The tensor ``t`` is a view of, through view ops (``t`` itself when it is made otherwise):
+    the routed tokens ``x.view(-1, dim)`` an expert reads are the ``x`` its router reads too.
+    ``view_root(prog, "layers.0.moe.view") -> "layers.0.ffn_norm.mul_1"``"""
+    g = graph(program)
+    for _ in range(depth):
+        i = g.producer.get(t)
+        if i is None or short(g.op(i)) not in VIEWS or not isinstance(g.op(i).inputs[0], str):
+            return t
+        t = g.op(i).inputs[0]
+    return t
+
+
 def _sources(program: Program, last: Linear, first: tuple) -> tuple:
     """The routed tokens (``routed_source``) of the first expert matmuls whose outputs ``last``'s
     rows are made from (its own layer's, when one experts block holds every layer's stacks)."""
@@ -1327,7 +1363,13 @@ def _residual_after(g: Graph, t: str, sources: tuple = (), depth: int = 16) -> s
 
 def _feeds_batched(g: Graph, param: str) -> bool:
     """Does ``param`` reach a batched matmul (bmm, einsum, _grouped_mm) through views?"""
-    seen, stack = set(), [param]
+    return bool(_batched_outputs(g, param))
+
+
+def _batched_outputs(g: Graph, param: str) -> list:
+    """The outputs of the batched matmuls (bmm, einsum, _grouped_mm) ``param`` reaches through
+    views and casts (torchtitan casts its expert weights to bfloat16 first)."""
+    seen, stack, out = set(), [param], []
     while stack:
         t = stack.pop()
         if t in seen:
@@ -1336,10 +1378,10 @@ def _feeds_batched(g: Graph, param: str) -> bool:
         for i in g.users(t):
             base = short(g.op(i))
             if base in BATCHED:
-                return True
-            if base in VIEWS:
+                out.extend(o for o in g.op(i).outputs if o not in out)
+            elif base in VIEWS:
                 stack.extend(g.op(i).outputs)
-    return False
+    return out
 
 
 __all__ = ["Block", "Core", "Graph", "Linear", "Structure", "attention_cores", "feature_scales", "feature_statistics",

@@ -113,8 +113,37 @@ def _scan(prog: Program) -> dict:
             spread[outs[0]] = spread[ins[0]]
         if n in _FLATTEN and len(ins) == 1 and len(outs) == 1 and len(prog.tensors[outs[0]].shape) >= 2:
             merged[outs[0]] = ins[0]  # (..., k, *D) viewed (T*k, *D): rows in (token, choice) order if k fits
-    return {"topk": topk, "flat": flat, "order": order, "token": token, "spread": spread, "ids": ids,
-            "inverse": inverse, "batched": batched, "merged": merged}
+    h = {"topk": topk, "flat": flat, "order": order, "token": token, "spread": spread, "ids": ids,
+         "inverse": inverse, "batched": batched, "merged": merged}
+    producer = {o: op for op in prog.ops for o in op.outputs}
+    for op in prog.ops:  # repeat_interleave(counts): each sorted row's expert id, as sort's values
+        if canonical_op_name(op.target) == "repeat_interleave" and len(op.inputs) == 1 and len(op.outputs) == 1:
+            counts = _padded(prog, op.inputs[0], producer)
+            rows = prog.tensors[op.outputs[0]].shape
+            for idx, t in topk.items():
+                if rows == (t["tokens"] * t["k"],) and prog.tensors[counts].shape == (t["experts"],) and \
+                        _counts_of_routing(prog, counts, h, producer, idx):
+                    ids[op.outputs[0]] = idx
+    return h
+
+
+def _tail(prog: Program, name: str, producer: dict) -> str | None:
+    """The trailing row ``_padded`` drops from ``name``, or None."""
+    op = producer.get(name)
+    return op.inputs[1] if _padded(prog, name, producer) != name and op is not None and \
+        canonical_op_name(op.target) == "cat" else None
+
+
+def _padded(prog: Program, name: str, producer: dict) -> str:
+    """``a`` when ``name`` is ``cat([a, tail])`` on dim 0 with one trailing row (a slack entry, as
+    torchtitan's GPT-OSS pads the counts, or a zero row under a table), through casts; else ``name``."""
+    op = producer.get(name)
+    while op is not None and canonical_op_name(op.target) in _CASTS and len(op.inputs) == 1:
+        name, op = op.inputs[0], producer.get(op.inputs[0])
+    if op is None or canonical_op_name(op.target) != "cat" or len(op.inputs) != 2 or \
+            dict(op.params).get("dim", 0) != 0 or not all(isinstance(i, str) for i in op.inputs):
+        return name
+    return op.inputs[0] if prog.tensors[op.inputs[1]].shape[:1] == (1,) else name
 
 
 def _choice(prog: Program, op, n: str) -> tuple | None:
@@ -180,6 +209,7 @@ def _replay(prog: Program, h: dict) -> Program:
         b._add(t)
     ragged: dict = {}  # a routed tensor -> the top-k index its rows were routed by
     unsorted: dict = {}  # rows put back in (token, choice) order, not yet summed -> (rows, top-k index)
+    per_expert: set = set()  # each routed row's expert's row of a table, held (E, 1, ...) per expert
     for op in prog.ops:
         n = canonical_op_name(op.target)
         ins, kw = op.inputs, op.kwargs()
@@ -187,7 +217,14 @@ def _replay(prog: Program, h: dict) -> Program:
         if _unsort(prog, op, n, ins, kw, h, ragged, unsorted, b, dtypes) or \
                 _pairs(prog, op, n, ins, kw, h, ragged, b, dtypes, producer):
             continue
+        if n in _FLATTEN and ins and ins[0] in per_expert and \
+                prog.tensors[op.outputs[0]].shape == prog.tensors[ins[0]].shape:
+            b.op("alias", [ins[0]], name=op.name, dtypes=dtypes)  # a view to the rows' own shape: the same rows
+            per_expert.add(op.outputs[0])
+            continue
         routed = _rewrite(prog, op, n, ins, kw, h, ragged, producer)
+        if routed is not None and routed[0] == "unsqueeze" and n in ("index", "index_select"):
+            per_expert.update(op.outputs)
         if routed is not None:
             target, inputs, params, extra = routed
             if extra:  # x + unroute(...): the combine first, then the add under the op's own name
@@ -302,6 +339,9 @@ def _rewrite(prog, op, n, ins, kw, h, ragged, producer):
         if i in order and x in flat:
             t = topk[order[i]]
             return "route", [flat[x], order[i]], {"experts": t["experts"], "pairs": True}, None
+        if i in h["ids"] and prog.tensors[x].shape[0] != topk[h["ids"][i]]["experts"] and \
+                _is_zeros(prog, _tail(prog, x, producer), producer):
+            x = _padded(prog, x, producer)  # cat([b, zeros(1, ...)])[ids]: the zero row is no expert's
         if i in h["ids"] and prog.tensors[x].shape[0] == topk[h["ids"][i]]["experts"] and \
                 len(prog.tensors[x].shape) >= 2:  # x[sorted expert ids]: each routed row's expert's row of x
             return "unsqueeze", [x], {"dim": 1}, None  # (E, 1, ...): dense, broadcast over each expert's rows
@@ -347,7 +387,21 @@ def _offsets_of_routing(prog: Program, name: str, h: dict, producer: dict, route
     _, op = through(name)
     if op is None or canonical_op_name(op.target) != "cumsum" or dict(op.params).get("dim", 0) not in (0, -1):
         return False
-    _, op = through(op.inputs[0])
+    return _counts_of_routing(prog, op.inputs[0], h, producer, routed_by)
+
+
+def _counts_of_routing(prog: Program, name: str, h: dict, producer: dict, routed_by: str) -> bool:
+    """Is ``name`` (through casts) the rows per expert of the routing by top-k index ``routed_by``:
+    ``histc`` / ``bincount`` of the index flattened, or a one-hot summed (``_offsets_of_routing``)?"""
+    def through(t):
+        op = producer.get(t)
+        while op is not None and canonical_op_name(op.target) in _CASTS and len(op.inputs) == 1 and \
+                prog.tensors[op.inputs[0]].shape == prog.tensors[t].shape:
+            t = op.inputs[0]
+            op = producer.get(t)
+        return t, op
+
+    _, op = through(name)
     if op is None:
         return False
     n, kw = canonical_op_name(op.target), dict(op.params)

@@ -66,6 +66,7 @@ from .blocks import (
     input_statistics,
     routed_source,
     short,
+    view_root,
     weight_consumers,
 )
 
@@ -349,9 +350,9 @@ def _megatron(program: Program, mesh: Mesh, s: Structure, sequence: bool) -> Sty
         for out in outputs:
             pins[out] = _activation(mesh, t[out].shape, sequence and len(t[out].shape) >= 3)
         if sequence:  # the routed tokens gathered once, before the router and the experts read them
-            for src in dict.fromkeys(routed_source(program, lin) for lin in first):
-                if src is not None:
-                    pins[src] = sharded(mesh, t[src].shape, {0: ["dp"]})
+            for src in dict.fromkeys(view_root(program, x) for lin in first
+                                     if (x := routed_source(program, lin)) is not None):
+                pins[src] = sharded(mesh, t[src].shape, {0: ["dp"]})
         blocks += (b,)
     tied = {b: e for b in s.of_kind("head") if (e := tied_embedding(program, mesh, s, b)) is not None}
     heads = [b for b in s.of_kind("head") if b in tied or all(lin.weight not in pins for lin in b.first)]

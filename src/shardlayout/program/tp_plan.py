@@ -17,6 +17,9 @@ modules are the prefixes of the program's parameter and buffer names. Values, on
   the key names), ``["Replicate()", "Shard(0)"]``; a sharding in our notation, ``"[tp*16, 16]"``;
   or ``{"weight": ..., "bias": ...}`` per parameter.
 
+A module whose parameters no op reads and that runs no op (a vision encoder a text-only forward
+never calls) is listed as ``unread`` and left to the planner (replicated: no value depends on it).
+
 Block boundaries follow the plan: the residual add closing a block whose last Linear is rowwise is
 replicated on tp (sequence-sharded when the plan has a ``sequence_parallel`` entry); user inputs
 are batched on dp when the mesh has it. The planner completes every other tensor at minimum cost.
@@ -37,7 +40,7 @@ from ..errors import ShardingError, UnmatchedStyle
 from ..mesh import Mesh
 from ..sharding import Sharding
 from . import Program
-from .blocks import Block, find_blocks, graph, short
+from .blocks import Block, expert_linears, find_blocks, graph, routed_source, short, view_root
 from .styles import StylePins, batched_inputs, column, row, sharded, strided
 
 VALUES = ("colwise", "rowwise", "sequence_parallel", "replicate")
@@ -166,6 +169,11 @@ def _module_pins(program: Program, mesh: Mesh, module: str, value, sequence: boo
     linears = [lin for lin in s.linears if lin.weight in own]
     embeds = [b for b in s.of_kind("embedding") if set(b.params) & set(own)]
     norms = [b for b in s.of_kind("norm") if set(b.params) & set(own)]
+    if own and not linears and not embeds and not norms and not _read(program) & set(own):
+        # tied: torch.export reads a tied group's parameter by one name (the last module's); the
+        # others' are unread. The module's own Linears and lookups are then the ops run in it.
+        linears = [lin for lin in s.linears if _under(lin.output, module)]
+        embeds = [b for b in s.of_kind("embedding") if b.output and _under(b.output, module)]
     if value in ("colwise", "rowwise"):
         if linears:
             pins = {}
@@ -190,6 +198,23 @@ def _module_pins(program: Program, mesh: Mesh, module: str, value, sequence: boo
         for x in b.inputs:
             pins[x] = _seq(mesh, t[x].shape)
     return pins
+
+
+def _unread(program: Program, module: str) -> bool:
+    """Does ``module`` hold parameters that no op reads, and run no op (``_under``) itself?"""
+    own = _own(program, module)
+    return bool(own) and not _read(program) & set(own) and not any(_under(o, module) for op in program.ops
+                                                                     for o in op.outputs)
+
+
+def _read(program: Program) -> set:
+    """The tensors some op of ``program`` reads."""
+    return {x for op in program.ops for x in op.inputs}
+
+
+def _under(tensor: str, module: str) -> bool:
+    """Is ``tensor`` made by an op run in ``module`` (its name the module's path, then the op's)?"""
+    return tensor.startswith(module + ".") and "." not in tensor[len(module) + 1:]
 
 
 def _seq(mesh: Mesh, shape: tuple) -> Sharding:
@@ -225,6 +250,11 @@ def apply_tp_plan(program: Program, mesh: Mesh, tp_plan: dict, allow_unmatched: 
                 f"{_listing(mods)} (patterns match atom by atom: '*' never spans a dot). Fix the pattern, or pass "
                 "--allow-unmatched")
         for m in hits:
+            if isinstance(value, str) and value in VALUES and _unread(program, m):
+                # torchtitan's plan names modules this forward never runs (a VLM's vision encoder on text):
+                # nothing reads their parameters, so no cut of them changes a value or a collective
+                matched.append(Block("unread", m, params=_own(program, m)))
+                continue
             got = _module_pins(program, mesh, m, value, sequence)
             pins.update(got)
             matched.append(Block(value if isinstance(value, str) and value in VALUES else "explicit", m,
@@ -271,6 +301,19 @@ def _completion(program: Program, mesh: Mesh, pins: dict, sequence: bool) -> dic
             if b.output and b.output not in pins and short(g.made_by(b.output)) == "add":
                 out[b.output] = _seq(mesh, t[b.output].shape) if sequence else \
                     sharded(mesh, t[b.output].shape, {0: ["dp"]})
+    for b in s.of_kind("experts"):  # tensor parallel inside each expert, as torchtitan's MoE boundary says
+        first, last, outputs = expert_linears(program, b)
+        if first and all(lin.weight in pins and _colwise(pins[lin.weight], lin) for lin in first):
+            for lin in first:  # the tokens gathered once, before the router and the experts read them
+                x = routed_source(program, lin)
+                root = view_root(program, x) if x is not None else None
+                if root is not None and (root not in pins or any(f.axis == "tp" for fs in pins[root].dims for f in fs)):
+                    out[root] = sharded(mesh, t[root].shape, {0: ["dp"]})
+        if last and all(lin.weight in pins and _rowwise(pins[lin.weight], lin) for lin in last):
+            for o in outputs:
+                if o not in pins:
+                    out[o] = _seq(mesh, t[o].shape) if sequence and len(t[o].shape) >= 3 else \
+                        sharded(mesh, t[o].shape, {0: ["dp"]})
     return out
 
 
