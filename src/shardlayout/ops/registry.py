@@ -449,15 +449,22 @@ class OpDef:
         try:
             ins = inputs if type(inputs) is tuple and len(inputs) == 1 and type(inputs[0]) is Sharding else \
                 _typed(inputs)  # (_typed's answer for one Sharding)
-            seen = (self, ins, _typed(params) if typed_params is None else typed_params, pins, cost_key(cm),
-                    tensor_dtype, settings.subaxes)
+            seen = (self, ins, _typed(params) if typed_params is None else typed_params, pins,
+                    None if cm is DEFAULT_COST_MODEL else cm, tensor_dtype, settings.subaxes)  # cost_key(cm)
             hit = _SEEN.get(seen)
         except TypeError:  # an unhashable param (a list of lists, a dict): validate and run every time
             seen = hit = None
         if hit is not None:
             return hit[0], dict(hit[1])
         inputs = inputs if type(inputs) is tuple else tuple(inputs)
-        bound = bind(self.name, self.signature, inputs, params)  # self.bind, one call less on every first call
+        # bind(self.name, self.signature, inputs, params) inlined: two calls less on every first call
+        binder = self.signature.binder
+        try:
+            bound = None if binder is None else binder(self.name, inputs, params)
+        except OpError:  # a bad value: _bind_checked names the first bad param in signature order
+            bound = None
+        if bound is None:
+            bound = _bind_checked(self.name, self.signature, inputs, params)
         if self.check is not None:
             self.check(self.name, inputs, bound)
         p = self.signature.invoker(self.rule, self.name, inputs, cm, tensor_dtype, pins or (), bound)

@@ -162,7 +162,7 @@ def flat_pieces(s: Sharding) -> tuple:
                 floating.append((PROGRAM, (fs,), n, d, 0))  # the local pieces around still merge
             else:
                 if first is not None:
-                    out.append(run_piece(first, run))
+                    out.append(first if not run else (LOCAL, (_new(Factor, (run, None, 1)),), run, -1, -1))  # run_piece
                     first = None
                 out.append((PROGRAM, (fs,), n, d, 0))
             continue
@@ -181,7 +181,7 @@ def flat_pieces(s: Sharding) -> tuple:
             size, axis, _ = f
             if axis is not None:
                 if first is not None:
-                    out.append(run_piece(first, run))
+                    out.append(first if not run else (LOCAL, (_new(Factor, (run, None, 1)),), run, -1, -1))  # run_piece
                     first = None
                 out.append((AXIS, (f,), size, d, i))
             elif first is None:
@@ -195,11 +195,11 @@ def flat_pieces(s: Sharding) -> tuple:
                 floating.append((TAIL, fs[j:], size, d, j))
             else:
                 if first is not None:
-                    out.append(run_piece(first, run))
+                    out.append(first if not run else (LOCAL, (_new(Factor, (run, None, 1)),), run, -1, -1))  # run_piece
                     first = None
                 out.append((TAIL, fs[j:], size, d, j))
     if first is not None:
-        out.append(run_piece(first, run))
+        out.append(first if not run else (LOCAL, (_new(Factor, (run, None, 1)),), run, -1, -1))  # run_piece
     return tuple(out), tuple(floating)
 
 
@@ -343,16 +343,26 @@ def place_tail(pieces: tuple, i: int, cur: tuple, out_shape: tuple, subaxes: boo
     size = head[2]
     if need == size:
         return tuple([(k, f) for f in head[1]]), advance(out_shape, k, 1), pieces
-    body = tail_body(head)
-    placed = tuple([(k, f) for f in body])
-    if need < size and size % need == 0 and same_chunks(body, size, need, 1, size // need):
+    fs = head[1]  # tail_body(head) inlined
+    body = fs[:-1] if fs and fs[-1][1] is None else fs
+    # same_chunks asks same_axis_chunks when every factor of the body is on an axis (a tail's, as a
+    # rule) and the counts are positive (they are here): asked directly, no memo key made per question
+    placed, sizes = [], []  # one loop, no comprehension (a call of its own)
+    for f in body:
+        placed.append((k, f))
+        if f[1] is not None:  # f.axis
+            sizes.append(f[0])
+    placed, sizes = tuple(placed), tuple(sizes)
+    chunks = same_axis_chunks if len(sizes) == len(body) else None
+    if need < size and size % need == 0 and (chunks(sizes, size, need, 1, size // need) if chunks else
+                                             same_chunks(body, size, need, 1, size // need)):
         rest = size // need
         k2, room2 = advance(out_shape, k, 1)
         if k2 == len(out_shape) or room2 % rest:
             return obstacle(head, 1, "the inner part of an uneven dim straddles a boundary")
         return placed + ((k2, Factor(rest)),), advance(out_shape, k2, room2 // rest), pieces
     q = need // size if need % size == 0 else 0
-    if q > 1 and same_chunks(body, size, size * q, q, 1):
+    if q > 1 and (chunks(sizes, size, size * q, q, 1) if chunks else same_chunks(body, size, size * q, q, 1)):
         shrunk = take_inner(pieces, i, q)
         if shrunk is not None:
             return placed, advance(out_shape, k, 1), shrunk
@@ -362,7 +372,8 @@ def place_tail(pieces: tuple, i: int, cur: tuple, out_shape: tuple, subaxes: boo
     for p in follow:
         q *= p[2]  # p.size
     region = size * q
-    if region % need == 0 and same_chunks(body, size, need, q, region // need):
+    if region % need == 0 and (chunks(sizes, size, need, q, region // need) if chunks else
+                               same_chunks(body, size, need, q, region // need)):
         rest = region // need
         spent = tuple([(LOCAL, (Factor(1),), 1, p[3], p[4]) for p in follow])
         new = ((local(rest),) if rest > 1 else ()) + spent
@@ -483,7 +494,10 @@ def fit(pieces: tuple, floating: tuple, out_shape: tuple, subaxes: bool):
     """
     n = len(out_shape)
     out: list = [()] * n  # per output dim, the factors placed so far
-    k, room = advance(out_shape, -1, 1)  # the cursor
+    k = 0  # the cursor (output dim k, room left in it): advance(out_shape, -1, 1) inlined
+    while k < n and out_shape[k] == 1:
+        k += 1
+    room = out_shape[k] if k < n else 1
     i = 0
     programs = False
     while i < len(pieces):
