@@ -286,12 +286,19 @@ def place_even(pieces: tuple, i: int, cur: tuple, out_shape: tuple, subaxes: boo
             break
         if size % room:
             return blame(pieces, i, room, subaxes)
-        if f.axis is not None and not subaxes:
+        axis = f[1]
+        pre = f[2] if axis is not None else 1  # (split makes local pieces with pre 1)
+        if axis is not None and not subaxes:
             return obstacle(head, 1, f"a boundary cuts {head[2]} at {room} and sub-axes are disabled")
-        outer, f = split(f, room)
-        items.append((k, outer))
+        # split(f, room) and advance(out_shape, k, 1) inlined: the outer piece ends dim k
+        items.append((k, _new(Factor, (room, axis, pre))))
         size //= room
-        k, room = advance(out_shape, k, 1)
+        f = _new(Factor, (size, axis, pre * room if axis is not None else 1))
+        n = len(out_shape)
+        k += 1
+        while k < n and out_shape[k] == 1:
+            k += 1
+        room = out_shape[k] if k < n else 1
     return tuple(items), (k, room), pieces
 
 
