@@ -790,7 +790,12 @@ def regroup_walk(s: Sharding, out_shape, subaxes: bool) -> tuple:
     ``regroup_even`` answer in one pass when nothing else is in the way (the walk's answer:
     ``tests/ops/test_regroup_even.py``).
     ``regroup_walk(s, (16, 6), True) == regroup(s, (16, 6), True)``"""
-    out_shape = infer_view_shape(s.shape, out_shape)
+    return walk_inferred(s, infer_view_shape(s.shape, out_shape), subaxes)
+
+
+def walk_inferred(s: Sharding, out_shape: tuple, subaxes: bool) -> tuple:
+    """``regroup_walk`` on an ``out_shape`` already inferred (``infer_view_shape``: a tuple of
+    ints >= 1 of the input's count), as the view rule has it. ``walk_inferred(s, (16, 6), True)``"""
     target = s
     while True:
         pieces, floating = flat_pieces(target)
@@ -807,7 +812,7 @@ def regroup_walk(s: Sharding, out_shape, subaxes: bool) -> tuple:
             return gather_last(target, obstacle, out_shape)
         target = gather(target, obstacle)
         if not uneven:
-            out = regroup_even(target, out_shape, subaxes)
+            out = even_inferred(target, out_shape, subaxes)
             if out is not None:
                 return target, out
 
@@ -834,8 +839,23 @@ def regroup_even(s: Sharding, out_shape, subaxes: bool):
 
     ``[dp*4, tp*3] -> (16, 6)``: ``[dp*4*tp:(1)2, tp:(2)2*3]``
     """
+    if type(out_shape) is not tuple:
+        return None
+    total = 1
+    for x in out_shape:
+        if type(x) is not int or x < 1:
+            return None
+        total *= x
+    if total != prod(s.shape):
+        return None  # not the same number of elements (or a -1 to infer): infer_view_shape
+    return even_inferred(s, out_shape, subaxes)
+
+
+def even_inferred(s: Sharding, out_shape: tuple, subaxes: bool):
+    """``regroup_even`` on an ``out_shape`` already inferred (``infer_view_shape``: a tuple of
+    ints >= 1 of the input's count), as the view rule and the walk have it.
+    ``even_inferred(s, (16, 6), True)`` for ``[dp*4, tp*3]``: ``[dp*4*tp:(1)2, tp:(2)2*3]``"""
     dims = s.dims
-    total_in = 1
     for n, fs in zip(s.shape, dims):  # first the cheap answer of most walks: an uneven dim
         if type(fs) is ChunkProgram:
             return None
@@ -844,16 +864,6 @@ def regroup_even(s: Sharding, out_shape, subaxes: bool):
             p *= f[0]
         if p != n:
             return None  # an uneven dim: a tail for the walk
-        total_in *= p
-    if type(out_shape) is not tuple:
-        return None
-    total = 1
-    for x in out_shape:
-        if type(x) is not int or x < 1:
-            return None
-        total *= x
-    if total_in != total:
-        return None  # not the same number of elements (or a -1 to infer): infer_view_shape
     new = _new
     flat: list = []  # the factors, adjacent local ones merged
     mesh = s.mesh
