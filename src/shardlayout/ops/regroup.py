@@ -169,15 +169,17 @@ def flat_pieces(s: Sharding) -> tuple:
         p = 1
         for f in fs:
             p *= f[0]
-        if p == n:  # even dim: every factor is a digit
-            j = len(fs)
-        else:  # even_prefix(n, fs) inlined; q: the product of the even prefix
+        uneven = p != n
+        if uneven:  # even_prefix(n, fs) inlined; q: the product of the even prefix
             j, q, last_j = 0, 1, len(fs) - 1
             while j < last_j and n % (q * fs[j][0]) == 0:
                 q *= fs[j][0]
                 j += 1
+            digits = fs[:j]
+        else:  # even dim: every factor is a digit
+            digits = fs
         i = 0
-        for f in fs if p == n else fs[:j]:
+        for f in digits:
             size, axis, _ = f
             if axis is not None:
                 if first is not None:
@@ -189,7 +191,7 @@ def flat_pieces(s: Sharding) -> tuple:
             else:  # merged into the run: one Factor for the whole run, made when it ends
                 run = (run or first[2]) * size
             i += 1
-        if j < len(fs):
+        if uneven and fs:  # the tail: from the first factor that does not divide the dim on
             size = n // q
             if size == 1:
                 floating.append((TAIL, fs[j:], size, d, j))
@@ -666,7 +668,9 @@ def output(s: Sharding, out_shape: tuple, dims: tuple) -> Sharding:
     """
     mesh = s.mesh
     canon = []
-    for k, fs in enumerate(dims):
+    k = -1  # (an index, not enumerate: cheaper on a few dims)
+    for fs in dims:
+        k += 1
         n = out_shape[k]
         if type(fs) is tuple and (fs[0][0] == n != 1 if len(fs) == 1 else not fs and n == 1):  # [0]: .size
             canon.append(fs)
@@ -855,15 +859,17 @@ def even_inferred(s: Sharding, out_shape: tuple, subaxes: bool):
     """``regroup_even`` on an ``out_shape`` already inferred (``infer_view_shape``: a tuple of
     ints >= 1 of the input's count), as the view rule and the walk have it.
     ``even_inferred(s, (16, 6), True)`` for ``[dp*4, tp*3]``: ``[dp*4*tp:(1)2, tp:(2)2*3]``"""
-    dims = s.dims
-    for n, fs in zip(s.shape, dims):  # first the cheap answer of most walks: an uneven dim
+    dims, shape = s.dims, s.shape
+    d = 0  # (an index, not zip: a zip costs more than it saves on a few dims)
+    for fs in dims:  # first the cheap answer of most walks: an uneven dim
         if type(fs) is ChunkProgram:
             return None
         p = 1
         for f in fs:
             p *= f[0]
-        if p != n:
+        if p != shape[d]:
             return None  # an uneven dim: a tail for the walk
+        d += 1
     new = _new
     flat: list = []  # the factors, adjacent local ones merged
     mesh = s.mesh
