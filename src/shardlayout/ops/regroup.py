@@ -51,7 +51,9 @@ goes and returns None on anything else (an uneven dim, a chunk program, a bounda
 no factor, a cut axis with sub-axes off), which the walk then handles
 (``tests/ops/test_regroup_even.py`` checks the two agree). The walk asks it again after a
 gather that leaves the input even (no tail, no program left); a gather that leaves nothing
-sharded leaves every dim local (``gather_last``), with no walk left to do.
+sharded leaves every dim local (``gather_last``), with no walk left to do. Both check the
+shape they are given; ``even_inferred`` and ``walk_inferred`` are the same on a shape already
+inferred (the view rule's bound shape, checked there once, and the walk's own).
 
 Worked examples: ``tests/ops/test_regroup.py`` has one per step (``test_place_even_design_example``
 and ``test_regroup_design_example`` are the picture above; ``test_place_tail_*`` and
