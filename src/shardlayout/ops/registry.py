@@ -315,7 +315,7 @@ def compile_binder(sig: Signature):
     for j, p in enumerate(sig.params):  # every param starts unset (None when that is its default), given
         lines.append(f"    v{j} = {'None' if p.default is None else 'UNSET'}")  # ones are checked as they come
     if sig.params:
-        lines.append("    for name, v in params.items():")
+        lines += ["    for name in params:", "        v = params[name]"]  # (cheaper than params.items())
         for j, p in enumerate(sig.params):
             lines.append(f"        {'if' if j == 0 else 'elif'} name == {p.name!r}:")
             lines += [" " * 12 + line for line in _value_check(j, p)]
@@ -449,15 +449,22 @@ class OpDef:
         try:
             ins = inputs if type(inputs) is tuple and len(inputs) == 1 and type(inputs[0]) is Sharding else \
                 _typed(inputs)  # (_typed's answer for one Sharding)
-            seen = (self, ins, _typed(params) if typed_params is None else typed_params, pins, cost_key(cm),
-                    tensor_dtype, settings.subaxes)
+            seen = (self, ins, _typed(params) if typed_params is None else typed_params, pins,
+                    None if cm is DEFAULT_COST_MODEL else cm, tensor_dtype, settings.subaxes)  # cost_key(cm)
             hit = _SEEN.get(seen)
         except TypeError:  # an unhashable param (a list of lists, a dict): validate and run every time
             seen = hit = None
         if hit is not None:
             return hit[0], dict(hit[1])
         inputs = inputs if type(inputs) is tuple else tuple(inputs)
-        bound = bind(self.name, self.signature, inputs, params)  # self.bind, one call less on every first call
+        # bind(self.name, self.signature, inputs, params) inlined: two calls less on every first call
+        binder = self.signature.binder
+        try:
+            bound = None if binder is None else binder(self.name, inputs, params)
+        except OpError:  # a bad value: _bind_checked names the first bad param in signature order
+            bound = None
+        if bound is None:
+            bound = _bind_checked(self.name, self.signature, inputs, params)
         if self.check is not None:
             self.check(self.name, inputs, bound)
         p = self.signature.invoker(self.rule, self.name, inputs, cm, tensor_dtype, pins or (), bound)
@@ -508,7 +515,8 @@ def _typed(v):
     t = type(v)
     if t is dict:  # a call's params first: every first call has them
         if len(v) == 1:
-            for k, x in v.items():
+            for k in v:  # (cheaper than v.items())
+                x = v[k]
                 tx = type(x)
                 if tx is tuple:  # a shape, as the tuple case below returns it
                     for y in x:

@@ -51,7 +51,9 @@ goes and returns None on anything else (an uneven dim, a chunk program, a bounda
 no factor, a cut axis with sub-axes off), which the walk then handles
 (``tests/ops/test_regroup_even.py`` checks the two agree). The walk asks it again after a
 gather that leaves the input even (no tail, no program left); a gather that leaves nothing
-sharded leaves every dim local (``gather_last``), with no walk left to do.
+sharded leaves every dim local (``gather_last``), with no walk left to do. Both check the
+shape they are given; ``even_inferred`` and ``walk_inferred`` are the same on a shape already
+inferred (the view rule's bound shape, checked there once, and the walk's own).
 
 Worked examples: ``tests/ops/test_regroup.py`` has one per step (``test_place_even_design_example``
 and ``test_regroup_design_example`` are the picture above; ``test_place_tail_*`` and
@@ -162,26 +164,28 @@ def flat_pieces(s: Sharding) -> tuple:
                 floating.append((PROGRAM, (fs,), n, d, 0))  # the local pieces around still merge
             else:
                 if first is not None:
-                    out.append(run_piece(first, run))
+                    out.append(first if not run else (LOCAL, (_new(Factor, (run, None, 1)),), run, -1, -1))  # run_piece
                     first = None
                 out.append((PROGRAM, (fs,), n, d, 0))
             continue
         p = 1
         for f in fs:
             p *= f[0]
-        if p == n:  # even dim: every factor is a digit
-            j = len(fs)
-        else:  # even_prefix(n, fs) inlined; q: the product of the even prefix
+        uneven = p != n
+        if uneven:  # even_prefix(n, fs) inlined; q: the product of the even prefix
             j, q, last_j = 0, 1, len(fs) - 1
             while j < last_j and n % (q * fs[j][0]) == 0:
                 q *= fs[j][0]
                 j += 1
+            digits = fs[:j]
+        else:  # even dim: every factor is a digit
+            digits = fs
         i = 0
-        for f in fs if p == n else fs[:j]:
+        for f in digits:
             size, axis, _ = f
             if axis is not None:
                 if first is not None:
-                    out.append(run_piece(first, run))
+                    out.append(first if not run else (LOCAL, (_new(Factor, (run, None, 1)),), run, -1, -1))  # run_piece
                     first = None
                 out.append((AXIS, (f,), size, d, i))
             elif first is None:
@@ -189,17 +193,17 @@ def flat_pieces(s: Sharding) -> tuple:
             else:  # merged into the run: one Factor for the whole run, made when it ends
                 run = (run or first[2]) * size
             i += 1
-        if j < len(fs):
+        if uneven and fs:  # the tail: from the first factor that does not divide the dim on
             size = n // q
             if size == 1:
                 floating.append((TAIL, fs[j:], size, d, j))
             else:
                 if first is not None:
-                    out.append(run_piece(first, run))
+                    out.append(first if not run else (LOCAL, (_new(Factor, (run, None, 1)),), run, -1, -1))  # run_piece
                     first = None
                 out.append((TAIL, fs[j:], size, d, j))
     if first is not None:
-        out.append(run_piece(first, run))
+        out.append(first if not run else (LOCAL, (_new(Factor, (run, None, 1)),), run, -1, -1))  # run_piece
     return tuple(out), tuple(floating)
 
 
@@ -286,12 +290,19 @@ def place_even(pieces: tuple, i: int, cur: tuple, out_shape: tuple, subaxes: boo
             break
         if size % room:
             return blame(pieces, i, room, subaxes)
-        if f.axis is not None and not subaxes:
+        axis = f[1]
+        pre = f[2] if axis is not None else 1  # (split makes local pieces with pre 1)
+        if axis is not None and not subaxes:
             return obstacle(head, 1, f"a boundary cuts {head[2]} at {room} and sub-axes are disabled")
-        outer, f = split(f, room)
-        items.append((k, outer))
+        # split(f, room) and advance(out_shape, k, 1) inlined: the outer piece ends dim k
+        items.append((k, _new(Factor, (room, axis, pre))))
         size //= room
-        k, room = advance(out_shape, k, 1)
+        f = _new(Factor, (size, axis, pre * room if axis is not None else 1))
+        n = len(out_shape)
+        k += 1
+        while k < n and out_shape[k] == 1:
+            k += 1
+        room = out_shape[k] if k < n else 1
     return tuple(items), (k, room), pieces
 
 
@@ -343,16 +354,26 @@ def place_tail(pieces: tuple, i: int, cur: tuple, out_shape: tuple, subaxes: boo
     size = head[2]
     if need == size:
         return tuple([(k, f) for f in head[1]]), advance(out_shape, k, 1), pieces
-    body = tail_body(head)
-    placed = tuple([(k, f) for f in body])
-    if need < size and size % need == 0 and same_chunks(body, size, need, 1, size // need):
+    fs = head[1]  # tail_body(head) inlined
+    body = fs[:-1] if fs and fs[-1][1] is None else fs
+    # same_chunks asks same_axis_chunks when every factor of the body is on an axis (a tail's, as a
+    # rule) and the counts are positive (they are here): asked directly, no memo key made per question
+    placed, sizes = [], []  # one loop, no comprehension (a call of its own)
+    for f in body:
+        placed.append((k, f))
+        if f[1] is not None:  # f.axis
+            sizes.append(f[0])
+    placed, sizes = tuple(placed), tuple(sizes)
+    chunks = same_axis_chunks if len(sizes) == len(body) else None
+    if need < size and size % need == 0 and (chunks(sizes, size, need, 1, size // need) if chunks else
+                                             same_chunks(body, size, need, 1, size // need)):
         rest = size // need
         k2, room2 = advance(out_shape, k, 1)
         if k2 == len(out_shape) or room2 % rest:
             return obstacle(head, 1, "the inner part of an uneven dim straddles a boundary")
         return placed + ((k2, Factor(rest)),), advance(out_shape, k2, room2 // rest), pieces
     q = need // size if need % size == 0 else 0
-    if q > 1 and same_chunks(body, size, size * q, q, 1):
+    if q > 1 and (chunks(sizes, size, size * q, q, 1) if chunks else same_chunks(body, size, size * q, q, 1)):
         shrunk = take_inner(pieces, i, q)
         if shrunk is not None:
             return placed, advance(out_shape, k, 1), shrunk
@@ -362,7 +383,8 @@ def place_tail(pieces: tuple, i: int, cur: tuple, out_shape: tuple, subaxes: boo
     for p in follow:
         q *= p[2]  # p.size
     region = size * q
-    if region % need == 0 and same_chunks(body, size, need, q, region // need):
+    if region % need == 0 and (chunks(sizes, size, need, q, region // need) if chunks else
+                               same_chunks(body, size, need, q, region // need)):
         rest = region // need
         spent = tuple([(LOCAL, (Factor(1),), 1, p[3], p[4]) for p in follow])
         new = ((local(rest),) if rest > 1 else ()) + spent
@@ -483,7 +505,10 @@ def fit(pieces: tuple, floating: tuple, out_shape: tuple, subaxes: bool):
     """
     n = len(out_shape)
     out: list = [()] * n  # per output dim, the factors placed so far
-    k, room = advance(out_shape, -1, 1)  # the cursor
+    k = 0  # the cursor (output dim k, room left in it): advance(out_shape, -1, 1) inlined
+    while k < n and out_shape[k] == 1:
+        k += 1
+    room = out_shape[k] if k < n else 1
     i = 0
     programs = False
     while i < len(pieces):
@@ -645,7 +670,9 @@ def output(s: Sharding, out_shape: tuple, dims: tuple) -> Sharding:
     """
     mesh = s.mesh
     canon = []
-    for k, fs in enumerate(dims):
+    k = -1  # (an index, not enumerate: cheaper on a few dims)
+    for fs in dims:
+        k += 1
         n = out_shape[k]
         if type(fs) is tuple and (fs[0][0] == n != 1 if len(fs) == 1 else not fs and n == 1):  # [0]: .size
             canon.append(fs)
@@ -769,7 +796,12 @@ def regroup_walk(s: Sharding, out_shape, subaxes: bool) -> tuple:
     ``regroup_even`` answer in one pass when nothing else is in the way (the walk's answer:
     ``tests/ops/test_regroup_even.py``).
     ``regroup_walk(s, (16, 6), True) == regroup(s, (16, 6), True)``"""
-    out_shape = infer_view_shape(s.shape, out_shape)
+    return walk_inferred(s, infer_view_shape(s.shape, out_shape), subaxes)
+
+
+def walk_inferred(s: Sharding, out_shape: tuple, subaxes: bool) -> tuple:
+    """``regroup_walk`` on an ``out_shape`` already inferred (``infer_view_shape``: a tuple of
+    ints >= 1 of the input's count), as the view rule has it. ``walk_inferred(s, (16, 6), True)``"""
     target = s
     while True:
         pieces, floating = flat_pieces(target)
@@ -786,7 +818,7 @@ def regroup_walk(s: Sharding, out_shape, subaxes: bool) -> tuple:
             return gather_last(target, obstacle, out_shape)
         target = gather(target, obstacle)
         if not uneven:
-            out = regroup_even(target, out_shape, subaxes)
+            out = even_inferred(target, out_shape, subaxes)
             if out is not None:
                 return target, out
 
@@ -813,17 +845,6 @@ def regroup_even(s: Sharding, out_shape, subaxes: bool):
 
     ``[dp*4, tp*3] -> (16, 6)``: ``[dp*4*tp:(1)2, tp:(2)2*3]``
     """
-    dims = s.dims
-    total_in = 1
-    for n, fs in zip(s.shape, dims):  # first the cheap answer of most walks: an uneven dim
-        if type(fs) is ChunkProgram:
-            return None
-        p = 1
-        for f in fs:
-            p *= f[0]
-        if p != n:
-            return None  # an uneven dim: a tail for the walk
-        total_in *= p
     if type(out_shape) is not tuple:
         return None
     total = 1
@@ -831,8 +852,26 @@ def regroup_even(s: Sharding, out_shape, subaxes: bool):
         if type(x) is not int or x < 1:
             return None
         total *= x
-    if total_in != total:
+    if total != prod(s.shape):
         return None  # not the same number of elements (or a -1 to infer): infer_view_shape
+    return even_inferred(s, out_shape, subaxes)
+
+
+def even_inferred(s: Sharding, out_shape: tuple, subaxes: bool):
+    """``regroup_even`` on an ``out_shape`` already inferred (``infer_view_shape``: a tuple of
+    ints >= 1 of the input's count), as the view rule and the walk have it.
+    ``even_inferred(s, (16, 6), True)`` for ``[dp*4, tp*3]``: ``[dp*4*tp:(1)2, tp:(2)2*3]``"""
+    dims, shape = s.dims, s.shape
+    d = 0  # (an index, not zip: a zip costs more than it saves on a few dims)
+    for fs in dims:  # first the cheap answer of most walks: an uneven dim
+        if type(fs) is ChunkProgram:
+            return None
+        p = 1
+        for f in fs:
+            p *= f[0]
+        if p != shape[d]:
+            return None  # an uneven dim: a tail for the walk
+        d += 1
     new = _new
     flat: list = []  # the factors, adjacent local ones merged
     mesh = s.mesh

@@ -79,9 +79,14 @@ class Propagation:
         ``Propagation(op, inputs, input_targets, outputs, collectives, cost_model=cost_model)``, its
         fields set at once. ``Propagation._trusted("view", (s,), (s,), (out,))``"""
         p = _Fields()  # a plain object: its __dict__ set in one store, then made a Propagation
-        p.__dict__ = {"op": op, "inputs": inputs, "input_targets": input_targets, "outputs": outputs,
-                      "collectives": collectives, "notes": (), "candidates": (), "cost_model": cost_model,
-                      "local": ()}
+        d = _TRUSTED.copy()  # the fields in order, the defaults in (cheaper than a dict literal of nine)
+        d["op"] = op
+        d["inputs"] = inputs
+        d["input_targets"] = input_targets
+        d["outputs"] = outputs
+        d["collectives"] = collectives
+        d["cost_model"] = cost_model
+        p.__dict__ = d
         if cls is Propagation:
             p.__class__ = cls
             return p
@@ -126,6 +131,11 @@ class Propagation:
 class _Fields:
     """A Propagation's fields without the frozen dataclass's guard: ``Propagation._trusted`` sets
     them in one store, then makes the object a Propagation (``__class__`` assignment)."""
+
+
+# ``Propagation._trusted``'s field dict, copied per result: every field, in declaration order
+_TRUSTED = {"op": "", "inputs": (), "input_targets": (), "outputs": (), "collectives": (), "notes": (),
+            "candidates": (), "cost_model": DEFAULT_COST_MODEL, "local": ()}
 
 
 class ByCoord(NamedTuple):

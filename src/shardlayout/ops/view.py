@@ -22,6 +22,7 @@ Worked example (DESIGN.md): mesh dp=2, tp=4; (8,12) as ``[dp*4, tp*3]``::
 from __future__ import annotations
 
 from functools import partial
+from math import prod
 
 import numpy as _np
 
@@ -31,7 +32,7 @@ from ..sharding import Sharding
 from ..sharding.core import _product
 from ..sharding.cost import DEFAULT_COST_MODEL
 from .registry import register_op
-from .regroup import infer_view_shape, regroup, regroup_even, regroup_walk
+from .regroup import even_inferred, infer_view_shape, regroup, walk_inferred
 from .result import Deferred, Propagation
 from .strategy import input_moves
 
@@ -59,14 +60,18 @@ def view_rule(name, inputs, shape=None, size=None, subaxes=None, tensor_dtype="f
     s = inputs[0]
     if shape is None:
         shape = size if size is not None else s.shape
-    # regroup and _view_result inlined: the hot path of propagate("view")
+    # regroup and _view_result inlined: the hot path of propagate("view"). The shape is bound (its
+    # signature type): ints >= 1 but for one -1 at most, so without a -1 and of the input's count it
+    # is the view's shape as it is; else infer_view_shape fills the -1 in (or raises, as the walk does)
+    if -1 in shape or prod(shape) != prod(s.shape):
+        shape = infer_view_shape(s.shape, shape)
     subaxes = settings.subaxes if subaxes is None else subaxes
     cm = cost_model or DEFAULT_COST_MODEL
-    out = regroup_even(s, shape, subaxes)
+    out = even_inferred(s, shape, subaxes)
     if out is not None:  # nothing in the way: nothing moves
         return Propagation._trusted(name, (s,), (s,), (out,), (), cm)
-    target, out = regroup_walk(s, shape, subaxes)
-    # regroup_walk returns s when nothing moves; a move is planned when its collectives are first read
+    target, out = walk_inferred(s, shape, subaxes)
+    # walk_inferred returns s when nothing moves; a move is planned when its collectives are first read
     moves = () if target is s else Deferred(partial(gathers, s, target, tensor_dtype, cost_model))
     return Propagation._trusted(name, (s,), (target,), (out,), moves, cm)
 

@@ -359,11 +359,13 @@ def _trusted_dim(mesh: Mesh, shape: tuple, d: int, fs):
     dims merged, an uneven dim's trailing local factors re-derived."""
     if type(fs) is ChunkProgram:
         return fs
-    fs = [f for f in fs if f[0] != 1]  # f.size
-    n = shape[d]
-    p = 1
+    kept, p = [], 1  # size-1 factors dropped (a loop: a comprehension is a call of its own)
     for f in fs:
-        p *= f[0]
+        if f[0] != 1:  # f.size
+            kept.append(f)
+            p *= f[0]
+    fs = kept
+    n = shape[d]
     if p == n:
         return tuple(_merge_even(fs, mesh))
     # uneven: local factors after the last axis factor only enumerate their range;
