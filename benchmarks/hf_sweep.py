@@ -259,17 +259,26 @@ def run_one(config: Path, style: str, mesh: str, work: Path, key: str) -> dict:
     kept = work / "runs" / f"{config.name}-{style}-{mesh.replace(',', '_').replace('=', '')}-{tag}.json"
     if kept.exists():
         return json.loads(kept.read_text())
-    env = {**os.environ, "PYTHONPATH": str(SRC), "SHARDLAYOUT_CACHE_DIR": str(work / "cache")}
-    t0 = time.perf_counter()
     cmd = [sys.executable, "-m", "shardlayout", "plan", "--hf", str(config / "config.json"), "--mesh", mesh,
            "--style", style, "--size", f"batch={BATCH}", "--verify", "--json"]
+    return run_kept(cmd, kept, work)
+
+
+def run_kept(cmd: list, kept: Path, work: Path) -> dict:
+    """Run ``shardlayout plan ... --verify --json`` (``cmd``) in a fresh process on this sweep's
+    source, and keep its result in ``kept``: exit code, seconds, the last error line (and how many
+    lines stderr had: one is a clean refusal), whether it verified, every tensor's sharding, the
+    collectives and auto's comparison with the best style."""
+    env = {**os.environ, "PYTHONPATH": str(SRC), "SHARDLAYOUT_CACHE_DIR": str(work / "cache")}
+    t0 = time.perf_counter()
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
         rc, out, err = p.returncode, p.stdout, p.stderr
     except subprocess.TimeoutExpired:
         rc, out, err = -9, "", "timed out after 900 s"
-    result = {"rc": rc, "seconds": time.perf_counter() - t0, "error": err.strip().splitlines()[-1] if err.strip()
-              and rc else ""}
+    lines = [x for x in err.strip().splitlines() if x.strip()]
+    result = {"rc": rc, "seconds": time.perf_counter() - t0, "error": lines[-1] if lines and rc else "",
+              "error_lines": len(lines) if rc else 0}
     try:
         data = json.loads(out) if rc in (0, 1) else None
     except json.JSONDecodeError:

@@ -30,11 +30,8 @@ import functools
 import hashlib
 import importlib.util
 import json
-import os
 import re
-import subprocess
 import sys
-import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -121,32 +118,9 @@ def run_one(name: str, style: str, mesh: str, work: Path, key: str) -> dict:
     kept = work / "runs" / f"{name}-{style}-{mesh.replace(',', '_').replace('=', '')}-{tag}.json"
     if kept.exists():
         return json.loads(kept.read_text())
-    env = {**os.environ, "PYTHONPATH": str(hf_sweep.SRC), "SHARDLAYOUT_CACHE_DIR": str(work / "cache")}
-    t0 = time.perf_counter()
     cmd = [sys.executable, "-m", "shardlayout", "plan", "--module", f"{EXAMPLES}:{name}", "--mesh", mesh, *extra,
            "--verify", "--json"]
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
-        rc, out, err = p.returncode, p.stdout, p.stderr
-    except subprocess.TimeoutExpired:
-        rc, out, err = -9, "", "timed out after 900 s"
-    lines = [s for s in err.strip().splitlines() if s.strip()]
-    result = {"rc": rc, "seconds": time.perf_counter() - t0, "error": lines[-1] if lines and rc else "",
-              "error_lines": len(lines) if rc else 0}
-    try:
-        data = json.loads(out) if rc in (0, 1) else None
-    except json.JSONDecodeError:
-        data = None
-    if data is not None and "tensors" not in data:
-        result["error"] = result["error"] or str(data.get("error", data))[:300]
-        data = None
-    if data is not None:
-        result.update(verified=bool(data.get("verified")), tensors=data["tensors"],
-                      collectives=[[c["kind"], c["axes_text"], c["bytes"], c["tensor"]] for c in data["collectives"]],
-                      auto=data.get("auto") and {k: data["auto"][k] for k in ("best_style", "vs_best_style")})
-    kept.parent.mkdir(parents=True, exist_ok=True)
-    kept.write_text(json.dumps(result))
-    return result
+    return hf_sweep.run_kept(cmd, kept, work)
 
 
 def classify(f: Facts, style: str, r: dict) -> list:

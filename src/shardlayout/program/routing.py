@@ -376,38 +376,32 @@ def _offsets_of_routing(prog: Program, name: str, h: dict, producer: dict, route
     ``routed_by`` — ``cumsum`` (through casts) of ``histc(ids, bins=E, min=0, max=E)`` or
     ``bincount(ids, minlength=E)`` of that index flattened (through casts)? Anything else (flipped,
     padded, capacity-rounded offsets, another top-k's counts) is not what ``route`` makes."""
-    def through(t):
-        op = producer.get(t)
-        while op is not None and canonical_op_name(op.target) in _CASTS and len(op.inputs) == 1 and \
-                prog.tensors[op.inputs[0]].shape == prog.tensors[t].shape:
-            t = op.inputs[0]
-            op = producer.get(t)
-        return t, op
-
-    _, op = through(name)
+    _, op = _through_casts(prog, producer, name)
     if op is None or canonical_op_name(op.target) != "cumsum" or dict(op.params).get("dim", 0) not in (0, -1):
         return False
     return _counts_of_routing(prog, op.inputs[0], h, producer, routed_by)
 
 
+def _through_casts(prog: Program, producer: dict, t: str) -> tuple:
+    """``(source, its producer)``: ``t`` followed back through casts of the same shape."""
+    op = producer.get(t)
+    while op is not None and canonical_op_name(op.target) in _CASTS and len(op.inputs) == 1 and \
+            prog.tensors[op.inputs[0]].shape == prog.tensors[t].shape:
+        t = op.inputs[0]
+        op = producer.get(t)
+    return t, op
+
+
 def _counts_of_routing(prog: Program, name: str, h: dict, producer: dict, routed_by: str) -> bool:
     """Is ``name`` (through casts) the rows per expert of the routing by top-k index ``routed_by``:
     ``histc`` / ``bincount`` of the index flattened, or a one-hot summed (``_offsets_of_routing``)?"""
-    def through(t):
-        op = producer.get(t)
-        while op is not None and canonical_op_name(op.target) in _CASTS and len(op.inputs) == 1 and \
-                prog.tensors[op.inputs[0]].shape == prog.tensors[t].shape:
-            t = op.inputs[0]
-            op = producer.get(t)
-        return t, op
-
-    _, op = through(name)
+    _, op = _through_casts(prog, producer, name)
     if op is None:
         return False
     n, kw = canonical_op_name(op.target), dict(op.params)
     if n == "sum":  # counts as a one-hot: zeros(..., E).scatter(-1, index, 1) summed over every other dim
-        return _one_hot_counts(prog, op, h, producer, routed_by, through)
-    ids, _ = through(op.inputs[0])
+        return _one_hot_counts(prog, op, h, producer, routed_by)
+    ids, _ = _through_casts(prog, producer, op.inputs[0])
     idx = h["flat"].get(ids, h["ids"].get(ids))  # the ids, or the ids sorted: the same counts
     if idx not in h["topk"] or idx != routed_by:
         return False
@@ -418,12 +412,12 @@ def _counts_of_routing(prog: Program, name: str, h: dict, producer: dict, routed
     return n == "bincount" and kw.get("minlength") == e and len(op.inputs) == 1
 
 
-def _one_hot_counts(prog: Program, op, h: dict, producer: dict, routed_by: str, through) -> bool:
+def _one_hot_counts(prog: Program, op, h: dict, producer: dict, routed_by: str) -> bool:
     """Is ``op`` (a ``sum``) the rows per expert of the routing by ``routed_by``: ``sum`` over every
     dim but the last of ``zeros(..., E).scatter(-1, idx, 1)`` (through casts: JetMoE counts a float
     one-hot cast to int64) with ``idx`` the top-k index ``routed_by`` or the one it is a (T, k) view
     of (torchtitan's Qwen3-MoE counts the choices so)?"""
-    _, src = through(op.inputs[0])
+    _, src = _through_casts(prog, producer, op.inputs[0])
     if src is None or canonical_op_name(src.target) != "scatter" or len(src.inputs) != 2:
         return False
     base, idx = src.inputs
