@@ -470,3 +470,8 @@ def test_repeat_interleave_of_counts_keeps_counts_and_indices_whole():
     assert np.array_equal(got, torch.repeat_interleave(torch.tensor(counts), output_size=9).numpy())
     with pytest.raises(ShardingError, match="give output_size"):
         propagate("repeat_interleave", [Sharding.parse("[6]", m)])
+    with pytest.raises(ShardingError, match=r"output_size >= 1 .*got 0"):
+        propagate("repeat_interleave", [Sharding.parse("[6]", m)], output_size=0)
+    for bad in ([1.5, 2.0], [2, -1]):  # torch refuses both
+        with pytest.raises(ShardingError, match="whole counts >= 0"):
+            registered()["repeat_interleave"].numpy(np.array(bad))

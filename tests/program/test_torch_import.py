@@ -203,6 +203,21 @@ def test_dropout_in_training_mode_is_a_draw_each_rank_keeps_its_piece_of():
             assert p.shardings[n].local_shape(0) == (BATCH, HEADS // 2, SEQ, SEQ)
 
 
+def test_dropout_draws_keep_the_symbolic_batch():
+    """Exported with a dynamic batch, every draw (attention's written out too) is symbolic in it."""
+    from torch.export import Dim
+
+    from .zoo import make_dropout
+
+    module, args = make_dropout()
+    prog = from_torch(module, args, {"ids": {0: Dim("batch", min=2, max=64)}})
+    draws = prog.inputs("rand")
+    assert len(draws) == 7 and all(str(prog.sym_shape(n)[0]) == "batch" for n in draws)
+    mesh = Mesh.parse("dp=2")
+    p = plan(prog, mesh, style_pins(prog, mesh, "dp"))
+    assert p.verify().ok
+
+
 def test_a_dropout_program_keeping_every_element_is_the_module_without_dropout():
     """The draws' reading checked against torch: with every draw 1 (every element kept) and p tiny
     (scale 1 / (1 - p) ~ 1), the unsharded program computes the module's eval-mode output."""

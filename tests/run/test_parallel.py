@@ -302,3 +302,6 @@ def test_dropout_draws_agree_on_replicas_and_differ_between_pieces(fake_world):
         assert 0 <= float(a.min()) and float(a.max()) < 1
         assert not torch.equal(a, local_draw(d0[n], 7, 2))  # every call draws again
     assert tuple(pmod(ids).shape) == plan.program.tensors[plan.program.outputs[0]].shape[:-1] + (16,)
+    pmod.eval()  # the program holds the draws: refused, not silently still dropping
+    with pytest.raises(shardlayout.ParallelizeError, match="eval mode but its plan was made in training mode"):
+        pmod(ids)

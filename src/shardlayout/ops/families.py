@@ -975,9 +975,9 @@ def _repeat_interleave_rule(name, inputs, output_size=None, cost_model=None, ten
     ``x.repeat_interleave(repeats, dim)`` gathers ``x``'s rows by). Every output position depends on
     all the counts before it: the counts and the indices stay whole. ``output_size`` gives the
     extent (without it, it is data-dependent)."""
-    if output_size is None or output_size < 0:
-        raise OpError(f"op {name}: give output_size (the sum of the repeats); without it the output's size "
-                      "depends on the data")
+    if output_size is None or output_size < 1:
+        raise OpError(f"op {name}: give output_size >= 1 (the sum of the repeats), got {output_size!r}; without it "
+                      "the output's size depends on the data")
     s = inputs[0]
     if s.ndim != 1:
         raise OpError(f"op {name}: repeats must be 1-D, got shape {s.shape}")
@@ -985,8 +985,10 @@ def _repeat_interleave_rule(name, inputs, output_size=None, cost_model=None, ten
 
 
 def _np_repeat_interleave(repeats, output_size=None):
-    r = np.asarray(repeats).astype(np.int64)
-    out = np.repeat(np.arange(len(r)), r)
+    r = np.asarray(repeats)
+    if np.any(r != np.round(r)) or np.any(r < 0):
+        raise OpError(f"repeat_interleave: repeats must be whole counts >= 0, got {r.tolist()[:8]}")
+    out = np.repeat(np.arange(len(r)), r.astype(np.int64))
     if output_size is not None and len(out) != output_size:
         raise OpError(f"repeat_interleave: the repeats sum to {len(out)}, output_size is {output_size}")
     return out

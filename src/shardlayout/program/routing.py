@@ -289,7 +289,8 @@ def _pairs(prog, op, n, ins, kw, h, ragged, b, dtypes, producer) -> bool:
     order, topk = h["order"], h["topk"]
     if n in ("index_put", "index_add", "index_copy") and len(ins) == 3 and ins[1] in order and \
             ins[2] in ragged and order[ins[1]] == ragged[ins[2]] and \
-            (kw.get("dim") == 0 if n != "index_put" else True) and _is_zeros(prog, ins[0], producer):
+            (kw.get("dim") == 0 if n != "index_put" else True) and kw.get("alpha", 1) == 1 and \
+            _is_zeros(prog, ins[0], producer):
         idx = ragged[ins[2]]
         t = topk[idx]
         base, rows = prog.tensors[ins[0]].shape, prog.tensors[ins[2]].shape

@@ -702,7 +702,10 @@ def _attention_dropout(node: str, inputs: list, kwargs: dict, b) -> str:
     elif mask is not None:  # an additive bias
         x = b._op("aten.add.Tensor", [x, mask], f"{node}_masked", 1, None, {})
     x = b._op("aten._softmax.default", [x], f"{node}_softmax", 1, None, {"dim": -1, "half_to_float": False})
-    draw = b._tensor(f"{node}_dropout_draw", qs[:-1] + (ks[-2],), "float32", "rand")
+    sq, sk = b._sym.get(q, qs), b._sym.get(k, ks)  # symbolic extents where the import has them
+    shape = tuple(sq[:-1]) + (sk[-2],)
+    draw = b._tensor(f"{node}_dropout_draw", qs[:-1] + (ks[-2],), "float32", "rand",
+                     sym_shape=shape if shape != qs[:-1] + (ks[-2],) else None)
     keep = b._op("aten.gt.Scalar", [draw, p], f"{node}_dropout_keep", 1, None, {})
     x = b._op("aten.mul.Tensor", [x, keep], f"{node}_dropout", 1, None, {})
     x = b._op("aten.mul.Tensor", [x, 1 / (1 - p)], f"{node}_dropout_scaled", 1, None, {})

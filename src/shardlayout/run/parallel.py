@@ -268,8 +268,9 @@ def parallelize(module, mesh, plan=None, *, example_inputs=None, style=None, tp_
     if ragged_tensors(plan):  # routed rows: sizes known at run time, the plan interpreted (eager)
         gm = InterpretedProgram(plan, rank, groups, reductions, segs)
     else:
-        gm = rank_program(plan, rank, groups, [by_name[n] if n in by_name else state[n] if n in state
-                                               else draw_example(prog.tensors[n]) for n in prog.inputs()],
+        gm = rank_program(plan, rank, groups, [by_name[n] if n in by_name else draw_example(prog.tensors[n])
+                                               if prog.tensors[n].kind in ("rand", "randn") else state[n]
+                                               for n in prog.inputs()],
                           reductions, segs)
     pmod = ParallelModule(module, plan, dm, rank, gm, outputs, constants, structure)
     object.__setattr__(pmod, "streams", segs)
@@ -421,6 +422,11 @@ class ParallelModule(_module_base()):
             if n in given:
                 values.append(self._local_input(n, given[n]))
             elif n in self._draws:
+                if not self.training:
+                    raise ParallelizeError(
+                        f"the module is in eval mode but its plan was made in training mode: its dropout draws "
+                        f"({', '.join(list(self._draws)[:2])}{', ...' if len(self._draws) > 2 else ''}) are part of "
+                        "the program; parallelize the module after .eval() to evaluate without dropout")
                 values.append(local_draw(self._draws[n], self._seed, self._calls))
             else:
                 t = self.get_parameter(n) if _is_param(self, n) else self.get_buffer(n)
@@ -466,7 +472,7 @@ def shared_seed() -> int:
     broadcast (a job seeded with ``torch.manual_seed`` draws the same dropout masks run after run)."""
     import torch
 
-    seed = torch.randint(0, 2**62, (1,), dtype=torch.int64)
+    seed = torch.randint(0, 2**62, (1,), dtype=torch.int64).to(_device_type())  # nccl takes device tensors
     torch.distributed.broadcast(seed, src=0)
     return int(seed.item())
 
@@ -480,9 +486,10 @@ def local_draw(draw: tuple, seed: int, call: int):
 
     kind, dtype, shape, piece = draw
     digest = hashlib.blake2b(f"{seed}|{call}|{piece}".encode(), digest_size=8).digest()
-    g = torch.Generator().manual_seed(int.from_bytes(digest, "little") >> 1)
+    device = _device_type()
+    g = torch.Generator(device=device).manual_seed(int.from_bytes(digest, "little") >> 1)
     fn = torch.rand if kind == "rand" else torch.randn
-    return fn(shape, generator=g, dtype=getattr(torch, dtype)).to(_device_type())
+    return fn(shape, generator=g, dtype=getattr(torch, dtype), device=device)
 
 
 def draw_example(t):
