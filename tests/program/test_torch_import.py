@@ -218,14 +218,16 @@ def test_dropout_draws_keep_the_symbolic_batch():
     assert p.verify().ok
 
 
-def test_a_dropout_program_keeping_every_element_is_the_module_without_dropout():
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_dropout_program_keeping_every_element_is_the_module_without_dropout(causal):
     """The draws' reading checked against torch: with every draw 1 (every element kept) and p tiny
-    (scale 1 / (1 - p) ~ 1), the unsharded program computes the module's eval-mode output."""
+    (scale 1 / (1 - p) ~ 1), the unsharded program computes the module's eval-mode output (SDPA
+    with a boolean mask, or with ``is_causal=True``: the mask written out)."""
     from shardlayout.execute.verify import reference_run
 
     from .zoo import make_dropout
 
-    module, (ids,) = make_dropout(p=1e-9)
+    module, (ids,) = make_dropout(p=1e-9, causal=causal)
     prog = from_torch(module, (ids,))
     mesh = Mesh.parse("tp=1")
     p = plan(prog, mesh, {})

@@ -465,9 +465,9 @@ class DropoutLayer(nn.Module):
     """A GPT-2 layer as users train it: ``nn.Dropout`` after the embedding's sum and each branch,
     attention dropout inside SDPA (``dropout_p`` in training mode) with a boolean causal mask."""
 
-    def __init__(self, dim=DIM, heads=HEADS, p=0.1):
+    def __init__(self, dim=DIM, heads=HEADS, p=0.1, causal=False):
         super().__init__()
-        self.heads, self.hd, self.p = heads, dim // heads, p
+        self.heads, self.hd, self.p, self.is_causal = heads, dim // heads, p, causal
         self.ln_1, self.ln_2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
         self.q_proj, self.k_proj, self.v_proj, self.o_proj = (nn.Linear(dim, dim) for _ in range(4))
         self.up, self.down = nn.Linear(dim, FFN), nn.Linear(FFN, dim)
@@ -479,18 +479,19 @@ class DropoutLayer(nn.Module):
         h = self.ln_1(x)
         q, k, v = (w(h).view(b, t, self.heads, self.hd).transpose(1, 2)
                    for w in (self.q_proj, self.k_proj, self.v_proj))
-        a = F.scaled_dot_product_attention(q, k, v, attn_mask=self.causal[:t, :t],
-                                           dropout_p=self.p if self.training else 0.0)
+        mask = None if self.is_causal else self.causal[:t, :t]  # nanoGPT's is_causal=True, or GPT-2's mask
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.p if self.training else 0.0,
+                                           is_causal=self.is_causal)
         x = x + self.drop(self.o_proj(a.transpose(1, 2).reshape(b, t, d)))
         return x + self.drop(self.down(F.gelu(self.up(self.ln_2(x)))))
 
 
 class DropoutGPT(nn.Module):
-    def __init__(self, layers: int = 2, p: float = 0.1):
+    def __init__(self, layers: int = 2, p: float = 0.1, causal: bool = False):
         super().__init__()
         self.wte, self.wpe = nn.Embedding(VOCAB, DIM), nn.Embedding(SEQ, DIM)
         self.drop = nn.Dropout(p)
-        self.h = nn.ModuleList(DropoutLayer(p=p) for _ in range(layers))
+        self.h = nn.ModuleList(DropoutLayer(p=p, causal=causal) for _ in range(layers))
         self.ln_f = nn.LayerNorm(DIM)
         self.lm_head = nn.Linear(DIM, VOCAB, bias=False)
 
@@ -561,10 +562,11 @@ def _tokens():
     return torch.randint(0, VOCAB, (BATCH, SEQ))
 
 
-def make_dropout(layers: int = 2, p: float = 0.1):
-    """``DropoutGPT`` in training mode (dropout on), as ``Model(config)`` leaves a module."""
+def make_dropout(layers: int = 2, p: float = 0.1, causal: bool = False):
+    """``DropoutGPT`` in training mode (dropout on), as ``Model(config)`` leaves a module; ``causal``:
+    SDPA with ``is_causal=True`` and no mask (nanoGPT's call)."""
     torch.manual_seed(0)
-    return DropoutGPT(layers, p).train(), (_tokens(),)
+    return DropoutGPT(layers, p, causal).train(), (_tokens(),)
 
 
 def make_hf_llama(layers: int = 2):

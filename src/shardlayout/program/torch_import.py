@@ -682,15 +682,17 @@ def _repeated_kv(node: str, inputs: list, kwargs: dict, b) -> tuple:
 def _attention_dropout(node: str, inputs: list, kwargs: dict, b) -> str:
     """Attention with dropout (``dropout_p > 0``: training mode) as torch's math path computes it,
     written out so the dropout's draw is an input of its own (``RANDOM_DRAWS``): ``softmax(q k^T *
-    scale + mask) * (draw > p) / (1 - p) @ v``, the draw uniform over ``[b, h, s, t]``. A style
+    scale + mask) * (draw > p) / (1 - p) @ v``, the draw uniform over ``[b, h, s, t]``; ``is_causal``
+    is the mask ``key position <= query position``. A style
     finds it as softmax(QK^T)V; each rank keeps its piece of one global draw."""
     q, k, v = inputs[:3]
     mask = inputs[3] if len(inputs) > 3 else None
     p = float(kwargs["dropout_p"])
-    if kwargs.get("is_causal") or not 0 < p < 1:
-        raise ProgramError(f"node {node!r} (scaled_dot_product_attention, dropout_p={p}, "
-                           f"is_causal={bool(kwargs.get('is_causal'))}): attention dropout is read with "
-                           "0 < p < 1 and an explicit attn_mask; put the module in eval() to plan without dropout")
+    causal = bool(kwargs.get("is_causal"))
+    if causal and mask is not None or not 0 < p < 1:
+        raise ProgramError(f"node {node!r} (scaled_dot_product_attention, dropout_p={p}, is_causal={causal}): "
+                           "attention dropout is read with 0 < p < 1 and either attn_mask or is_causal; put the "
+                           "module in eval() to plan without dropout")
     qs, ks = b._tensors[q].shape, b._tensors[k].shape
     scale = kwargs.get("scale")
     scale = float(scale) if scale is not None else 1 / math.sqrt(qs[-1])
@@ -701,6 +703,12 @@ def _attention_dropout(node: str, inputs: list, kwargs: dict, b) -> str:
         x = b._op("aten.where.ScalarOther", [mask, x, -math.inf], f"{node}_masked", 1, None, {})
     elif mask is not None:  # an additive bias
         x = b._op("aten.add.Tensor", [x, mask], f"{node}_masked", 1, None, {})
+    elif causal:  # query i attends keys j <= i (torch's top-left alignment): keys' positions <= queries'
+        rows, cols = (b._op("aten.arange.start_step", [], f"{node}_{w}_positions", 1, None,
+                            {"start": 0, "end": n, "step": 1}) for w, n in (("query", qs[-2]), ("key", ks[-2])))
+        rows = b._op("aten.unsqueeze.default", [rows], f"{node}_query_column", 1, None, {"dim": 1})
+        keep = b._op("aten.ge.Tensor", [rows, cols], f"{node}_causal", 1, None, {})
+        x = b._op("aten.where.ScalarOther", [keep, x, -math.inf], f"{node}_masked", 1, None, {})
     x = b._op("aten._softmax.default", [x], f"{node}_softmax", 1, None, {"dim": -1, "half_to_float": False})
     sq, sk = b._sym.get(q, qs), b._sym.get(k, ks)  # symbolic extents where the import has them
     shape = tuple(sq[:-1]) + (sk[-2],)
