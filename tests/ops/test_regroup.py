@@ -105,6 +105,15 @@ def test_flat_pieces_chunk_program_is_one_piece():
     assert flat_pieces(s) == ((Piece(PROGRAM, (s.dims[0],), 16, 0, 0),), ())
 
 
+@pytest.mark.parametrize(("spec", "mesh", "known"), [
+    ("[x*2, 3, 4]", "x=2", 3), ("[x*3 of 5, 4]", "x=2", 0), ("[4, x*y*3 of 10]", "x=2,y=2", 1),
+    ("[2, x of 1, 3]", "x=2", 1), ("[3, chunks(a/3, b) of 16, x*3 of 5]", "a=2,b=2,x=2", 1)])
+def test_flat_pieces_known_skips_only_what_the_view_rule_saw(spec, mesh, known):
+    # known: where the view rule's evenness check stops (the dims before even, that one uneven or a
+    # program); the pieces are the ones flat_pieces finds by itself
+    assert flat_pieces(sh(spec, mesh), known) == flat_pieces(sh(spec, mesh))
+
+
 def test_even_prefix():
     assert even_prefix(12, (X, Factor(6))) == 2  # even: all
     assert even_prefix(10, (X, Y, Factor(3))) == 1  # 10 = 2*5, then y cuts 5 unevenly

@@ -141,11 +141,13 @@ def local(size: int) -> Piece:
 # ------------------------------------------------------------------------------------------
 
 
-def flat_pieces(s: Sharding) -> tuple:
+def flat_pieces(s: Sharding, known: int = -1) -> tuple:
     """``(pieces, floating)``: the input's pieces (plain tuples of ``Piece``'s fields), outer to
     inner, adjacent local factors merged (even across dims). Tails and programs of extent 1 hold all or nothing on each
     device and sit anywhere: they are set aside in ``floating`` (the local pieces around
-    them merge) and placed last.
+    them merge) and placed last. ``known``: where the view rule's evenness check stopped (-1: no
+    check); the dims before are even and not programs, dim ``known`` uneven unless a program, and
+    their products are not taken again.
 
     ``[dp*4, tp*3]`` -> ``(dp 4 tp 3)``; ``[x*3 of 5, 4]`` -> ``(TAIL(x*3 of 5) 4)``;
     ``[2, x of 1, 3]`` -> ``(6)`` and floating ``(TAIL(x of 1))``.
@@ -168,10 +170,15 @@ def flat_pieces(s: Sharding) -> tuple:
                     first = None
                 out.append((PROGRAM, (fs,), n, d, 0))
             continue
-        p = 1
-        for f in fs:
-            p *= f[0]
-        uneven = p != n
+        if d < known:  # seen even by the caller
+            uneven = False
+        elif d == known:  # seen uneven (not a program: that is above)
+            uneven = True
+        else:
+            p = 1
+            for f in fs:
+                p *= f[0]
+            uneven = p != n
         if uneven:  # even_prefix(n, fs) inlined; q: the product of the even prefix
             j, q, last_j = 0, 1, len(fs) - 1
             while j < last_j and n % (q * fs[j][0]) == 0:
@@ -799,12 +806,14 @@ def regroup_walk(s: Sharding, out_shape, subaxes: bool) -> tuple:
     return walk_inferred(s, infer_view_shape(s.shape, out_shape), subaxes)
 
 
-def walk_inferred(s: Sharding, out_shape: tuple, subaxes: bool) -> tuple:
+def walk_inferred(s: Sharding, out_shape: tuple, subaxes: bool, known: int = -1) -> tuple:
     """``regroup_walk`` on an ``out_shape`` already inferred (``infer_view_shape``: a tuple of
-    ints >= 1 of the input's count), as the view rule has it. ``walk_inferred(s, (16, 6), True)``"""
+    ints >= 1 of the input's count), as the view rule has it; ``known``: where the view rule's
+    evenness check of ``s`` stopped (``flat_pieces``). ``walk_inferred(s, (16, 6), True)``"""
     target = s
     while True:
-        pieces, floating = flat_pieces(target)
+        pieces, floating = flat_pieces(target, known)
+        known = -1  # (a gathered target: nothing known)
         dims = fit(pieces, floating, out_shape, subaxes)
         if type(dims) is Obstacle:
             obstacle = dims
@@ -817,8 +826,9 @@ def walk_inferred(s: Sharding, out_shape: tuple, subaxes: bool) -> tuple:
         if not sharded:
             return gather_last(target, obstacle, out_shape)
         target = gather(target, obstacle)
-        if not uneven:
-            out = even_inferred(target, out_shape, subaxes)
+        if not uneven:  # every dim even, none a program: the rest are axis and local pieces, and a
+            # gathered tail is one local factor after the even prefix (``gather``), a program dim local
+            out = even_inferred(target, out_shape, subaxes, True)
             if out is not None:
                 return target, out
 
@@ -857,21 +867,24 @@ def regroup_even(s: Sharding, out_shape, subaxes: bool):
     return even_inferred(s, out_shape, subaxes)
 
 
-def even_inferred(s: Sharding, out_shape: tuple, subaxes: bool):
+def even_inferred(s: Sharding, out_shape: tuple, subaxes: bool, checked: bool = False):
     """``regroup_even`` on an ``out_shape`` already inferred (``infer_view_shape``: a tuple of
-    ints >= 1 of the input's count), as the view rule and the walk have it.
+    ints >= 1 of the input's count), as the view rule and the walk have it; ``checked``: the
+    caller has seen every dim even and none a program (the view rule).
     ``even_inferred(s, (16, 6), True)`` for ``[dp*4, tp*3]``: ``[dp*4*tp:(1)2, tp:(2)2*3]``"""
-    dims, shape = s.dims, s.shape
-    d = 0  # (an index, not zip: a zip costs more than it saves on a few dims)
-    for fs in dims:  # first the cheap answer of most walks: an uneven dim
-        if type(fs) is ChunkProgram:
-            return None
-        p = 1
-        for f in fs:
-            p *= f[0]
-        if p != shape[d]:
-            return None  # an uneven dim: a tail for the walk
-        d += 1
+    dims = s.dims
+    if not checked:
+        shape = s.shape
+        d = 0  # (an index, not zip: a zip costs more than it saves on a few dims)
+        for fs in dims:  # first the cheap answer of most walks: an uneven dim
+            if type(fs) is ChunkProgram:
+                return None
+            p = 1
+            for f in fs:
+                p *= f[0]
+            if p != shape[d]:
+                return None  # an uneven dim: a tail for the walk
+            d += 1
     new = _new
     flat: list = []  # the factors, adjacent local ones merged
     mesh = s.mesh

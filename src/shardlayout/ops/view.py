@@ -29,7 +29,7 @@ import numpy as _np
 from ..config import settings
 from ..errors import OpError
 from ..sharding import Sharding
-from ..sharding.core import _product
+from ..sharding.core import ChunkProgram, _product
 from ..sharding.cost import DEFAULT_COST_MODEL
 from .registry import register_op
 from .regroup import even_inferred, infer_view_shape, regroup, walk_inferred
@@ -67,10 +67,23 @@ def view_rule(name, inputs, shape=None, size=None, subaxes=None, tensor_dtype="f
         shape = infer_view_shape(s.shape, shape)
     subaxes = settings.subaxes if subaxes is None else subaxes
     cm = cost_model or DEFAULT_COST_MODEL
-    out = even_inferred(s, shape, subaxes)
-    if out is not None:  # nothing in the way: nothing moves
-        return Propagation._trusted(name, (s,), (s,), (out,), (), cm)
-    target, out = walk_inferred(s, shape, subaxes)
+    # even_inferred's evenness check inlined: an uneven input's walk then skips the dims it saw
+    dims, in_shape = s.dims, s.shape
+    known = 0  # the first dim that is uneven or a program (the count of dims: none)
+    for fs in dims:
+        if type(fs) is ChunkProgram:
+            break
+        p = 1
+        for f in fs:
+            p *= f[0]
+        if p != in_shape[known]:
+            break  # an uneven dim: a tail for the walk
+        known += 1
+    else:
+        out = even_inferred(s, shape, subaxes, True)
+        if out is not None:  # nothing in the way: nothing moves
+            return Propagation._trusted(name, (s,), (s,), (out,), (), cm)
+    target, out = walk_inferred(s, shape, subaxes, known)
     # walk_inferred returns s when nothing moves; a move is planned when its collectives are first read
     moves = () if target is s else Deferred(partial(gathers, s, target, tensor_dtype, cost_model))
     return Propagation._trusted(name, (s,), (target,), (out,), moves, cm)
