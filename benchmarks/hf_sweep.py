@@ -325,6 +325,14 @@ def _counts(c: Counter) -> str:
     return " + ".join(f"{v} {k}" for (k, _), v in sorted(c.items())) or "none"
 
 
+def cell(r: dict, why: list) -> str:
+    """A run's table cell: the collectives it made, then OK or why not (a clean refusal: "refused")."""
+    if why and why[0].startswith("refused"):
+        return "refused"
+    made = _counts(Counter((k, a) for k, a, *_ in r.get("collectives", [])))
+    return made + (" OK" if not why else " ✗ " + "; ".join(why))
+
+
 def runs_of(case: Case, f: Facts | str) -> list:
     """The (style, mesh) runs of ``case``: ep too when its model routes experts."""
     moe = not isinstance(f, str) and f.moe_layers or any(k in case.kwargs for k in MOE_KEYS) or \
@@ -433,9 +441,7 @@ def report(rows, s) -> str:
             if key not in got:
                 cells.append("")
                 continue
-            r, why = got[key]
-            made = _counts(Counter((k, a) for k, a, *_ in r.get("collectives", [])))
-            cells.append(made + (" OK" if not why else " ✗ " + "; ".join(why)))
+            cells.append(cell(*got[key]))
         body.append([c.name + (f" ({', '.join(c.extra)})" if c.extra else "") +
                      (" [parallel]" if c.parallel else ""), CLASS_OF.get(c.name, ""), *cells])
     lines.append(table(["config", "class", *[f"{st} {m}" for st, m in runs]], body))

@@ -210,10 +210,7 @@ def report(rows, s) -> str:
             if k not in got:
                 cells.append("")
                 continue
-            r, why = got[k]
-            made = _counts(Counter((kind, a) for kind, a, *_ in r.get("collectives", [])))
-            cells.append(("refused" if why and why[0].startswith("refused") else made) +
-                         (" OK" if not why else "" if why[0].startswith("refused") else " ✗ " + "; ".join(why)))
+            cells.append(hf_sweep.cell(*got[k]))
         body.append([n, *cells])
     lines.append(table(["factory", *[f"{st} {m}" for st, m in runs]], body))
     return "\n".join(lines)

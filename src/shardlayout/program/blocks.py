@@ -201,27 +201,11 @@ def heads_of(program: Program, lin) -> int | None:
     when no such view follows. A q|k|v projection fused per kv group (torchtitan's ``wqkv``: a
     view to ``(groups, r, head_dim)``, then a split of ``r``) holds ``groups``: a column cut must
     keep whole groups. ``heads_of(prog, k_proj) -> 2`` (GQA: 2 kv heads)."""
-    g = graph(program)
-    features = program.tensors[lin.output].shape[-1]
-    todo, seen = [(lin.output, 0)], set()
-    while todo:
-        t, depth = todo.pop()
-        for i in g.users(t):
-            if i in seen or depth >= 3:
-                continue
-            seen.add(i)
-            op = g.op(i)
-            out = program.tensors[op.outputs[0]].shape if op.outputs else ()
-            src = program.tensors[t].shape
-            if short(op) in VIEWS and len(out) == len(src) + 1 and src[-1] == features \
-                    and out[-2] * out[-1] == features and out[:-2] == src[:-1]:
-                return out[-2] // max(lin.parts, 1)
-            if lin.parts <= 1 and short(op) in VIEWS and len(out) == len(src) + 2 and src[-1] == features \
-                    and out[-3] * out[-2] * out[-1] == features and out[:-3] == src[:-1] and out[-2] > 1:
-                return out[-3]  # (groups, r, head_dim): each group's q heads, k and v side by side
-            if g.passes(i):
-                todo.extend((o, depth + 1) for o in op.outputs)
-    return None
+    found = _split_view(graph(program), lin, grouped=True)
+    if found is None:
+        return None
+    _, heads, by_groups = found
+    return heads if by_groups else heads // max(lin.parts, 1)
 
 
 def feature_scales(program: Program, lin) -> tuple:
@@ -870,6 +854,15 @@ def head_runs(g: Graph, first: tuple, cores: tuple, stop: frozenset) -> int:
 def _heads_view(g: Graph, lin) -> str | None:
     """The view that splits ``lin``'s output features into ``(heads, head_dim)`` (within three
     pass-through ops, as ``heads_of`` finds it), or None."""
+    found = _split_view(g, lin, grouped=False)
+    return None if found is None else found[0]
+
+
+def _split_view(g: Graph, lin, grouped: bool) -> tuple | None:
+    """``(view output, heads, by groups)`` of the first view (within three pass-through ops of
+    ``lin``'s output) that splits its features into ``(heads, head_dim)``, or, when ``grouped`` and
+    ``lin`` is not fused, into ``(groups, r, head_dim)`` (``by groups``: torchtitan's ``wqkv``); None
+    when there is none."""
     t = g.program.tensors
     features = t[lin.output].shape[-1]
     todo, seen = [(lin.output, 0)], set()
@@ -884,7 +877,11 @@ def _heads_view(g: Graph, lin) -> str | None:
             src = t[x].shape
             if short(op) in VIEWS and len(out) == len(src) + 1 and src[-1] == features \
                     and out[-2] * out[-1] == features and out[:-2] == src[:-1]:
-                return op.outputs[0]
+                return op.outputs[0], out[-2], False
+            if grouped and lin.parts <= 1 and short(op) in VIEWS and len(out) == len(src) + 2 and \
+                    src[-1] == features and out[-3] * out[-2] * out[-1] == features and out[:-3] == src[:-1] \
+                    and out[-2] > 1:
+                return op.outputs[0], out[-3], True  # (groups, r, head_dim): each group's q heads, k and v
             if g.passes(i):
                 todo.extend((o, depth + 1) for o in op.outputs)
     return None
